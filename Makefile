@@ -1,0 +1,43 @@
+# The two commands of the README:
+#   make run    install what is missing, build, start ratelimitd on its embedded default
+#   make test   install what is missing, build, run the whole suite (also under ASan+UBSan and TSan)
+# `make` alone builds build/ratelimitd.
+
+JOBS  ?= $(shell nproc)
+CMAKE ?= cmake
+GEN   := -G Ninja
+ARGS  ?=
+
+.PHONY: all build deps run test test-unit test-asan test-tsan lint format bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build/build.ninja:
+	$(CMAKE) -S . -B build $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+build: build/build.ninja
+	ninja -C build -j $(JOBS)
+
+run: deps build
+	./build/ratelimitd $(ARGS)
+
+# The whole suite: normal build, then ASan+UBSan (everything), then TSan
+# (the concurrency tests). Every server a test needs is started by the test
+# itself on a free loopback port and stopped after it.
+test: deps
+	scripts/run-tests.sh
+
+lint:
+	scripts/lint.sh
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cc')
+
+bench: deps
+	scripts/bench.sh
+
+clean:
+	rm -rf build build-asan build-tsan build-release

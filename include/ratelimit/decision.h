@@ -1,0 +1,37 @@
+// Decision: the answer to "may this request proceed?" for one limit or for all
+// the limits of a request. Over the limit is a result, not an error.
+//
+// The numbers mean the same in every store (memory, Redis, Redis Cluster):
+//   limit        capacity (token bucket) or count per window (window algorithms)
+//   remaining    whole units left after this request (floor), never negative
+//   retry_after  0 when allowed; when denied, how long until this same request
+//                (same cost) would be allowed if nothing else arrived
+//   reset_after  how long until the limit is back to full if nothing else arrived
+//
+// A denied request changes no state.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+
+namespace ratelimit {
+
+struct Decision {
+  bool allowed = false;
+  int64_t limit = 0;
+  int64_t remaining = 0;
+  std::chrono::microseconds retry_after{0};
+  std::chrono::microseconds reset_after{0};
+
+  friend bool operator==(const Decision&, const Decision&) = default;
+};
+
+// The overall decision of several limits checked together: allowed only if
+// every one allows. When denied, the numbers are those of the denying limit
+// that asks the longest wait; when allowed, those of the limit with the least
+// room left (ties: the one that resets last).
+// REQUIRES: !decisions.empty()
+Decision Combine(std::span<const Decision> decisions);
+
+}  // namespace ratelimit

@@ -1,0 +1,99 @@
+// Limit: one rule such as "burst 10, then 5 a second" or "1000 a day".
+//
+// A Limit is validated when it is built; a Limit that exists is valid:
+//
+//   StatusOr<Limit> burst = Limit::TokenBucket("burst", 10, 5.0);
+//   StatusOr<Limit> daily = Limit::FixedWindow("daily", 1000, std::chrono::hours(24));
+//
+// Algorithms:
+//   token bucket      capacity, refill per second; integer cost. Kept as one
+//                     integer (GCRA theoretical arrival time, microseconds).
+//                     The refill interval (1/rate) is kept in whole microseconds.
+//   fixed window      `limit` per window, windows aligned to the Unix epoch.
+//   sliding window    two fixed-window counters, the previous one weighted by
+//                     how much of it still overlaps the sliding window
+//                     (weights in whole milliseconds).
+//   sliding log       exact: one timestamp per unit of cost; memory grows with
+//                     the limit, so it is meant for small limits (login: 5/15m).
+//
+// Thread-safety: immutable value type.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ratelimit/status.h"
+
+namespace ratelimit {
+
+enum class Algorithm { kTokenBucket, kFixedWindow, kSlidingWindow, kSlidingLog };
+
+// "token_bucket", "fixed_window", "sliding_window", "sliding_log".
+std::string_view AlgorithmName(Algorithm a);
+StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
+
+// Parses "500ms", "60s", "15m", "1h", "1d" (also "250us"). Positive integers only.
+StatusOr<std::chrono::microseconds> ParseDuration(std::string_view text);
+// The inverse, in the largest unit that divides evenly: 86400000000us -> "1d".
+std::string FormatDuration(std::chrono::microseconds d);
+
+class Limit {
+ public:
+  // Bounds, chosen so that every intermediate value stays exact in int64 and
+  // in the doubles of Redis Lua (2^53).
+  static constexpr int64_t kMaxCount = 2'147'483'647;                  // capacity / limit
+  static constexpr int64_t kMaxSlidingLogCount = 100'000;              // memory grows with it
+  static constexpr int64_t kMaxWindowMicros = 366LL * 86'400'000'000;  // a year
+  static constexpr size_t kMaxNameLength = 64;
+
+  static StatusOr<Limit> TokenBucket(std::string name, int64_t capacity, double refill_per_second);
+  static StatusOr<Limit> FixedWindow(std::string name, int64_t limit,
+                                     std::chrono::microseconds window);
+  static StatusOr<Limit> SlidingWindow(std::string name, int64_t limit,
+                                       std::chrono::microseconds window);
+  static StatusOr<Limit> SlidingLog(std::string name, int64_t limit,
+                                    std::chrono::microseconds window);
+
+  const std::string& name() const { return name_; }
+  Algorithm algorithm() const { return algorithm_; }
+  // Capacity (token bucket) or count per window.
+  int64_t limit() const { return limit_; }
+  // Token bucket: time to refill completely (capacity * interval). Others: the window.
+  std::chrono::microseconds window() const { return std::chrono::microseconds(window_us_); }
+  int64_t window_micros() const { return window_us_; }
+  // Token bucket only: microseconds per token.
+  int64_t interval_micros() const { return interval_us_; }
+  double refill_per_second() const { return 1e6 / static_cast<double>(interval_us_); }
+
+  // OK iff a request of this cost can ever be allowed. A cost above the limit
+  // can never succeed and is an error, not a denial.
+  Status ValidateCost(int64_t cost) const;
+
+  // "token_bucket(capacity=10, refill_per_second=5)"
+  std::string ToString() const;
+
+  friend bool operator==(const Limit&, const Limit&) = default;
+
+ private:
+  Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, int64_t interval_us)
+      : name_(std::move(name)),
+        algorithm_(a),
+        limit_(limit),
+        window_us_(window_us),
+        interval_us_(interval_us) {}
+  static StatusOr<Limit> Window(std::string name, Algorithm a, int64_t limit,
+                                std::chrono::microseconds window);
+
+  std::string name_;
+  Algorithm algorithm_;
+  int64_t limit_;
+  int64_t window_us_;
+  int64_t interval_us_;
+};
+
+// Names are 1..64 characters of [A-Za-z0-9_.-]; they become part of store keys.
+Status ValidateLimitName(std::string_view name);
+
+}  // namespace ratelimit

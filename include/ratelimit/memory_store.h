@@ -1,0 +1,71 @@
+// MemoryStore: limit state in this process's memory.
+//
+// For a single instance, for tests, and as the local fallback when Redis is
+// down. State is sharded by key hash; each shard is an open-addressing table
+// of 32-byte slots (a 64-bit fingerprint of the key and limit, 16 bytes of
+// algorithm state, the expiry time), about 40-56 bytes per key. Idle keys
+// expire: a key whose state equals the fresh state is dropped by Sweep() and
+// whenever a shard would otherwise grow.
+//
+//   ratelimit::MemoryStore store({.max_keys = 1'000'000});
+//   Limit burst = *Limit::TokenBucket("burst", 10, 5);
+//   LimitCheck checks[] = {{&burst, 1}};
+//   StatusOr<CheckResult> r = store.CheckSync({"user:ada", checks});
+//
+// Bounded: at most `max_keys` live keys. When full (after dropping expired
+// ones), requests for NEW keys fail with kResourceExhausted (the caller's
+// failure policy decides); existing keys are never evicted, so a flood of
+// unique keys cannot reset a real client's limit.
+//
+// Keys are identified by a 64-bit keyed hash (random seed per store) of the
+// client key and the limit's name and algorithm; two distinct (key, limit)
+// pairs share state only on a hash collision (about 1 in 3.7e7 at 1,000,000
+// keys) and the seed makes collisions impossible to aim at.
+//
+// Thread-safety: all methods are thread-safe. Check calls `done` before returning.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "ratelimit/clock.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit {
+
+class MemoryStore final : public Store {
+ public:
+  struct Options {
+    size_t shards = 64;  // rounded up to a power of two
+    size_t max_keys = 10'000'000;
+    size_t max_key_length = kDefaultMaxKeyLength;
+    const Clock* clock = nullptr;  // nullptr: Clock::System()
+  };
+
+  MemoryStore();
+  explicit MemoryStore(Options options);
+  ~MemoryStore() override;
+
+  void Check(const CheckRequest& request, CheckCallback done) override;
+  void Peek(const CheckRequest& request, CheckCallback done) override;
+  void Reset(std::string_view key, std::span<const Limit* const> limits,
+             ResetCallback done) override;
+
+  // The same as Check, returning directly.
+  StatusOr<CheckResult> Decide(const CheckRequest& request);
+  // The fast path for one limit: no allocation.
+  StatusOr<Decision> DecideOne(std::string_view key, const Limit& limit, int64_t cost);
+
+  // Drops every expired key; returns how many. The daemon calls it periodically.
+  size_t Sweep();
+  // Live keys (including expired ones not yet swept).
+  size_t size() const;
+  // Bytes held by the tables and logs (not counting this object).
+  size_t MemoryUsage() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ratelimit

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing ratelimit needs, from Debian 12
+# packages only. Idempotent: installs only what is missing. Runs as root, or
+# through sudo.
+#
+#   scripts/install-deps.sh          build + run + test dependencies
+#   scripts/install-deps.sh --build  only what building needs
+set -euo pipefail
+
+build_pkgs=(
+  build-essential cmake ninja-build pkg-config git
+  libboost-dev libssl-dev libhiredis-dev libyaml-cpp-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+)
+test_pkgs=(
+  redis-server redis-tools   # the store the integration tests talk to (never mocked)
+  nginx                      # auth_request and load-balancer tests, and a benchmark peer
+  curl wrk openssl           # HTTP client, load generator, test certificates
+  chromium                   # the demo page's browser test (headless)
+  nodejs npm                 # playwright-core drives chromium
+  prometheus                 # promtool checks the /metrics output
+  clang libclang-rt-14-dev clang-format clang-tidy  # fuzzing, format and lint
+  procps psmisc iproute2
+)
+
+pkgs=("${build_pkgs[@]}")
+[[ "${1:-}" == "--build" ]] || pkgs+=("${test_pkgs[@]}")
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then SUDO=(sudo); fi
+echo "install-deps: installing ${missing[*]}"
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The Debian packages start system services; the tests start their own on free ports.
+for svc in redis-server nginx prometheus; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$svc" 2>/dev/null; then
+    "${SUDO[@]}" systemctl stop "$svc" || true
+  fi
+done

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds and runs the whole suite three times: a normal build (all tests),
+# ASan+UBSan (all tests) and TSan (tests labelled "concurrency"). Exits
+# non-zero on the first failure. Called by `make test` and CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-$(nproc)}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+
+step() { printf '\n==== %s (%s)\n' "$1" "$(date +%T)"; }
+
+configure() {  # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRL_BUILD_BENCH=ON "$@" >/dev/null
+}
+
+step "lint"
+scripts/lint.sh
+
+step "build (RelWithDebInfo)"
+configure build
+ninja -C build -j "$JOBS"
+step "test (RelWithDebInfo)"
+ctest --test-dir build --output-on-failure -j 2 --timeout 900
+
+step "build (ASan + UBSan)"
+configure build-asan -DRL_SANITIZE=address -DRL_BUILD_BENCH=OFF
+ninja -C build-asan -j "$JOBS"
+step "test (ASan + UBSan)"
+ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 -LE no-sanitizer
+
+step "build (TSan)"
+configure build-tsan -DRL_SANITIZE=thread -DRL_BUILD_BENCH=OFF
+ninja -C build-tsan -j "$JOBS"
+step "test (TSan, concurrency tests)"
+ctest --test-dir build-tsan --output-on-failure -j 2 --timeout 900 -L concurrency -LE no-sanitizer
+
+step "all test runs passed"

@@ -1,0 +1,167 @@
+#include "core/algorithms.h"
+
+#include <algorithm>
+#include <cassert>
+
+namespace ratelimit::core {
+namespace {
+
+using std::chrono::microseconds;
+
+// Token bucket as GCRA. T is the interval per token, tau = capacity * T the
+// burst tolerance. The state is the theoretical arrival time (TAT): the time
+// at which the bucket would be full again. A request of cost n is allowed iff
+// max(TAT, now) + n*T - tau <= now.
+Evaluation TokenBucket(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+  const int64_t interval = l.interval_micros();
+  const int64_t tau = l.window_micros();
+  const int64_t tat = std::max(s.t, now);
+  const int64_t new_tat = tat + cost * interval;
+  const int64_t allow_at = new_tat - tau;
+  Evaluation e{.decision = {.limit = l.limit()}, .next = s};
+  if (allow_at <= now) {
+    e.decision.allowed = true;
+    e.decision.remaining = (tau - (new_tat - now)) / interval;
+    e.decision.reset_after = microseconds(new_tat - now);
+    e.next.t = new_tat;
+  } else {
+    e.decision.remaining = (tau - (tat - now)) / interval;
+    e.decision.retry_after = microseconds(allow_at - now);
+    e.decision.reset_after = microseconds(tat - now);
+  }
+  return e;
+}
+
+// Fixed window: windows [k*W, (k+1)*W) aligned to the epoch.
+Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+  const int64_t w = l.window_micros();
+  const int64_t idx = now / w;
+  const int64_t end = (idx + 1) * w;
+  const int64_t count = s.t == idx ? s.n1 : 0;
+  Evaluation e{.decision = {.limit = l.limit()}, .next = s};
+  if (count + cost <= l.limit()) {
+    const int64_t after = count + cost;
+    e.decision.allowed = true;
+    e.decision.remaining = l.limit() - after;
+    e.decision.reset_after = microseconds(after > 0 ? end - now : 0);
+    e.next = {.t = idx, .n0 = 0, .n1 = static_cast<int32_t>(after)};
+  } else {
+    e.decision.remaining = l.limit() - count;
+    e.decision.retry_after = microseconds(end - now);  // cost <= limit fits a fresh window
+    e.decision.reset_after = microseconds(end - now);
+  }
+  return e;
+}
+
+// Sliding window counter. With W the window in ms and e the ms elapsed in the
+// current window, estimate = prev * (W - e) / W + cur. All comparisons are
+// done on estimate * W, which is an exact integer (limit * W < 2^53 is
+// enforced when the limit is built), so Lua's doubles agree with int64 here.
+Evaluation SlidingWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+  const int64_t w = l.window_micros();
+  const int64_t wm = w / 1000;
+  const int64_t idx = now / w;
+  const int64_t start = idx * w;
+  const int64_t em = (now - start) / 1000;
+  int64_t prev = 0, cur = 0;
+  if (s.t == idx) {
+    prev = s.n0;
+    cur = s.n1;
+  } else if (s.t == idx - 1) {
+    prev = s.n1;
+  }
+  const int64_t limit = l.limit();
+  const int64_t weighted = prev * (wm - em);  // previous window's share, times W
+  Evaluation e{.decision = {.limit = limit}, .next = s};
+  auto reset_after = [&](int64_t cur_after) -> int64_t {
+    if (cur_after > 0) return start + 2 * w - now;
+    if (weighted > 0) return start + w - now;
+    return 0;
+  };
+  if (weighted + (cur + cost) * wm <= limit * wm) {
+    const int64_t after = cur + cost;
+    e.decision.allowed = true;
+    e.decision.remaining = (limit * wm - weighted - after * wm) / wm;
+    e.decision.reset_after = microseconds(reset_after(after));
+    e.next = {.t = idx, .n0 = static_cast<int32_t>(prev), .n1 = static_cast<int32_t>(after)};
+    return e;
+  }
+  e.decision.remaining = std::max<int64_t>(0, (limit * wm - weighted - cur * wm) / wm);
+  e.decision.reset_after = microseconds(reset_after(cur));
+  int64_t allow_at;
+  if (cur + cost <= limit) {
+    // Wait in this window until prev * (W - e') <= (limit - cur - cost) * W.
+    // prev > 0 here, since the request would otherwise fit.
+    const int64_t room = (limit - cur - cost) * wm / prev;
+    allow_at = start + (wm - room) * 1000;
+  } else if (cur == 0) {
+    allow_at = start + w;  // unreachable with cost <= limit; kept for safety
+  } else {
+    // The next window: cur becomes prev; wait until cur * (W - e'') <= (limit - cost) * W.
+    const int64_t room = std::min(wm, (limit - cost) * wm / cur);
+    allow_at = start + w + (wm - room) * 1000;
+  }
+  e.decision.retry_after = microseconds(std::max<int64_t>(allow_at - now, 1));
+  return e;
+}
+
+}  // namespace
+
+Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, int64_t cost) {
+  assert(cost >= 0 && cost <= limit.limit());
+  switch (limit.algorithm()) {
+    case Algorithm::kTokenBucket: return TokenBucket(limit, state, now, cost);
+    case Algorithm::kFixedWindow: return FixedWindow(limit, state, now, cost);
+    case Algorithm::kSlidingWindow: return SlidingWindow(limit, state, now, cost);
+    case Algorithm::kSlidingLog: break;
+  }
+  assert(false && "sliding log has its own functions");
+  return {};
+}
+
+int64_t ExpiresAt(const Limit& limit, const CompactState& state) {
+  switch (limit.algorithm()) {
+    case Algorithm::kTokenBucket: return state.t;
+    case Algorithm::kFixedWindow: return (state.t + 1) * limit.window_micros();
+    case Algorithm::kSlidingWindow: return (state.t + 2) * limit.window_micros();
+    case Algorithm::kSlidingLog: break;
+  }
+  return 0;
+}
+
+Decision EvaluateLog(const Limit& limit, std::span<const int64_t> log, int64_t now, int64_t cost) {
+  const int64_t w = limit.window_micros();
+  // Entries at or before now - w have left the window.
+  const auto first = std::upper_bound(log.begin(), log.end(), now - w);
+  const auto live = log.subspan(static_cast<size_t>(first - log.begin()));
+  const auto n = static_cast<int64_t>(live.size());
+  Decision d{.limit = limit.limit()};
+  if (n + cost <= limit.limit()) {
+    d.allowed = true;
+    d.remaining = limit.limit() - n - cost;
+    const int64_t newest = cost > 0 ? now : (n > 0 ? live.back() : now - w);
+    d.reset_after = microseconds(newest + w - now);
+  } else {
+    d.remaining = limit.limit() - n;
+    // The oldest (n + cost - limit) entries must leave the window first.
+    const int64_t must_leave = n + cost - limit.limit();
+    d.retry_after = microseconds(live[static_cast<size_t>(must_leave - 1)] + w - now);
+    d.reset_after = microseconds(live.back() + w - now);
+  }
+  return d;
+}
+
+bool PruneLog(const Limit& limit, std::vector<int64_t>& log, int64_t now) {
+  const auto first = std::upper_bound(log.begin(), log.end(), now - limit.window_micros());
+  log.erase(log.begin(), first);
+  return log.empty();
+}
+
+void ApplyLog(const Limit& limit, std::vector<int64_t>& log, int64_t now, int64_t cost) {
+  PruneLog(limit, log, now);
+  // Timestamps stay ascending even if the clock stepped back.
+  const int64_t at = log.empty() ? now : std::max(now, log.back());
+  log.insert(log.end(), static_cast<size_t>(cost), at);
+}
+
+}  // namespace ratelimit::core

@@ -1,0 +1,55 @@
+// The four rate limiting algorithms as pure arithmetic on compact state.
+//
+// No clock, no locks, no I/O: each function takes the stored state (or the
+// fresh state when nothing is stored), `now` in microseconds since the epoch
+// and the cost, and returns the Decision and, when allowed, the next state.
+// RedisStore's Lua scripts implement exactly the same arithmetic; the
+// conformance suite (tests/conformance_test.cc) keeps the two in step.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "ratelimit/decision.h"
+#include "ratelimit/limit.h"
+
+namespace ratelimit::core {
+
+// 16 bytes per (client, limit):
+//   token bucket:   t = theoretical arrival time (us); n0, n1 unused
+//   fixed window:   t = window index; n1 = count in that window
+//   sliding window: t = index of the current window; n0 = count of the
+//                   previous window, n1 = count of the current one
+// The all-zero state is "fresh" (never seen, or expired).
+struct CompactState {
+  int64_t t = 0;
+  int32_t n0 = 0;
+  int32_t n1 = 0;
+  friend bool operator==(const CompactState&, const CompactState&) = default;
+};
+
+struct Evaluation {
+  Decision decision;
+  CompactState next;  // the state to store when decision.allowed (equal to the input otherwise)
+};
+
+// REQUIRES: limit.algorithm() != kSlidingLog; 0 <= cost <= limit.limit(); now >= 0.
+Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, int64_t cost);
+
+// The time (us since the epoch) from which `state` is equivalent to the fresh
+// state and may be forgotten. REQUIRES: not sliding log.
+int64_t ExpiresAt(const Limit& limit, const CompactState& state);
+
+// Sliding log. `log` holds one timestamp per unit of cost, ascending. Entries
+// at or before now - window are no longer counted. When allowed, the caller
+// prunes and appends `cost` copies of `now` (see ApplyLog).
+// REQUIRES: limit.algorithm() == kSlidingLog; 0 <= cost <= limit.limit().
+Decision EvaluateLog(const Limit& limit, std::span<const int64_t> log, int64_t now, int64_t cost);
+void ApplyLog(const Limit& limit, std::vector<int64_t>& log, int64_t now, int64_t cost);
+// Drops entries that no longer count. Returns true when the log is empty.
+bool PruneLog(const Limit& limit, std::vector<int64_t>& log, int64_t now);
+
+}  // namespace ratelimit::core

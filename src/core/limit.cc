@@ -1,0 +1,187 @@
+#include "ratelimit/limit.h"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+namespace ratelimit {
+namespace {
+
+constexpr int64_t kMaxExact = int64_t{1} << 53;  // doubles in Redis Lua stay exact below this
+
+std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+}  // namespace
+
+std::string_view AlgorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kTokenBucket: return "token_bucket";
+    case Algorithm::kFixedWindow: return "fixed_window";
+    case Algorithm::kSlidingWindow: return "sliding_window";
+    case Algorithm::kSlidingLog: return "sliding_log";
+  }
+  return "unknown";
+}
+
+StatusOr<Algorithm> ParseAlgorithm(std::string_view name) {
+  for (Algorithm a : {Algorithm::kTokenBucket, Algorithm::kFixedWindow, Algorithm::kSlidingWindow,
+                      Algorithm::kSlidingLog}) {
+    if (name == AlgorithmName(a)) return a;
+  }
+  return InvalidArgument("unknown algorithm " + Quote(name) +
+                         " (expected token_bucket, fixed_window, sliding_window or sliding_log)");
+}
+
+StatusOr<std::chrono::microseconds> ParseDuration(std::string_view text) {
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  std::string_view unit = text.substr(digits);
+  int64_t n = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + digits, n);
+  if (digits == 0 || ec != std::errc() || ptr != text.data() + digits) {
+    return InvalidArgument("invalid duration " + Quote(text) +
+                           " (expected a positive integer and a unit: 500ms, 60s, 15m, 1h, 1d)");
+  }
+  int64_t scale = 0;
+  if (unit == "us")
+    scale = 1;
+  else if (unit == "ms")
+    scale = 1000;
+  else if (unit == "s")
+    scale = 1'000'000;
+  else if (unit == "m")
+    scale = 60'000'000;
+  else if (unit == "h")
+    scale = 3'600'000'000;
+  else if (unit == "d")
+    scale = 86'400'000'000;
+  else {
+    return InvalidArgument("invalid duration " + Quote(text) + ": unknown unit " + Quote(unit) +
+                           " (expected us, ms, s, m, h or d)");
+  }
+  if (n <= 0) return InvalidArgument("invalid duration " + Quote(text) + ": must be positive");
+  if (n > Limit::kMaxWindowMicros / scale) {
+    return InvalidArgument("invalid duration " + Quote(text) + ": longer than 366 days");
+  }
+  return std::chrono::microseconds(n * scale);
+}
+
+std::string FormatDuration(std::chrono::microseconds d) {
+  const int64_t us = d.count();
+  struct Unit {
+    int64_t scale;
+    const char* name;
+  };
+  for (Unit u : {Unit{86'400'000'000, "d"}, Unit{3'600'000'000, "h"}, Unit{60'000'000, "m"},
+                 Unit{1'000'000, "s"}, Unit{1000, "ms"}}) {
+    if (us != 0 && us % u.scale == 0) return std::to_string(us / u.scale) + u.name;
+  }
+  return std::to_string(us) + "us";
+}
+
+Status ValidateLimitName(std::string_view name) {
+  if (name.empty()) return InvalidArgument("limit name must not be empty");
+  if (name.size() > Limit::kMaxNameLength) {
+    return InvalidArgument("limit name " + Quote(name.substr(0, 16)) + "... is longer than " +
+                           std::to_string(Limit::kMaxNameLength) + " characters");
+  }
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '_' || c == '-' || c == '.';
+    if (!ok) {
+      return InvalidArgument("limit name " + Quote(name) +
+                             " may contain only letters, digits, '_', '-' and '.'");
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<Limit> Limit::TokenBucket(std::string name, int64_t capacity, double refill_per_second) {
+  if (Status s = ValidateLimitName(name); !s.ok()) return s;
+  const std::string what = "limit " + Quote(name) + ": ";
+  if (capacity <= 0)
+    return InvalidArgument(what + "capacity must be positive, got " + std::to_string(capacity));
+  if (capacity > kMaxCount)
+    return InvalidArgument(what + "capacity must be at most " + std::to_string(kMaxCount));
+  if (!std::isfinite(refill_per_second) || refill_per_second <= 0) {
+    std::ostringstream o;
+    o << what << "refill_per_second must be a positive finite number, got " << refill_per_second;
+    return InvalidArgument(o.str());
+  }
+  if (refill_per_second > 1e6) {
+    return InvalidArgument(what +
+                           "refill_per_second must be at most 1000000 (one token per microsecond)");
+  }
+  const double interval = std::round(1e6 / refill_per_second);
+  const double full = interval * static_cast<double>(capacity);
+  if (full > static_cast<double>(kMaxWindowMicros)) {
+    return InvalidArgument(
+        what + "a full refill would take longer than 366 days; raise refill_per_second");
+  }
+  const auto interval_us = static_cast<int64_t>(interval);
+  return Limit(std::move(name), Algorithm::kTokenBucket, capacity, interval_us * capacity,
+               interval_us);
+}
+
+StatusOr<Limit> Limit::Window(std::string name, Algorithm a, int64_t limit,
+                              std::chrono::microseconds window) {
+  if (Status s = ValidateLimitName(name); !s.ok()) return s;
+  const std::string what = "limit " + Quote(name) + ": ";
+  if (limit <= 0)
+    return InvalidArgument(what + "limit must be positive, got " + std::to_string(limit));
+  const int64_t max = a == Algorithm::kSlidingLog ? kMaxSlidingLogCount : kMaxCount;
+  if (limit > max)
+    return InvalidArgument(what + "limit must be at most " + std::to_string(max) + " for " +
+                           std::string(AlgorithmName(a)));
+  const int64_t w = window.count();
+  if (w <= 0) return InvalidArgument(what + "window must be positive");
+  if (w > kMaxWindowMicros) return InvalidArgument(what + "window must be at most 366 days");
+  if (a == Algorithm::kSlidingWindow) {
+    if (w % 1000 != 0)
+      return InvalidArgument(what + "a sliding_window window must be whole milliseconds");
+    if (limit > kMaxExact / (w / 1000)) {
+      return InvalidArgument(what +
+                             "limit x window (in ms) must stay below 2^53; use a smaller "
+                             "limit or window, or fixed_window");
+    }
+  }
+  return Limit(std::move(name), a, limit, w, 0);
+}
+
+StatusOr<Limit> Limit::FixedWindow(std::string name, int64_t limit,
+                                   std::chrono::microseconds window) {
+  return Window(std::move(name), Algorithm::kFixedWindow, limit, window);
+}
+StatusOr<Limit> Limit::SlidingWindow(std::string name, int64_t limit,
+                                     std::chrono::microseconds window) {
+  return Window(std::move(name), Algorithm::kSlidingWindow, limit, window);
+}
+StatusOr<Limit> Limit::SlidingLog(std::string name, int64_t limit,
+                                  std::chrono::microseconds window) {
+  return Window(std::move(name), Algorithm::kSlidingLog, limit, window);
+}
+
+Status Limit::ValidateCost(int64_t cost) const {
+  if (cost < 0) return InvalidArgument("cost must not be negative, got " + std::to_string(cost));
+  if (cost > limit_) {
+    return InvalidArgument("cost " + std::to_string(cost) + " exceeds the " +
+                           (algorithm_ == Algorithm::kTokenBucket ? "capacity " : "limit ") +
+                           std::to_string(limit_) + " of limit '" + name_ +
+                           "': such a request can never be allowed");
+  }
+  return Status::Ok();
+}
+
+std::string Limit::ToString() const {
+  std::ostringstream o;
+  o << AlgorithmName(algorithm_) << "(";
+  if (algorithm_ == Algorithm::kTokenBucket) {
+    o << "capacity=" << limit_ << ", refill_per_second=" << refill_per_second();
+  } else {
+    o << "limit=" << limit_ << ", window=" << FormatDuration(window());
+  }
+  o << ")";
+  return o.str();
+}
+
+}  // namespace ratelimit

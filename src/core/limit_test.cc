@@ -1,0 +1,89 @@
+// Building limits: invalid ones are rejected with a clear error, never clamped.
+#include "ratelimit/limit.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::seconds;
+
+void ExpectInvalid(const StatusOr<Limit>& l, std::string_view fragment) {
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(l.status().message().find(fragment), std::string::npos) << l.status().message();
+}
+
+TEST(Limit, TokenBucketRejectsBadParameters) {
+  ExpectInvalid(Limit::TokenBucket("b", 0, 5), "capacity must be positive");
+  ExpectInvalid(Limit::TokenBucket("b", -3, 5), "capacity must be positive");
+  ExpectInvalid(Limit::TokenBucket("b", 10, 0), "refill_per_second must be a positive");
+  ExpectInvalid(Limit::TokenBucket("b", 10, -1), "refill_per_second must be a positive");
+  ExpectInvalid(Limit::TokenBucket("b", 10, std::nan("")), "refill_per_second must be a positive");
+  ExpectInvalid(Limit::TokenBucket("b", 10, std::numeric_limits<double>::infinity()),
+                "refill_per_second must be a positive");
+  ExpectInvalid(Limit::TokenBucket("b", 10, 2e6), "at most 1000000");
+  ExpectInvalid(Limit::TokenBucket("b", int64_t{1} << 40, 5), "capacity must be at most");
+  ExpectInvalid(Limit::TokenBucket("b", 1000, 1e-6), "longer than 366 days");
+}
+
+TEST(Limit, WindowsRejectBadParameters) {
+  ExpectInvalid(Limit::FixedWindow("f", 0, seconds(1)), "limit must be positive");
+  ExpectInvalid(Limit::FixedWindow("f", 5, microseconds(0)), "window must be positive");
+  ExpectInvalid(Limit::FixedWindow("f", 5, seconds(-1)), "window must be positive");
+  ExpectInvalid(Limit::SlidingWindow("s", 5, microseconds(1500)), "whole milliseconds");
+  ExpectInvalid(Limit::SlidingWindow("s", 2'000'000'000, std::chrono::hours(24 * 300)), "2^53");
+  ExpectInvalid(Limit::SlidingLog("l", 1'000'000, seconds(1)), "at most 100000");
+}
+
+TEST(Limit, NamesBecomeKeysSoTheyAreRestricted) {
+  ExpectInvalid(Limit::TokenBucket("", 1, 1), "must not be empty");
+  ExpectInvalid(Limit::TokenBucket("a{b}", 1, 1), "may contain only");
+  ExpectInvalid(Limit::TokenBucket("a b", 1, 1), "may contain only");
+  ExpectInvalid(Limit::TokenBucket(std::string(65, 'a'), 1, 1), "longer than 64");
+  EXPECT_TRUE(Limit::TokenBucket("per-user.burst_1", 1, 1).ok());
+}
+
+TEST(Limit, CostLargerThanCapacityCanNeverSucceed) {
+  Limit l = *Limit::TokenBucket("burst", 10, 5);
+  EXPECT_TRUE(l.ValidateCost(0).ok());
+  EXPECT_TRUE(l.ValidateCost(10).ok());
+  Status s = l.ValidateCost(11);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("can never be allowed"), std::string::npos) << s.message();
+  EXPECT_EQ(l.ValidateCost(-1).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Limit, RefillIntervalIsWholeMicroseconds) {
+  Limit l = *Limit::TokenBucket("b", 10, 5);
+  EXPECT_EQ(l.interval_micros(), 200'000);
+  EXPECT_EQ(l.window(), seconds(2));
+  EXPECT_DOUBLE_EQ(l.refill_per_second(), 5.0);
+  EXPECT_EQ(l.ToString(), "token_bucket(capacity=10, refill_per_second=5)");
+}
+
+TEST(Duration, ParsesAndFormats) {
+  EXPECT_EQ(*ParseDuration("500ms"), std::chrono::milliseconds(500));
+  EXPECT_EQ(*ParseDuration("60s"), seconds(60));
+  EXPECT_EQ(*ParseDuration("15m"), std::chrono::minutes(15));
+  EXPECT_EQ(*ParseDuration("1h"), std::chrono::hours(1));
+  EXPECT_EQ(*ParseDuration("1d"), std::chrono::hours(24));
+  for (const char* bad : {"", "s", "10", "-5s", "0s", "1.5s", "10x", "5 s", "999999d"}) {
+    EXPECT_FALSE(ParseDuration(bad).ok()) << bad;
+  }
+  EXPECT_EQ(FormatDuration(std::chrono::hours(24)), "1d");
+  EXPECT_EQ(FormatDuration(std::chrono::milliseconds(1500)), "1500ms");
+  EXPECT_EQ(FormatDuration(microseconds(7)), "7us");
+}
+
+TEST(Algorithm, Names) {
+  EXPECT_EQ(*ParseAlgorithm("sliding_log"), Algorithm::kSlidingLog);
+  EXPECT_FALSE(ParseAlgorithm("leaky").ok());
+}
+
+}  // namespace
+}  // namespace ratelimit

@@ -1,0 +1,57 @@
+#include "ratelimit/store.h"
+
+#include <future>
+
+namespace ratelimit {
+namespace {
+
+template <typename Call>
+StatusOr<CheckResult> Wait(Call&& call) {
+  std::promise<StatusOr<CheckResult>> p;
+  auto f = p.get_future();
+  call([&p](StatusOr<CheckResult> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
+}  // namespace
+
+StatusOr<CheckResult> Store::CheckSync(const CheckRequest& request) {
+  return Wait([&](CheckCallback cb) { Check(request, std::move(cb)); });
+}
+
+StatusOr<CheckResult> Store::PeekSync(const CheckRequest& request) {
+  return Wait([&](CheckCallback cb) { Peek(request, std::move(cb)); });
+}
+
+Status Store::ResetSync(std::string_view key, std::span<const Limit* const> limits) {
+  std::promise<Status> p;
+  auto f = p.get_future();
+  Reset(key, limits, [&p](Status s) { p.set_value(std::move(s)); });
+  return f.get();
+}
+
+Status ValidateRequest(const CheckRequest& request, size_t max_key_length) {
+  if (request.key.empty()) return InvalidArgument("key must not be empty");
+  if (request.key.size() > max_key_length) {
+    return InvalidArgument("key is " + std::to_string(request.key.size()) +
+                           " bytes long; the maximum is " + std::to_string(max_key_length));
+  }
+  if (request.checks.empty()) return InvalidArgument("a request needs at least one limit");
+  if (request.checks.size() > kMaxChecksPerRequest) {
+    return InvalidArgument("a request may check at most " + std::to_string(kMaxChecksPerRequest) +
+                           " limits, got " + std::to_string(request.checks.size()));
+  }
+  for (size_t i = 0; i < request.checks.size(); ++i) {
+    const LimitCheck& c = request.checks[i];
+    if (c.limit == nullptr) return InvalidArgument("limit " + std::to_string(i) + " is missing");
+    if (Status s = c.limit->ValidateCost(c.cost); !s.ok()) return s;
+    for (size_t j = 0; j < i; ++j) {
+      if (request.checks[j].limit->name() == c.limit->name()) {
+        return InvalidArgument("limit '" + c.limit->name() + "' appears twice in one request");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ratelimit

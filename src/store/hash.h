@@ -1,0 +1,35 @@
+// A fast seeded 64-bit hash for in-memory keys (not cryptographic: the random
+// seed makes collisions hard to aim at, not impossible).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace ratelimit::store {
+
+inline uint64_t Mix(uint64_t a, uint64_t b) {
+  const __uint128_t r = static_cast<__uint128_t>(a) * b;
+  return static_cast<uint64_t>(r) ^ static_cast<uint64_t>(r >> 64);
+}
+
+inline uint64_t Hash64(std::string_view s, uint64_t seed) {
+  constexpr uint64_t kP0 = 0xa0761d6478bd642fULL, kP1 = 0xe7037ed1a0b428dbULL,
+                     kP2 = 0x8ebc6af09c88c6e3ULL, kP3 = 0x589965cc75374cc3ULL;
+  const char* p = s.data();
+  size_t n = s.size();
+  uint64_t h = seed ^ Mix(n ^ kP0, kP1);
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h = Mix(w ^ kP1, h ^ kP2);
+    p += 8;
+    n -= 8;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, p, n);
+  h = Mix(tail ^ kP3 ^ n, h ^ kP0);
+  return Mix(h ^ kP2, kP3);
+}
+
+}  // namespace ratelimit::store

@@ -1,0 +1,173 @@
+// MemoryStore: isolation, all-or-nothing, expiry, bounds, and exactness under threads.
+#include "ratelimit/memory_store.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class MemoryStoreTest : public ::testing::Test {
+ protected:
+  ManualClock clock_;
+  MemoryStore store_{{.clock = &clock_}};
+  Limit burst_ = *Limit::TokenBucket("burst", 5, 1);
+  Limit daily_ = *Limit::FixedWindow("daily", 7, std::chrono::hours(24));
+
+  Decision Check(std::string_view key, const Limit& l, int64_t cost = 1) {
+    LimitCheck c[] = {{&l, cost}};
+    StatusOr<CheckResult> r = store_.CheckSync({key, c});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->overall : Decision{};
+  }
+};
+
+TEST_F(MemoryStoreTest, KeysAreIsolated) {
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(Check("a", burst_).allowed);
+  EXPECT_FALSE(Check("a", burst_).allowed);
+  Decision b = Check("b", burst_);
+  EXPECT_TRUE(b.allowed);
+  EXPECT_EQ(b.remaining, 4);
+  // Same key, another limit: its own state.
+  EXPECT_TRUE(Check("a", daily_).allowed);
+}
+
+TEST_F(MemoryStoreTest, SeveralLimitsAreAllOrNothing) {
+  LimitCheck both[] = {{&burst_, 1}, {&daily_, 1}};
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(store_.CheckSync({"ada", both})->overall.allowed);
+  // burst is empty: denied, and daily must not be consumed.
+  StatusOr<CheckResult> r = store_.CheckSync({"ada", both});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_FALSE(r->decisions[0].allowed);
+  EXPECT_TRUE(r->decisions[1].allowed);
+  EXPECT_EQ(r->overall.limit, 5);
+  LimitCheck daily_only[] = {{&daily_, 0}};
+  EXPECT_EQ(store_.PeekSync({"ada", daily_only})->overall.remaining, 2);
+  // The overall numbers of an allowed request are those of the tightest limit.
+  clock_.Advance(seconds(10));
+  r = store_.CheckSync({"ada", both});
+  EXPECT_TRUE(r->overall.allowed);
+  EXPECT_EQ(r->overall.limit, 7);
+  EXPECT_EQ(r->overall.remaining, 1);
+}
+
+TEST_F(MemoryStoreTest, IdleKeysExpireAndAreSwept) {
+  Limit sliding = *Limit::SlidingWindow("sw", 3, seconds(1));
+  Limit log = *Limit::SlidingLog("log", 3, seconds(1));
+  Check("a", burst_, 3);
+  Check("b", sliding);
+  Check("c", log);
+  EXPECT_EQ(store_.size(), 3u);
+  EXPECT_EQ(store_.Sweep(), 0u);
+  clock_.Advance(seconds(3));  // burst refilled (3 s at 1/s), windows over
+  EXPECT_EQ(store_.Sweep(), 3u);
+  EXPECT_EQ(store_.size(), 0u);
+  EXPECT_EQ(Check("a", burst_).remaining, 4);  // a full bucket again
+}
+
+TEST_F(MemoryStoreTest, PeekNeverCreatesState) {
+  LimitCheck c[] = {{&burst_, 1}};
+  StatusOr<CheckResult> r = store_.PeekSync({"nobody", c});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->overall.remaining, 5);
+  EXPECT_EQ(store_.size(), 0u);
+}
+
+TEST_F(MemoryStoreTest, ResetGivesAFullBucket) {
+  for (int i = 0; i < 5; ++i) Check("a", burst_);
+  const Limit* limits[] = {&burst_};
+  EXPECT_TRUE(store_.ResetSync("a", limits).ok());
+  EXPECT_EQ(Check("a", burst_).remaining, 4);
+}
+
+TEST_F(MemoryStoreTest, BadRequestsAreErrorsNotDecisions) {
+  LimitCheck too_costly[] = {{&burst_, 6}};
+  EXPECT_EQ(store_.CheckSync({"a", too_costly}).status().code(), StatusCode::kInvalidArgument);
+  LimitCheck ok[] = {{&burst_, 1}};
+  EXPECT_EQ(store_.CheckSync({"", ok}).status().code(), StatusCode::kInvalidArgument);
+  std::string huge(kDefaultMaxKeyLength + 1, 'k');
+  EXPECT_EQ(store_.CheckSync({huge, ok}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.DecideOne(huge, burst_, 1).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.CheckSync({"a", {}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(store_.size(), 0u);
+}
+
+TEST(MemoryStoreBounds, AFloodOfNewKeysNeverEvictsAnExistingClient) {
+  ManualClock clock;
+  MemoryStore store({.shards = 4, .max_keys = 1000, .clock = &clock});
+  Limit l = *Limit::TokenBucket("b", 3, 0.001);  // refills very slowly
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(store.DecideOne("victim", l, 1)->allowed);
+  ASSERT_FALSE(store.DecideOne("victim", l, 1)->allowed);
+  int refused = 0;
+  for (int i = 0; i < 5000; ++i) {
+    StatusOr<Decision> d = store.DecideOne("flood-" + std::to_string(i), l, 1);
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kResourceExhausted);
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 5000 - 999);
+  EXPECT_LE(store.size(), 1000u);
+  EXPECT_FALSE(store.DecideOne("victim", l, 1)->allowed) << "the victim's limit was reset";
+}
+
+TEST(MemoryStoreBounds, MemoryPerKeyIsSmall) {
+  MemoryStore store;
+  Limit l = *Limit::TokenBucket("b", 10, 5);
+  constexpr int kKeys = 200'000;
+  for (int i = 0; i < kKeys; ++i)
+    ASSERT_TRUE(store.DecideOne("user:" + std::to_string(i), l, 1).ok());
+  const double per_key = static_cast<double>(store.MemoryUsage()) / kKeys;
+  EXPECT_LE(per_key, 64.0);
+  RecordProperty("bytes_per_key", std::to_string(per_key));
+}
+
+// Many threads hammer one key: exactly the capacity is allowed.
+TEST(MemoryStoreConcurrency, ExactlyTheCapacityUnderContention) {
+  ManualClock clock;  // time stands still: no refill during the test
+  MemoryStore store({.clock = &clock});
+  Limit l = *Limit::TokenBucket("b", 1000, 1);
+  Limit w = *Limit::FixedWindow("w", 1500, seconds(60));
+  std::atomic<int> allowed{0}, allowed_multi{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      LimitCheck both[] = {{&l, 1}, {&w, 1}};
+      for (int i = 0; i < 500; ++i) {
+        if (store.DecideOne("hot", l, 1)->allowed) allowed.fetch_add(1);
+        if (store.CheckSync({"hot2", both})->overall.allowed) allowed_multi.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(allowed.load(), 1000);
+  EXPECT_EQ(allowed_multi.load(), 1000);
+}
+
+TEST(MemoryStoreConcurrency, ManyKeysManyThreads) {
+  ManualClock clock;
+  MemoryStore store({.shards = 8, .clock = &clock});
+  Limit l = *Limit::FixedWindow("w", 10, seconds(60));
+  std::atomic<int> allowed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20'000; ++i) {
+        if (store.DecideOne("k" + std::to_string(i % 1000), l, 1)->allowed) allowed.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(allowed.load(), 1000 * 10);
+  EXPECT_EQ(store.size(), 1000u);
+}
+
+}  // namespace
+}  // namespace ratelimit
