@@ -21,11 +21,11 @@ Evaluation TokenBucket(const Limit& l, const CompactState& s, int64_t now, int64
   Evaluation e{.decision = {.limit = l.limit()}, .next = s};
   if (allow_at <= now) {
     e.decision.allowed = true;
-    e.decision.remaining = (tau - (new_tat - now)) / interval;
+    e.decision.remaining = std::max<int64_t>(0, tau - (new_tat - now)) / interval;
     e.decision.reset_after = microseconds(new_tat - now);
     e.next.t = new_tat;
   } else {
-    e.decision.remaining = (tau - (tat - now)) / interval;
+    e.decision.remaining = std::max<int64_t>(0, tau - (tat - now)) / interval;
     e.decision.retry_after = microseconds(allow_at - now);
     e.decision.reset_after = microseconds(tat - now);
   }
@@ -46,7 +46,7 @@ Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64
     e.decision.reset_after = microseconds(after > 0 ? end - now : 0);
     e.next = {.t = idx, .n0 = 0, .n1 = static_cast<int32_t>(after)};
   } else {
-    e.decision.remaining = l.limit() - count;
+    e.decision.remaining = std::max<int64_t>(0, l.limit() - count);
     e.decision.retry_after = microseconds(end - now);  // cost <= limit fits a fresh window
     e.decision.reset_after = microseconds(end - now);
   }
@@ -142,7 +142,7 @@ Decision EvaluateLog(const Limit& limit, std::span<const int64_t> log, int64_t n
     const int64_t newest = cost > 0 ? now : (n > 0 ? live.back() : now - w);
     d.reset_after = microseconds(newest + w - now);
   } else {
-    d.remaining = limit.limit() - n;
+    d.remaining = std::max<int64_t>(0, limit.limit() - n);
     // The oldest (n + cost - limit) entries must leave the window first.
     const int64_t must_leave = n + cost - limit.limit();
     d.retry_after = microseconds(live[static_cast<size_t>(must_leave - 1)] + w - now);

@@ -1,0 +1,86 @@
+// In-memory decision cost (Google Benchmark). Run: build/bench/micro/memory_store_benchmark
+// Figures are recorded in docs/performance.md.
+#include <benchmark/benchmark.h>
+
+#include <string>
+#include <vector>
+
+#include "core/algorithms.h"
+#include "ratelimit/memory_store.h"
+
+namespace ratelimit {
+namespace {
+
+const Limit& Bucket() {
+  static const Limit l = *Limit::TokenBucket("b", 1'000'000'000, 1e6);  // never denies
+  return l;
+}
+
+std::vector<std::string> Keys(int n, int offset = 0) {
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (int i = 0; i < n; ++i) keys.push_back("user:" + std::to_string(offset + i));
+  return keys;
+}
+
+// The arithmetic alone: a GCRA step on a state in a register.
+void BM_TokenBucketArithmetic(benchmark::State& state) {
+  core::CompactState s;
+  int64_t now = 1'700'000'000'000'000;
+  for (auto _ : state) {
+    core::Evaluation e = core::Evaluate(Bucket(), s, now++, 1);
+    s = e.next;
+    benchmark::DoNotOptimize(e);
+  }
+}
+BENCHMARK(BM_TokenBucketArithmetic);
+
+void BM_SystemClockRead(benchmark::State& state) {
+  const Clock& c = Clock::System();
+  for (auto _ : state) benchmark::DoNotOptimize(c.NowMicros());
+}
+BENCHMARK(BM_SystemClockRead);
+
+// One decision through MemoryStore, including the clock read, the hash, the
+// shard lock and the table probe. Arg: number of distinct keys.
+void BM_MemoryStoreDecide(benchmark::State& state) {
+  static MemoryStore* store = nullptr;
+  static std::vector<std::string> keys;
+  if (state.thread_index() == 0) {
+    store = new MemoryStore();
+    keys = Keys(static_cast<int>(state.range(0)));
+  }
+  size_t i = static_cast<size_t>(state.thread_index()) * 7919;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(store->DecideOne(keys[i % keys.size()], Bucket(), 1));
+    ++i;
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) {
+    delete store;
+    store = nullptr;
+  }
+}
+BENCHMARK(BM_MemoryStoreDecide)->Arg(1)->Arg(100'000)->Threads(1)->UseRealTime();
+// Contended: two threads on ONE key; and two threads on distinct keys.
+BENCHMARK(BM_MemoryStoreDecide)->Arg(1)->Threads(2)->UseRealTime();
+BENCHMARK(BM_MemoryStoreDecide)->Arg(100'000)->Threads(2)->UseRealTime();
+
+// The general path (vector result, all-or-nothing over two limits).
+void BM_MemoryStoreTwoLimits(benchmark::State& state) {
+  MemoryStore store;
+  const Limit daily = *Limit::FixedWindow("daily", 1'000'000'000, std::chrono::hours(24));
+  LimitCheck checks[] = {{&Bucket(), 1}, {&daily, 1}};
+  auto keys = Keys(1000);
+  size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(store.Decide({keys[i++ % keys.size()], checks}));
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_MemoryStoreTwoLimits);
+
+}  // namespace
+}  // namespace ratelimit
+
+BENCHMARK_MAIN();

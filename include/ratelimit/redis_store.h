@@ -1,0 +1,85 @@
+// RedisStore: limit state in Redis, shared by every instance of an API.
+//
+// Each request's limits are decided by one Lua script call, atomically inside
+// Redis, all or nothing, with the time taken from Redis TIME (or, for managed
+// Redis that refuses TIME in scripts, from the caller's Clock). Keys look like
+// `<prefix>{<client>}:<limit name>`: all of a client's limits share a hash
+// tag, so one script call stays in one Redis Cluster slot. (No separator
+// follows the '}': braces in client text are escaped, so the key is
+// unambiguous, and every byte counts: Redis keeps keys of up to 14 bytes in
+// a 16-byte allocation, see docs/performance.md.) Client text is
+// escaped (or hashed when long) so it can neither pick a slot with braces nor
+// collide with another client's key.
+//
+// Concurrent checks are coalesced: whatever is queued when the I/O thread gets
+// to it goes out as one script call (at most `max_batch` checks), pipelined
+// with the others on a few connections; nothing is held back by a timer.
+//
+//   auto store = ratelimit::RedisStore::Create({.url = "redis://127.0.0.1:6379"});
+//   if (!store.ok()) ...;
+//   (*store)->Check({"user:ada", checks}, [](StatusOr<CheckResult> r) { ... });
+//
+// A call that fails (unreachable, deadline exceeded, overloaded) completes
+// with a non-OK status and is never replayed: a timed-out call may already
+// have counted.
+//
+// Thread-safety: all methods are thread-safe. Callbacks run on the store's
+// own I/O thread and must not block.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "ratelimit/clock.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit {
+
+class RedisStore final : public Store {
+ public:
+  enum class TimeSource { kRedis, kLocal };
+
+  struct Options {
+    std::string url =
+        "redis://127.0.0.1:6379";             // redis://[user:password@]host:port[/db], rediss://
+    std::chrono::milliseconds deadline{100};  // per call; a late call fails, never replays
+    std::string key_prefix = "rl:";
+    TimeSource time_source = TimeSource::kRedis;
+    const Clock* clock = nullptr;  // kLocal: the time source (nullptr: System)
+    int connections = 2;
+    size_t max_pending = 10'000;     // queued + in flight; beyond: kResourceExhausted
+    size_t max_batch = 32;           // checks per script call (1: no coalescing)
+    size_t max_calls_in_flight = 4;  // script calls out at once; more checks wait and
+                                     // leave together when a reply comes back
+    size_t max_key_length = kDefaultMaxKeyLength;
+  };
+
+  static StatusOr<std::unique_ptr<RedisStore>> Create(Options options);
+  ~RedisStore() override;
+
+  void Check(const CheckRequest& request, CheckCallback done) override;
+  void Peek(const CheckRequest& request, CheckCallback done) override;
+  void Reset(std::string_view key, std::span<const Limit* const> limits,
+             ResetCallback done) override;
+
+  // The Redis key holding `limit`'s state for `client_key`.
+  std::string KeyFor(std::string_view client_key, const Limit& limit) const;
+  // Calls queued or in flight now.
+  size_t pending() const;
+
+  struct Impl;
+
+ private:
+  explicit RedisStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The client part of a Redis key: printable ASCII is kept, '%', '{', '}', '#'
+// and other bytes are percent-escaped; a result longer than kMaxPlainClientKey
+// bytes is replaced by '#' and 16 base64url characters (96 bits) of its
+// SHA-256. Distinct clients collide only if SHA-256's first 96 bits do.
+inline constexpr size_t kMaxPlainClientKey = 40;
+std::string EncodeClientKey(std::string_view key);
+
+}  // namespace ratelimit

@@ -1,0 +1,249 @@
+#include "redis/client.h"
+
+#include <openssl/evp.h>
+
+#include <array>
+#include <future>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
+
+#include "redis/command.h"
+
+namespace ratelimit::redis {
+namespace {
+
+namespace asio = boost::asio;
+
+// Up to 16 argument views on the stack, more on the heap.
+class ArgViews {
+ public:
+  explicit ArgViews(size_t n) : size_(n) {
+    if (n > inline_.size()) heap_.resize(n);
+  }
+  std::string_view& operator[](size_t i) { return size_ > inline_.size() ? heap_[i] : inline_[i]; }
+  std::span<const std::string_view> span() const {
+    return size_ > inline_.size() ? std::span<const std::string_view>(heap_)
+                                  : std::span<const std::string_view>(inline_.data(), size_);
+  }
+
+ private:
+  size_t size_;
+  std::array<std::string_view, 16> inline_;
+  std::vector<std::string_view> heap_;
+};
+
+StatusOr<std::shared_ptr<asio::ssl::context>> MakeTlsContext(const Options& o) {
+  auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
+  if (!o.tls) return ctx;
+  boost::system::error_code ec;
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                       asio::ssl::context::no_tlsv1_1,
+                   ec);
+  if (o.tls_verify) {
+    if (o.tls_ca_file.empty()) {
+      ctx->set_default_verify_paths(ec);
+      if (ec)
+        return InvalidArgument("redis TLS: cannot load the default CA store: " + ec.message());
+    } else {
+      ctx->load_verify_file(o.tls_ca_file, ec);
+      if (ec) {
+        return InvalidArgument("redis TLS: cannot load tls_ca_file '" + o.tls_ca_file +
+                               "': " + ec.message());
+      }
+    }
+  }
+  if (!o.tls_cert_file.empty()) {
+    ctx->use_certificate_chain_file(o.tls_cert_file, ec);
+    if (ec) {
+      return InvalidArgument("redis TLS: cannot load tls_cert_file '" + o.tls_cert_file +
+                             "': " + ec.message());
+    }
+    ctx->use_private_key_file(o.tls_key_file, asio::ssl::context::pem, ec);
+    if (ec) {
+      return InvalidArgument("redis TLS: cannot load tls_key_file '" + o.tls_key_file +
+                             "': " + ec.message());
+    }
+  }
+  return ctx;
+}
+
+Status ValidateOptions(const Options& o) {
+  if (o.connections < 1) return InvalidArgument("redis options: connections must be >= 1");
+  if (o.max_pending < 1) return InvalidArgument("redis options: max_pending must be >= 1");
+  if (o.command_timeout.count() <= 0 || o.connect_timeout.count() <= 0) {
+    return InvalidArgument("redis options: timeouts must be > 0");
+  }
+  if (o.reconnect_min_backoff.count() <= 0 || o.reconnect_max_backoff < o.reconnect_min_backoff) {
+    return InvalidArgument(
+        "redis options: need 0 < reconnect_min_backoff <= reconnect_max_backoff");
+  }
+  return Status::Ok();
+}
+
+// State of one EvalScript call, kept for the NOSCRIPT retry.
+struct EvalCall {
+  const Script* script;
+  std::string evalsha;  // the encoded EVALSHA command
+  std::chrono::milliseconds timeout;
+  std::weak_ptr<Connection> connection;  // weak: the call sits in that connection's FIFO
+  Callback cb;
+};
+
+}  // namespace
+
+std::string Sha1Hex(std::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha1(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 0xF]);
+  }
+  return out;
+}
+
+Script Script::Create(std::string source) {
+  std::string sha1 = Sha1Hex(source);
+  return Script{std::move(source), std::move(sha1)};
+}
+
+Client::Client(asio::any_io_executor executor, Options options)
+    : options_(std::move(options)),
+      executor_(std::move(executor)),
+      budget_(std::make_shared<PendingBudget>(std::max(options_.max_pending, 1))) {
+  init_status_ = ValidateOptions(options_);
+  if (!init_status_.ok()) return;
+  StatusOr<std::shared_ptr<asio::ssl::context>> tls = MakeTlsContext(options_);
+  if (!tls.ok()) {
+    init_status_ = tls.status();
+    return;
+  }
+  for (int i = 0; i < options_.connections; ++i) {
+    connections_.push_back(Connection::Create(executor_, options_, *tls, budget_));
+    connections_.back()->Start();
+  }
+}
+
+StatusOr<std::unique_ptr<Client>> Client::Create(asio::any_io_executor executor, Options options) {
+  auto client = std::make_unique<Client>(std::move(executor), std::move(options));
+  if (!client->init_status().ok()) return client->init_status();
+  return client;
+}
+
+Client::~Client() { Close(); }
+
+void Client::Close() {
+  for (auto& c : connections_) c->Close();
+}
+
+Connection& Client::Pick() {
+  const size_t n = connections_.size();
+  const size_t start = next_.fetch_add(1, std::memory_order_relaxed) % n;
+  for (size_t i = 0; i < n; ++i) {
+    Connection& c = *connections_[(start + i) % n];
+    if (c.IsConnected()) return c;
+  }
+  return *connections_[start];  // none connected: it queues (first connect) or fails fast
+}
+
+void Client::Execute(std::span<const std::string_view> args, Callback cb,
+                     std::chrono::milliseconds timeout) {
+  if (!init_status_.ok()) {
+    asio::post(executor_, [cb = std::move(cb), s = init_status_]() mutable { cb(s); });
+    return;
+  }
+  Pick().Execute(args, std::move(cb), timeout);
+}
+
+void Client::Execute(std::span<const std::string_view> args, Callback cb) {
+  Execute(args, std::move(cb), options_.command_timeout);
+}
+
+void Client::Execute(std::initializer_list<std::string_view> args, Callback cb) {
+  Execute(std::span<const std::string_view>(args.begin(), args.size()), std::move(cb),
+          options_.command_timeout);
+}
+
+void Client::Execute(const std::vector<std::string>& args, Callback cb) {
+  ArgViews views(args.size());
+  for (size_t i = 0; i < args.size(); ++i) views[i] = args[i];
+  Execute(views.span(), std::move(cb), options_.command_timeout);
+}
+
+StatusOr<Reply> Client::ExecuteSync(std::initializer_list<std::string_view> args) {
+  return ExecuteSync(std::span<const std::string_view>(args.begin(), args.size()));
+}
+
+StatusOr<Reply> Client::ExecuteSync(std::span<const std::string_view> args) {
+  std::promise<StatusOr<Reply>> promise;
+  std::future<StatusOr<Reply>> future = promise.get_future();
+  Execute(args, [&promise](StatusOr<Reply> r) { promise.set_value(std::move(r)); });
+  return future.get();
+}
+
+void Client::EvalScript(const Script& script, std::span<const std::string_view> keys,
+                        std::span<const std::string_view> args, Callback cb) {
+  EvalScript(script, keys, args, std::move(cb), options_.command_timeout);
+}
+
+void Client::EvalScript(const Script& script, std::span<const std::string_view> keys,
+                        std::span<const std::string_view> args, Callback cb,
+                        std::chrono::milliseconds timeout) {
+  if (!init_status_.ok()) {
+    asio::post(executor_, [cb = std::move(cb), s = init_status_]() mutable { cb(s); });
+    return;
+  }
+  const std::string numkeys = std::to_string(keys.size());
+  ArgViews views(3 + keys.size() + args.size());
+  size_t n = 0;
+  views[n++] = "EVALSHA";
+  views[n++] = script.sha1;
+  views[n++] = numkeys;
+  for (std::string_view k : keys) views[n++] = k;
+  for (std::string_view a : args) views[n++] = a;
+
+  Connection& connection = Pick();
+  auto call = std::make_unique<EvalCall>(EvalCall{&script, EncodeCommand(views.span()), timeout,
+                                                  connection.shared_from_this(), std::move(cb)});
+  const std::string_view evalsha = call->evalsha;
+  connection.ExecuteEncoded(
+      evalsha,
+      [call = std::move(call)](StatusOr<Reply> r) mutable {
+        if (!r.ok() || !r->IsErrorWithPrefix("NOSCRIPT")) {
+          call->cb(std::move(r));
+          return;
+        }
+        // The script cache was emptied (restart, failover, SCRIPT FLUSH): load, retry once.
+        std::shared_ptr<Connection> conn = call->connection.lock();
+        if (!conn) {
+          call->cb(Unavailable("redis client closed"));
+          return;
+        }
+        std::string_view load[] = {"SCRIPT", "LOAD", call->script->source};
+        const std::chrono::milliseconds timeout = call->timeout;
+        conn->Execute(
+            load,
+            [call = std::move(call)](StatusOr<Reply> loaded) mutable {
+              if (!loaded.ok() || loaded->IsError()) {
+                call->cb(std::move(loaded));  // e.g. a Lua compile error reply
+                return;
+              }
+              std::shared_ptr<Connection> conn = call->connection.lock();
+              if (!conn) {
+                call->cb(Unavailable("redis client closed"));
+                return;
+              }
+              const std::string evalsha = std::move(call->evalsha);
+              conn->ExecuteEncoded(evalsha, std::move(call->cb), call->timeout);
+            },
+            timeout);
+      },
+      timeout);
+}
+
+}  // namespace ratelimit::redis

@@ -1,0 +1,69 @@
+#include "redis/reply.h"
+
+#include <gtest/gtest.h>
+
+namespace ratelimit::redis {
+namespace {
+
+std::vector<Reply> ReadAll(ReplyReader& reader) {
+  std::vector<Reply> out;
+  while (true) {
+    auto next = reader.Next();
+    EXPECT_TRUE(next.ok()) << next.status().message();
+    if (!next.ok() || !next->has_value()) return out;
+    out.push_back(std::move(**next));
+  }
+}
+
+TEST(ReplyReader, EveryType) {
+  ReplyReader reader;
+  ASSERT_TRUE(reader
+                  .Feed("+OK\r\n-ERR bad\r\n:-42\r\n$3\r\nabc\r\n$-1\r\n*-1\r\n"
+                        "*3\r\n:1\r\n*1\r\n$0\r\n\r\n$-1\r\n")
+                  .ok());
+  std::vector<Reply> r = ReadAll(reader);
+  ASSERT_EQ(r.size(), 7u);
+  EXPECT_EQ(r[0], Reply::Status("OK"));
+  EXPECT_EQ(r[1], Reply::Error("ERR bad"));
+  EXPECT_TRUE(r[1].IsErrorWithPrefix("ERR"));
+  EXPECT_EQ(r[2], Reply::Integer(-42));
+  EXPECT_EQ(r[3], Reply::String("abc"));
+  EXPECT_TRUE(r[4].IsNil());
+  EXPECT_TRUE(r[5].IsNil());
+  EXPECT_EQ(r[6],
+            Reply::Array({Reply::Integer(1), Reply::Array({Reply::String("")}), Reply::Nil()}));
+  EXPECT_EQ(r[6].DebugString(), "[1, [\"\"], (nil)]");
+}
+
+TEST(ReplyReader, ByteAtATime) {
+  const std::string bytes = "*2\r\n$5\r\nhello\r\n:7\r\n";
+  ReplyReader reader;
+  for (size_t i = 0; i + 1 < bytes.size(); ++i) {
+    ASSERT_TRUE(reader.Feed(bytes.substr(i, 1)).ok());
+    auto next = reader.Next();
+    ASSERT_TRUE(next.ok());
+    EXPECT_FALSE(next->has_value()) << "complete after " << i + 1 << " bytes";
+  }
+  ASSERT_TRUE(reader.Feed(bytes.substr(bytes.size() - 1)).ok());
+  auto next = reader.Next();
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ(**next, Reply::Array({Reply::String("hello"), Reply::Integer(7)}));
+}
+
+TEST(ReplyReader, GarbageIsAProtocolError) {
+  ReplyReader reader;
+  ASSERT_TRUE(reader.Feed("hello world\r\n").ok());
+  auto next = reader.Next();
+  ASSERT_FALSE(next.ok());
+  EXPECT_EQ(next.status().code(), StatusCode::kInternal);
+  EXPECT_TRUE(next.status().message().starts_with("protocol error: ")) << next.status().message();
+}
+
+TEST(ReplyReader, BadLengthIsAProtocolError) {
+  ReplyReader reader;
+  ASSERT_TRUE(reader.Feed("$abc\r\n").ok());
+  EXPECT_FALSE(reader.Next().ok());
+}
+
+}  // namespace
+}  // namespace ratelimit::redis

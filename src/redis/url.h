@@ -1,0 +1,54 @@
+// Options for a Redis client and the `redis://` URL form that fills them.
+//
+//   StatusOr<Options> o =
+//   ParseRedisUrl("rediss://rl:s%40cret@[::1]:6380/2?tls_ca_file=/etc/ca.pem"); if (!o.ok()) return
+//   o.status();           // kInvalidArgument naming the bad part LOG(INFO) << RedactedUrl(*o); //
+//   "rediss://rl:***@[::1]:6380/2", never the password
+//
+// URL grammar: `redis[s]://[[user]:password@]host[:port][/db][?key=value&...]`.
+// `rediss` turns TLS on. user and password are percent-decoded; host may be an
+// IPv6 literal in brackets; port defaults to 6379, db to 0. Query keys:
+// insecure=1 (TLS without certificate verification), tls_ca_file, tls_cert_file,
+// tls_key_file, connect_timeout_ms, command_timeout_ms, connections, max_pending.
+//
+// Thread-safety: value type and pure functions.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ratelimit/status.h"
+
+namespace ratelimit::redis {
+
+struct Options {
+  std::string host = "127.0.0.1";
+  uint16_t port = 6379;
+  std::string user;      // empty: AUTH with password only (the "default" user)
+  std::string password;  // empty: no AUTH
+  int db = 0;            // SELECT db after connecting when != 0
+
+  bool tls = false;
+  std::string tls_ca_file;    // empty: the system's default trust store
+  std::string tls_cert_file;  // client certificate (mutual TLS), optional
+  std::string tls_key_file;
+  bool tls_verify = true;  // verify the server certificate and host name
+
+  std::chrono::milliseconds connect_timeout{250};  // TCP connect + TLS handshake
+  std::chrono::milliseconds command_timeout{100};  // default per-call deadline
+  int connections = 2;                             // per node
+  int max_pending = 10000;  // queued + in-flight calls per client; beyond: kResourceExhausted
+  std::chrono::milliseconds reconnect_min_backoff{10};
+  std::chrono::milliseconds reconnect_max_backoff{1000};
+};
+
+// Parses a redis:// or rediss:// URL; fields absent from the URL keep the
+// defaults of Options. Returns kInvalidArgument with a precise message on error.
+StatusOr<Options> ParseRedisUrl(std::string_view url);
+
+// The URL for logs: scheme, user, host, port and db; the password is shown as ***.
+std::string RedactedUrl(const Options& options);
+
+}  // namespace ratelimit::redis

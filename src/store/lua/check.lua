@@ -1,0 +1,201 @@
+-- ratelimit: decide a batch of checks atomically inside Redis.
+--
+-- The arithmetic is exactly that of src/core/algorithms.cc; the conformance
+-- suite (tests/conformance_test.cc) runs one table against both. All values
+-- are integers (microseconds, counts) below 2^53, so Lua's doubles are exact,
+-- and every number returned is already whole (Redis truncates Lua numbers).
+--
+-- ARGV[1]  now in microseconds, or "" to take it from Redis TIME
+-- ARGV[2]  number of checks in this batch; then for each check:
+--            "c" to check and consume or "p" to peek (never writes),
+--            the number of limits n, then for each limit (5 values):
+--            algorithm ("t" token bucket, "f" fixed window, "s" sliding window,
+--            "l" sliding log), limit, window (us; token bucket: capacity x
+--            interval), interval (us, token bucket only), cost
+-- KEYS     one per limit, in the same order.
+-- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
+--          A check is all or nothing: state is written only when all its limits allow.
+
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local peek = false
+local floor = math.floor
+local out = {}
+local argi = 3
+local keyi = 1
+
+local function str(n) return string.format('%.0f', n) end
+-- The key's TTL: until its state equals the fresh state, plus a second.
+local function ttl_ms(until_us) return str(floor((until_us - now + 999) / 1000) + 1000) end
+
+local function get(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then return nil end  -- another type (an old sliding log): start fresh
+  return v
+end
+
+-- Each evaluator returns allowed, remaining, retry_after, reset_after and a
+-- writer to call when the whole check is allowed.
+local function token_bucket(key, cap, tau, iv, cost)
+  local tat = tonumber(get(key)) or 0
+  if tat < now then tat = now end
+  local new_tat = tat + cost * iv
+  local allow_at = new_tat - tau
+  if allow_at <= now then
+    local rem = floor(math.max(0, tau - (new_tat - now)) / iv)
+    return 1, rem, 0, new_tat - now, function()
+      if new_tat > now then
+        redis.call('SET', key, str(new_tat), 'PX', ttl_ms(new_tat))
+      end
+    end
+  end
+  return 0, floor(math.max(0, tau - (tat - now)) / iv), allow_at - now, tat - now, nil
+end
+
+local function parse_window(key)
+  local v = get(key)
+  if not v then return nil end
+  local idx, n0, n1 = string.match(v, '^(%-?%d+):(%d+):(%d+)$')
+  if not idx then return nil end
+  return tonumber(idx), tonumber(n0), tonumber(n1)
+end
+
+local function fixed_window(key, limit, w, cost)
+  local idx = floor(now / w)
+  local ends = (idx + 1) * w
+  local sidx, _, sn1 = parse_window(key)
+  local count = 0
+  if sidx == idx then count = sn1 end
+  if count + cost <= limit then
+    local after = count + cost
+    local reset = 0
+    if after > 0 then reset = ends - now end
+    return 1, limit - after, 0, reset, function()
+      if after > 0 then
+        redis.call('SET', key, str(idx) .. ':0:' .. str(after), 'PX', ttl_ms(ends))
+      end
+    end
+  end
+  return 0, math.max(0, limit - count), ends - now, ends - now, nil
+end
+
+local function sliding_window(key, limit, w, cost)
+  local wm = w / 1000
+  local idx = floor(now / w)
+  local start = idx * w
+  local em = floor((now - start) / 1000)
+  local sidx, sn0, sn1 = parse_window(key)
+  local prev, cur = 0, 0
+  if sidx == idx then prev, cur = sn0, sn1 elseif sidx == idx - 1 then prev = sn1 end
+  local weighted = prev * (wm - em)
+  local function reset_after(c)
+    if c > 0 then return start + 2 * w - now end
+    if weighted > 0 then return start + w - now end
+    return 0
+  end
+  if weighted + (cur + cost) * wm <= limit * wm then
+    local after = cur + cost
+    return 1, floor((limit * wm - weighted - after * wm) / wm), 0, reset_after(after), function()
+      if after > 0 or prev > 0 then
+        redis.call('SET', key, str(idx) .. ':' .. str(prev) .. ':' .. str(after),
+                   'PX', ttl_ms(start + 2 * w))
+      end
+    end
+  end
+  local rem = math.max(0, floor((limit * wm - weighted - cur * wm) / wm))
+  local allow_at
+  if cur + cost <= limit then
+    local room = floor((limit - cur - cost) * wm / prev)
+    allow_at = start + (wm - room) * 1000
+  elseif cur == 0 then
+    allow_at = start + w
+  else
+    local room = math.min(wm, floor((limit - cost) * wm / cur))
+    allow_at = start + w + (wm - room) * 1000
+  end
+  return 0, rem, math.max(allow_at - now, 1), reset_after(cur), nil
+end
+
+local function sliding_log(key, limit, w, cost)
+  local t = redis.pcall('TYPE', key)
+  if type(t) == 'table' then t = t.ok end
+  if t ~= 'zset' and t ~= 'none' then
+    if not peek then redis.call('DEL', key) end
+  end
+  local live = 0
+  if t == 'zset' then live = redis.call('ZCOUNT', key, '(' .. str(now - w), '+inf') end
+  local newest = nil
+  if live > 0 then
+    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+  end
+  if live + cost <= limit then
+    local last = now
+    if cost == 0 then
+      if newest then last = newest else last = now - w end
+    end
+    return 1, limit - live - cost, 0, last + w - now, function()
+      if cost == 0 then return end
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', str(now - w))
+      local at = now
+      if newest and newest > at then at = newest end
+      local card = redis.call('ZCARD', key)
+      local i = 1
+      while i <= cost do  -- in chunks: unpack() has a small stack
+        local args = {}
+        local last = math.min(cost, i + 499)
+        for j = i, last do
+          args[#args + 1] = str(at)
+          args[#args + 1] = str(at) .. ':' .. str(card + j)
+        end
+        redis.call('ZADD', key, unpack(args))
+        i = last + 1
+      end
+      redis.call('PEXPIRE', key, ttl_ms(at + w))
+    end
+  end
+  local must_leave = live + cost - limit
+  local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. str(now - w), '+inf', 'WITHSCORES',
+                            'LIMIT', must_leave - 1, 1)
+  return 0, math.max(0, limit - live), tonumber(oldest[2]) + w - now, newest + w - now, nil
+end
+
+local evaluators = {
+  t = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
+  f = function(key, limit, w, _, cost) return fixed_window(key, limit, w, cost) end,
+  s = function(key, limit, w, _, cost) return sliding_window(key, limit, w, cost) end,
+  l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
+}
+
+local checks = tonumber(ARGV[2])
+for _ = 1, checks do
+  peek = ARGV[argi] == 'p'
+  local n = tonumber(ARGV[argi + 1])
+  argi = argi + 2
+  local writers = {}
+  local all = true
+  for _ = 1, n do
+    local algo = ARGV[argi]
+    local limit, w = tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2])
+    local iv, cost = tonumber(ARGV[argi + 3]), tonumber(ARGV[argi + 4])
+    argi = argi + 5
+    if peek then cost = 0 end
+    local allowed, rem, retry, reset, writer = evaluators[algo](KEYS[keyi], limit, w, iv, cost)
+    keyi = keyi + 1
+    out[#out + 1] = allowed
+    out[#out + 1] = rem
+    out[#out + 1] = retry
+    out[#out + 1] = reset
+    if allowed == 1 then
+      writers[#writers + 1] = writer
+    else
+      all = false
+    end
+  end
+  if all and not peek then
+    for _, write in ipairs(writers) do write() end
+  end
+end
+return out

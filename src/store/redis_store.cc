@@ -1,0 +1,286 @@
+#include "ratelimit/redis_store.h"
+
+#include <openssl/sha.h>
+
+#include <boost/asio/post.hpp>
+#include <charconv>
+#include <mutex>
+#include <vector>
+
+#include "redis/client.h"
+#include "redis/io_thread.h"
+#include "store/lua/scripts.h"
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::microseconds;
+
+char AlgorithmCode(Algorithm a) {
+  switch (a) {
+    case Algorithm::kTokenBucket: return 't';
+    case Algorithm::kFixedWindow: return 'f';
+    case Algorithm::kSlidingWindow: return 's';
+    case Algorithm::kSlidingLog: return 'l';
+  }
+  return '?';
+}
+
+// One check waiting for its script call.
+struct PendingCheck {
+  std::chrono::steady_clock::time_point deadline;
+  bool peek = false;
+  std::vector<std::string> keys;
+  std::vector<std::string> args;  // "c"/"p", n, then 5 per limit
+  CheckCallback done;
+};
+
+}  // namespace
+
+std::string EncodeClientKey(std::string_view key) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(key.size());
+  for (unsigned char c : key) {
+    if (c > 0x20 && c < 0x7f && c != '%' && c != '{' && c != '}' && c != '#') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  if (out.size() <= kMaxPlainClientKey) return out;
+  // 96 bits of SHA-256 in base64url: 16 characters.
+  static constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest);
+  std::string hashed = "#";
+  for (int i = 0; i < 12; i += 3) {
+    const uint32_t v = (uint32_t{digest[i]} << 16) | (uint32_t{digest[i + 1]} << 8) | digest[i + 2];
+    for (int shift = 18; shift >= 0; shift -= 6) hashed.push_back(kB64[(v >> shift) & 63]);
+  }
+  return hashed;
+}
+
+struct RedisStore::Impl {
+  Options opts;
+  const Clock* clock;
+  redis::Script script;
+  redis::IoThread io;  // declared before client: destroyed after it
+  std::unique_ptr<redis::Client> client;
+
+  std::mutex mu;
+  std::vector<PendingCheck> queue;   // GUARDED_BY(mu)
+  bool flush_scheduled = false;      // GUARDED_BY(mu)
+  std::atomic<size_t> in_flight{0};  // checks queued or awaiting a reply
+  size_t calls_in_flight = 0;        // script calls awaiting a reply (I/O thread only)
+
+  std::string Key(std::string_view client_key, const Limit& limit) const {
+    std::string k;
+    k.reserve(opts.key_prefix.size() + client_key.size() + limit.name().size() + 4);
+    k += opts.key_prefix;
+    k += '{';
+    k += EncodeClientKey(client_key);
+    k += '}';
+    k += limit.name();
+    return k;
+  }
+
+  void Submit(const CheckRequest& req, bool peek, CheckCallback done) {
+    if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return done(s);
+    if (in_flight.fetch_add(1, std::memory_order_relaxed) >= opts.max_pending) {
+      in_flight.fetch_sub(1, std::memory_order_relaxed);
+      return done(ResourceExhausted("redis store overloaded: " + std::to_string(opts.max_pending) +
+                                    " calls already queued or in flight"));
+    }
+    PendingCheck p{.deadline = std::chrono::steady_clock::now() + opts.deadline,
+                   .peek = peek,
+                   .done = std::move(done)};
+    p.keys.reserve(req.checks.size());
+    p.args.reserve(2 + 5 * req.checks.size());
+    p.args.emplace_back(peek ? "p" : "c");
+    p.args.push_back(std::to_string(req.checks.size()));
+    for (const LimitCheck& c : req.checks) {
+      const Limit& l = *c.limit;
+      p.keys.push_back(Key(req.key, l));
+      p.args.emplace_back(1, AlgorithmCode(l.algorithm()));
+      p.args.push_back(std::to_string(l.limit()));
+      p.args.push_back(std::to_string(l.window_micros()));
+      p.args.push_back(std::to_string(l.interval_micros()));
+      p.args.push_back(std::to_string(peek ? 0 : c.cost));
+    }
+    bool schedule = false;
+    {
+      std::lock_guard lock(mu);
+      queue.push_back(std::move(p));
+      schedule = !std::exchange(flush_scheduled, true);
+    }
+    if (schedule) boost::asio::post(io.executor(), [this] { Flush(); });
+  }
+
+  // On the I/O thread. At most max_calls_in_flight script calls are out at
+  // once; while they are, new checks queue up and leave together as one call
+  // when a reply comes back. At low load every check goes out at once (a
+  // batch of one); under load batches grow, and nothing waits on a timer.
+  void Flush() {
+    std::vector<PendingCheck> batch;
+    {
+      std::lock_guard lock(mu);
+      if (calls_in_flight >= MaxCallsInFlight()) return;  // Complete() flushes again
+      batch.swap(queue);
+      flush_scheduled = false;
+    }
+    const size_t per_call = std::max<size_t>(opts.max_batch, 1);
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<PendingCheck> group;
+    for (PendingCheck& p : batch) {
+      if (p.deadline <= now) {  // waited its whole deadline in the queue: never sent
+        in_flight.fetch_sub(1, std::memory_order_relaxed);
+        p.done(DeadlineExceeded("redis store: no reply slot within the deadline (overloaded)"));
+        continue;
+      }
+      group.push_back(std::move(p));
+      if (group.size() == per_call) Send(std::exchange(group, {}), now);
+    }
+    if (!group.empty()) Send(std::move(group), now);
+  }
+
+  size_t MaxCallsInFlight() const { return std::max<size_t>(opts.max_calls_in_flight, 1); }
+
+  void Send(std::vector<PendingCheck> group, std::chrono::steady_clock::time_point now) {
+    // The call may take only what is left of the earliest deadline in it.
+    auto deadline = group.front().deadline;
+    for (const PendingCheck& p : group) deadline = std::min(deadline, p.deadline);
+    const auto timeout = std::max(std::chrono::milliseconds(1),
+                                  std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    std::vector<std::string_view> keys, args;
+    const std::string now_arg =
+        opts.time_source == TimeSource::kLocal ? std::to_string(clock->NowMicros()) : std::string();
+    const std::string count = std::to_string(group.size());
+    args.push_back(now_arg);
+    args.push_back(count);
+    for (const PendingCheck& p : group) {
+      keys.insert(keys.end(), p.keys.begin(), p.keys.end());
+      args.insert(args.end(), p.args.begin(), p.args.end());
+    }
+    auto shared = std::make_shared<std::vector<PendingCheck>>(std::move(group));
+    {
+      std::lock_guard lock(mu);
+      ++calls_in_flight;
+    }
+    client->EvalScript(
+        script, keys, args,
+        [this, shared](StatusOr<redis::Reply> reply) {
+          Complete(*shared, std::move(reply));
+          bool more;
+          {
+            std::lock_guard lock(mu);
+            --calls_in_flight;
+            more = !queue.empty();
+            if (more) flush_scheduled = true;
+          }
+          if (more) Flush();
+        },
+        timeout);
+  }
+
+  void Complete(std::vector<PendingCheck>& group, StatusOr<redis::Reply> reply) {
+    in_flight.fetch_sub(group.size(), std::memory_order_relaxed);
+    Status failure;
+    if (!reply.ok()) {
+      failure = reply.status();
+    } else if (reply->type == redis::Reply::Type::kError) {
+      failure = Internal("redis script error: " + reply->str);
+    } else {
+      size_t expected = 0;
+      for (const PendingCheck& p : group) expected += 4 * p.keys.size();
+      if (reply->type != redis::Reply::Type::kArray || reply->elements.size() != expected) {
+        failure = Internal("unexpected reply from the redis script (expected an array of " +
+                           std::to_string(expected) + " integers)");
+      } else {
+        for (const redis::Reply& e : reply->elements) {
+          if (e.type != redis::Reply::Type::kInteger) {
+            failure = Internal("unexpected reply from the redis script: a non-integer element");
+            break;
+          }
+        }
+      }
+    }
+    if (!failure.ok()) {
+      for (PendingCheck& p : group) p.done(failure);
+      return;
+    }
+    size_t at = 0;
+    for (PendingCheck& p : group) {
+      CheckResult r;
+      r.decisions.resize(p.keys.size());
+      for (Decision& d : r.decisions) {
+        const auto& e = reply->elements;
+        d.allowed = e[at].integer == 1;
+        d.remaining = e[at + 1].integer;
+        d.retry_after = microseconds(e[at + 2].integer);
+        d.reset_after = microseconds(e[at + 3].integer);
+        at += 4;
+      }
+      // The limit is not echoed by the script; take it from the request args.
+      for (size_t i = 0; i < r.decisions.size(); ++i) {
+        int64_t limit = 0;
+        const std::string& s = p.args[2 + 5 * i + 1];
+        std::from_chars(s.data(), s.data() + s.size(), limit);
+        r.decisions[i].limit = limit;
+      }
+      r.overall = Combine(r.decisions);
+      p.done(std::move(r));
+    }
+  }
+};
+
+StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(Options options) {
+  StatusOr<redis::Options> ro = redis::ParseRedisUrl(options.url);
+  if (!ro.ok()) return ro.status();
+  ro->command_timeout = options.deadline;
+  ro->connections = std::max(1, options.connections);
+  ro->max_pending = options.max_pending;
+  auto impl = std::make_unique<Impl>();
+  impl->opts = std::move(options);
+  impl->clock = impl->opts.clock != nullptr ? impl->opts.clock : &Clock::System();
+  impl->script = redis::Script::Create(std::string(store::kCheckScript));
+  StatusOr<std::unique_ptr<redis::Client>> client =
+      redis::Client::Create(impl->io.executor(), *std::move(ro));
+  if (!client.ok()) return client.status();
+  impl->client = *std::move(client);
+  return std::unique_ptr<RedisStore>(new RedisStore(std::move(impl)));
+}
+
+RedisStore::RedisStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RedisStore::~RedisStore() { impl_->client->Close(); }
+
+void RedisStore::Check(const CheckRequest& request, CheckCallback done) {
+  impl_->Submit(request, /*peek=*/false, std::move(done));
+}
+
+void RedisStore::Peek(const CheckRequest& request, CheckCallback done) {
+  impl_->Submit(request, /*peek=*/true, std::move(done));
+}
+
+void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limits,
+                       ResetCallback done) {
+  if (limits.empty()) return done(Status::Ok());
+  std::vector<std::string> args = {"DEL"};
+  for (const Limit* l : limits) args.push_back(impl_->Key(key, *l));
+  impl_->client->Execute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+    if (!r.ok()) return done(r.status());
+    if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
+    done(Status::Ok());
+  });
+}
+
+std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) const {
+  return impl_->Key(client_key, limit);
+}
+
+size_t RedisStore::pending() const { return impl_->in_flight.load(std::memory_order_relaxed); }
+
+}  // namespace ratelimit

@@ -1,0 +1,272 @@
+// RedisStore against a real redis-server started on a free loopback port.
+// A mock cannot tell whether a Lua script is atomic; these tests can.
+#include "ratelimit/redis_store.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "redis/slot.h"
+#include "support/redis_server.h"
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::RedisServer;
+
+std::unique_ptr<RedisStore> MustCreate(RedisStore::Options o) {
+  auto s = RedisStore::Create(std::move(o));
+  if (!s.ok()) throw std::runtime_error(s.status().ToString());
+  return *std::move(s);
+}
+
+Decision Check(Store& store, std::string_view key, const Limit& l, int64_t cost = 1) {
+  LimitCheck c[] = {{&l, cost}};
+  StatusOr<CheckResult> r = store.CheckSync({key, c});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r->overall : Decision{};
+}
+
+class RedisStoreTest : public ::testing::Test {
+ protected:
+  RedisServer server_;
+  ManualClock clock_;
+  std::unique_ptr<RedisStore> store_ = MustCreate({.url = server_.url()});
+  std::unique_ptr<RedisStore> local_ = MustCreate(
+      {.url = server_.url(), .time_source = RedisStore::TimeSource::kLocal, .clock = &clock_});
+  Limit burst_ = *Limit::TokenBucket("burst", 10, 5);
+};
+
+TEST_F(RedisStoreTest, CapacityThenDenial) {
+  for (int i = 0; i < 10; ++i) {
+    Decision d = Check(*store_, "user:ada", burst_);
+    ASSERT_TRUE(d.allowed) << i;
+    EXPECT_EQ(d.remaining, 9 - i);
+    EXPECT_EQ(d.limit, 10);
+  }
+  Decision d = Check(*store_, "user:ada", burst_);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.remaining, 0);
+  // Redis time moves on between calls: the wait is at most one token (200 ms).
+  EXPECT_GT(d.retry_after.count(), 100'000);
+  EXPECT_LE(d.retry_after.count(), 200'000);
+}
+
+TEST_F(RedisStoreTest, RefillByTheInjectedClock) {
+  EXPECT_EQ(Check(*local_, "u", burst_, 10).remaining, 0);
+  EXPECT_FALSE(Check(*local_, "u", burst_).allowed);
+  clock_.Advance(seconds(1));
+  int allowed = 0;
+  for (int i = 0; i < 8; ++i) allowed += Check(*local_, "u", burst_).allowed ? 1 : 0;
+  EXPECT_EQ(allowed, 5);
+}
+
+TEST_F(RedisStoreTest, IsolationAndCost) {
+  Limit l = *Limit::TokenBucket("b", 10, 1);
+  EXPECT_EQ(Check(*local_, "a", l, 6).remaining, 4);
+  Decision d = Check(*local_, "a", l, 5);  // 4 left: denied, consumes nothing
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.remaining, 4);
+  EXPECT_EQ(d.retry_after, seconds(1));
+  EXPECT_TRUE(Check(*local_, "a", l, 4).allowed);
+  EXPECT_EQ(Check(*local_, "b", l).remaining, 9);
+  // A cost above the capacity never reaches Redis.
+  LimitCheck c[] = {{&l, 11}};
+  EXPECT_EQ(local_->CheckSync({"a", c}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(RedisStoreTest, SeveralLimitsAllOrNothingInOneScriptCall) {
+  Limit daily = *Limit::FixedWindow("daily", 12, std::chrono::hours(24));
+  LimitCheck both[] = {{&burst_, 1}, {&daily, 1}};
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(local_->CheckSync({"ada", both})->overall.allowed);
+  StatusOr<CheckResult> r = local_->CheckSync({"ada", both});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_TRUE(r->decisions[1].allowed);
+  LimitCheck peek[] = {{&daily, 0}};
+  EXPECT_EQ(local_->PeekSync({"ada", peek})->overall.remaining, 2);  // daily not consumed
+}
+
+TEST_F(RedisStoreTest, KeysCarryATtlAndExpire) {
+  Limit quick = *Limit::TokenBucket("quick", 2, 20);  // full again after 100 ms
+  Check(*store_, "ttl", quick, 2);
+  const std::string key = store_->KeyFor("ttl", quick);
+  const long long pttl = std::stoll(server_.Cli("PTTL", key));
+  EXPECT_GT(pttl, 900);  // 100 ms + the 1 s margin
+  EXPECT_LE(pttl, 1100);
+  std::this_thread::sleep_for(milliseconds(1300));  // Redis's own expiry, not our arithmetic
+  EXPECT_EQ(server_.Cli("EXISTS", key), "0");
+  EXPECT_EQ(Check(*store_, "ttl", quick).remaining, 1);
+  // Every algorithm sets a TTL.
+  Limit f = *Limit::FixedWindow("f", 5, seconds(10));
+  Limit s = *Limit::SlidingWindow("s", 5, seconds(10));
+  Limit g = *Limit::SlidingLog("g", 5, seconds(10));
+  for (const Limit* l : {&f, &s, &g}) {
+    Check(*store_, "ttl", *l);
+    const long long t = std::stoll(server_.Cli("PTTL", store_->KeyFor("ttl", *l)));
+    EXPECT_GT(t, 0) << l->name();
+    EXPECT_LE(t, 21'000) << l->name();
+  }
+}
+
+TEST_F(RedisStoreTest, RecoversFromScriptFlush) {
+  EXPECT_TRUE(Check(*store_, "nos", burst_).allowed);
+  EXPECT_EQ(server_.Cli("SCRIPT", "FLUSH"), "OK");
+  Decision d = Check(*store_, "nos", burst_);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 8);
+}
+
+TEST_F(RedisStoreTest, ClientTextCannotChooseASlotOrCollide) {
+  const std::string a = store_->KeyFor("{victim}", burst_);
+  const std::string b = store_->KeyFor("victim", burst_);
+  EXPECT_NE(a, b);
+  EXPECT_NE(redis::KeySlot(a), redis::KeySlot("{victim}"));
+  EXPECT_EQ(store_->KeyFor("a}b", burst_), "rl:{a%7db}burst");
+  EXPECT_NE(store_->KeyFor("a%7db", burst_), store_->KeyFor("a}b", burst_));
+  const std::string long_key(300, 'x');
+  EXPECT_EQ(store_->KeyFor(long_key, burst_).size(), 3 + 1 + 17 + 1 + 5u);
+  EXPECT_NE(store_->KeyFor(long_key, burst_), store_->KeyFor(long_key + "y", burst_));
+  // The hash tag is the whole escaped client part.
+  EXPECT_EQ(a, "rl:{%7bvictim%7d}burst");
+  EXPECT_EQ(redis::KeySlot(a), redis::KeySlot("%7bvictim%7d"));
+}
+
+TEST_F(RedisStoreTest, OversizedKeyIsRejectedBeforeRedis) {
+  std::string huge(kDefaultMaxKeyLength + 1, 'k');
+  LimitCheck c[] = {{&burst_, 1}};
+  EXPECT_EQ(store_->CheckSync({huge, c}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(server_.Cli("DBSIZE"), "0");
+}
+
+TEST_F(RedisStoreTest, ResetGivesAFullBucket) {
+  Check(*store_, "r", burst_, 10);
+  const Limit* limits[] = {&burst_};
+  EXPECT_TRUE(store_->ResetSync("r", limits).ok());
+  EXPECT_EQ(Check(*store_, "r", burst_).remaining, 9);
+}
+
+TEST_F(RedisStoreTest, WrongTypeKeyStartsFresh) {
+  // A key left by another algorithm under the same name is not a crash.
+  server_.Cli("ZADD", store_->KeyFor("w", burst_), "1", "x");
+  EXPECT_EQ(Check(*store_, "w", burst_).remaining, 9);
+  server_.Cli("SET", store_->KeyFor("w2", *Limit::SlidingLog("burst", 3, seconds(1))), "garbage");
+  EXPECT_TRUE(Check(*store_, "w2", *Limit::SlidingLog("burst", 3, seconds(1))).allowed);
+}
+
+// Many threads over several store instances (each its own connections) race
+// for one fresh key: exactly the capacity is allowed. Repeated 50 times.
+TEST_F(RedisStoreTest, AtomicAcrossInstancesAndThreads) {
+  std::vector<std::unique_ptr<RedisStore>> instances;
+  for (int i = 0; i < 3; ++i) instances.push_back(MustCreate({.url = server_.url()}));
+  Limit l = *Limit::TokenBucket("race", 10, 0.01);
+  for (int round = 0; round < 50; ++round) {
+    const std::string key = "race:" + std::to_string(round);
+    std::atomic<int> allowed{0}, failed{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 6; ++t) {
+      threads.emplace_back([&, t] {
+        Store& s = *instances[t % instances.size()];
+        for (int i = 0; i < 10; ++i) {
+          LimitCheck c[] = {{&l, 1}};
+          StatusOr<CheckResult> r = s.CheckSync({key, c});
+          if (!r.ok())
+            failed.fetch_add(1);
+          else if (r->overall.allowed)
+            allowed.fetch_add(1);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    ASSERT_EQ(failed.load(), 0);
+    ASSERT_EQ(allowed.load(), 10) << "round " << round;
+  }
+}
+
+// Asynchronous checks from one thread are coalesced into few script calls and
+// every one is answered in order of its own key.
+TEST_F(RedisStoreTest, ConcurrentAsyncChecksAreCoalesced) {
+  // A generous deadline: this test is about coalescing, not latency, and the
+  // machine may be busy.
+  auto store = MustCreate({.url = server_.url(), .deadline = seconds(10)});
+  Limit l = *Limit::FixedWindow("w", 3, std::chrono::hours(1));
+  std::atomic<int> allowed{0}, done{0};
+  constexpr int kChecks = 3000;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kChecks; ++i) keys.push_back("k" + std::to_string(i % 500));
+  for (int i = 0; i < kChecks; ++i) {
+    LimitCheck c[] = {{&l, 1}};
+    store->Check({keys[i], c}, [&](StatusOr<CheckResult> r) {
+      if (r.ok() && r->overall.allowed) allowed.fetch_add(1);
+      done.fetch_add(1);
+    });
+  }
+  for (int i = 0; i < 500 && done.load() < kChecks; ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(done.load(), kChecks);
+  EXPECT_EQ(allowed.load(), 500 * 3);
+  const std::string stats = server_.Cli("INFO", "commandstats");
+  const auto pos = stats.find("cmdstat_evalsha:calls=");
+  ASSERT_NE(pos, std::string::npos);
+  const long calls = std::stol(stats.substr(pos + 22));
+  EXPECT_LT(calls, kChecks / 2) << "checks were not coalesced";
+}
+
+TEST(RedisStoreFailure, DeadlineAgainstAFrozenServer) {
+  RedisServer server;
+  auto store = MustCreate({.url = server.url(), .deadline = milliseconds(50)});
+  Limit l = *Limit::TokenBucket("b", 10, 5);
+  ASSERT_TRUE(Check(*store, "k", l).allowed);
+  server.Pause();
+  const auto start = std::chrono::steady_clock::now();
+  LimitCheck c[] = {{&l, 1}};
+  StatusOr<CheckResult> r = store->CheckSync({"k", c});
+  const auto took = std::chrono::steady_clock::now() - start;
+  server.Resume();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_LT(took, milliseconds(60));
+  // Once the server answers again, so does the store (the timed-out call is not replayed).
+  StatusOr<CheckResult> again = Status(Unavailable("not yet"));
+  for (int i = 0; i < 100 && !again.ok(); ++i) {
+    again = store->CheckSync({"k", c});
+    if (!again.ok()) std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST(RedisStoreFailure, ClosedPortIsAnErrorNotADecision) {
+  auto store = MustCreate({.url = "redis://127.0.0.1:1", .deadline = milliseconds(100)});
+  Limit l = *Limit::TokenBucket("b", 10, 5);
+  LimitCheck c[] = {{&l, 1}};
+  StatusOr<CheckResult> r = store->CheckSync({"k", c});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.status().code() == StatusCode::kUnavailable ||
+              r.status().code() == StatusCode::kDeadlineExceeded)
+      << r.status().ToString();
+}
+
+TEST(RedisStoreSecurity, AclUserAndTls) {
+  RedisServer server({.tls = true});
+  server.Cli("ACL", "SETUSER", "limiter", "on", ">s3cret", "~rl:*", "+@all");
+  std::string url = server.url();  // rediss://127.0.0.1:PORT?tls_ca_file=...
+  url.replace(url.find("://") + 3, 0, "limiter:s3cret@");
+  auto store = MustCreate({.url = url});
+  Limit l = *Limit::TokenBucket("b", 3, 1);
+  EXPECT_EQ(Check(*store, "tls", l).remaining, 2);
+  // A wrong password is a failure, not a decision.
+  std::string bad = server.url();
+  bad.replace(bad.find("://") + 3, 0, "limiter:wrong@");
+  auto denied = MustCreate({.url = bad});
+  LimitCheck c[] = {{&l, 1}};
+  StatusOr<CheckResult> r = denied->CheckSync({"tls", c});
+  EXPECT_FALSE(r.ok());
+}
+
+}  // namespace
+}  // namespace ratelimit

@@ -1,0 +1,202 @@
+// The conformance suite: one table of (limits, time steps, costs, expected
+// decisions) run against every store, so the Lua scripts and the C++
+// arithmetic can never drift apart. Time comes from one ManualClock: the
+// MemoryStore reads it directly and RedisStore uses its `local` time source.
+// A randomized differential run then compares the stores step by step.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ratelimit/memory_store.h"
+#include "ratelimit/redis_store.h"
+#include "support/redis_server.h"
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::microseconds;
+
+constexpr int64_t kMs = 1000;
+constexpr int64_t kS = 1'000'000;
+constexpr int64_t kStart = 1'700'000'000'000'000;  // epoch-aligned (a multiple of 10 s)
+
+struct Step {
+  int64_t at_us;  // since kStart
+  int64_t cost;
+  bool allowed;
+  int64_t remaining;
+  int64_t retry_after_us;
+  int64_t reset_after_us;
+};
+
+struct Scenario {
+  std::string name;
+  std::vector<Limit> limits;  // checked together, all or nothing; expectations are overall
+  std::vector<Step> steps;
+};
+
+Limit TB(const char* n, int64_t cap, double rate) { return *Limit::TokenBucket(n, cap, rate); }
+Limit FW(const char* n, int64_t lim, int64_t w) {
+  return *Limit::FixedWindow(n, lim, microseconds(w));
+}
+Limit SW(const char* n, int64_t lim, int64_t w) {
+  return *Limit::SlidingWindow(n, lim, microseconds(w));
+}
+Limit SL(const char* n, int64_t lim, int64_t w) {
+  return *Limit::SlidingLog(n, lim, microseconds(w));
+}
+
+std::vector<Scenario> Table() {
+  return {
+      {"token bucket: burst of 10 at 5/s, then the rate",
+       {TB("burst", 10, 5)},
+       {{0, 1, true, 9, 0, 200 * kMs},
+        {0, 8, true, 1, 0, 1800 * kMs},
+        {0, 1, true, 0, 0, 2 * kS},
+        {0, 1, false, 0, 200 * kMs, 2 * kS},
+        {199 * kMs, 1, false, 0, 1 * kMs, 1801 * kMs},
+        {200 * kMs, 1, true, 0, 0, 2 * kS},
+        {1200 * kMs, 5, true, 0, 0, 2 * kS},
+        {1200 * kMs, 1, false, 0, 200 * kMs, 2 * kS}}},
+      {"token bucket: refill is capped at the capacity",
+       {TB("cap", 3, 1)},
+       {{0, 3, true, 0, 0, 3 * kS},
+        {3600 * kS, 3, true, 0, 0, 3 * kS},
+        {3600 * kS, 1, false, 0, 1 * kS, 3 * kS}}},
+      {"token bucket: cost 5 with 4 left is denied and consumes nothing",
+       {TB("cost", 10, 1)},
+       {{0, 6, true, 4, 0, 6 * kS}, {0, 5, false, 4, 1 * kS, 6 * kS}, {0, 4, true, 0, 0, 10 * kS}}},
+      {"token bucket: cost 0 asks without consuming",
+       {TB("ask", 3, 1)},
+       {{0, 0, true, 3, 0, 0}, {0, 2, true, 1, 0, 2 * kS}, {500 * kMs, 0, true, 1, 0, 1500 * kMs}}},
+      {"fixed window: 5 at t=9s and 5 at t=10s are all allowed (the edge)",
+       {FW("fw", 5, 10 * kS)},
+       {{9 * kS, 5, true, 0, 0, 1 * kS},
+        {9 * kS, 1, false, 0, 1 * kS, 1 * kS},
+        {10 * kS, 5, true, 0, 0, 10 * kS},
+        {10 * kS, 1, false, 0, 10 * kS, 10 * kS}}},
+      {"sliding window: 5 at t=9s, then at t=10s nothing (the edge)",
+       {SW("sw", 5, 10 * kS)},
+       {{9 * kS, 5, true, 0, 0, 11 * kS},
+        {10 * kS, 1, false, 0, 2 * kS, 10 * kS},
+        {12 * kS, 1, true, 0, 0, 18 * kS},
+        {12 * kS, 1, false, 0, 2 * kS, 18 * kS}}},
+      {"sliding window: the previous window weighted by overlap",
+       {SW("sw2", 10, 10 * kS)},
+       {{5 * kS, 10, true, 0, 0, 15 * kS},
+        {13 * kS, 3, true, 0, 0, 17 * kS},
+        {13 * kS, 1, false, 0, 1 * kS, 17 * kS},
+        {14 * kS, 1, true, 0, 0, 16 * kS}}},
+      {"sliding log: login, 5 per 15 minutes",
+       {SL("login", 5, 900 * kS)},
+       {{0, 1, true, 4, 0, 900 * kS},
+        {60 * kS, 1, true, 3, 0, 900 * kS},
+        {120 * kS, 3, true, 0, 0, 900 * kS},
+        {300 * kS, 1, false, 0, 600 * kS, 720 * kS},
+        {900 * kS, 1, true, 0, 0, 900 * kS},
+        {900 * kS, 1, false, 0, 60 * kS, 900 * kS}}},
+      {"two limits: a denied request consumes from neither",
+       {TB("burst", 3, 1), FW("daily", 4, 86400 * kS)},
+       {{0, 3, true, 0, 0, 3 * kS},
+        {0, 1, false, 0, 1 * kS, 3 * kS},
+        // kStart is 80,000 s into a UTC day: the daily window ends 6,400 s later.
+        {1 * kS, 1, true, 0, 0, 6399 * kS},  // both at 0: the one that resets last
+        {5 * kS, 1, false, 0, 6395 * kS, 6395 * kS}}},
+  };
+}
+
+// A store under test plus the clock it reads.
+struct Subject {
+  std::string name;
+  std::function<std::unique_ptr<Store>(const Clock*)> make;
+};
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  static void SetUpTestSuite() { redis_ = new testing::RedisServer(); }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+  }
+
+  std::unique_ptr<Store> Make(const Clock* clock) {
+    if (GetParam() == "memory")
+      return std::make_unique<MemoryStore>(MemoryStore::Options{.clock = clock});
+    auto s = RedisStore::Create({.url = redis_->url(),
+                                 .deadline = std::chrono::seconds(5),
+                                 .time_source = RedisStore::TimeSource::kLocal,
+                                 .clock = clock});
+    if (!s.ok()) throw std::runtime_error(s.status().ToString());
+    return *std::move(s);
+  }
+
+  static testing::RedisServer* redis_;
+};
+testing::RedisServer* Conformance::redis_ = nullptr;
+
+TEST_P(Conformance, Table) {
+  int scenario_index = 0;
+  for (const Scenario& sc : Table()) {
+    ManualClock clock(kStart);
+    std::unique_ptr<Store> store = Make(&clock);
+    const std::string key = "conf:" + std::to_string(scenario_index++);
+    for (size_t i = 0; i < sc.steps.size(); ++i) {
+      const Step& st = sc.steps[i];
+      clock.Set(kStart + st.at_us);
+      std::vector<LimitCheck> checks;
+      for (const Limit& l : sc.limits) checks.push_back({&l, st.cost});
+      StatusOr<CheckResult> r = store->CheckSync({key, checks});
+      ASSERT_TRUE(r.ok()) << sc.name << " step " << i << ": " << r.status().ToString();
+      const Decision& d = r->overall;
+      SCOPED_TRACE(sc.name + ", step " + std::to_string(i));
+      EXPECT_EQ(d.allowed, st.allowed);
+      EXPECT_EQ(d.remaining, st.remaining);
+      EXPECT_EQ(d.retry_after.count(), st.retry_after_us);
+      EXPECT_EQ(d.reset_after.count(), st.reset_after_us);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis"),
+                         [](const auto& info) { return info.param; });
+
+// Random steps for every algorithm: RedisStore must agree exactly with
+// MemoryStore (the C++ arithmetic) on every decision, on the same clock.
+class Differential : public Conformance {};
+
+TEST_P(Differential, RedisAgreesWithMemoryOnRandomSteps) {
+  std::vector<Limit> limits = {TB("tb", 7, 3),      TB("tb_slow", 20, 0.5),    FW("fw", 6, 2 * kS),
+                               SW("sw", 9, 3 * kS), SW("sw_ms", 4, 250 * kMs), SL("sl", 5, 2 * kS)};
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> subject = Make(&clock);
+  MemoryStore reference({.clock = &clock});
+  std::mt19937_64 rng(20261130);
+  for (const Limit& l : limits) {
+    for (int i = 0; i < 400; ++i) {
+      clock.Advance(microseconds(std::uniform_int_distribution<int64_t>(0, 400'000)(rng)));
+      const int64_t cost =
+          std::uniform_int_distribution<int64_t>(0, std::min<int64_t>(l.limit(), 4))(rng);
+      LimitCheck c[] = {{&l, cost}};
+      StatusOr<CheckResult> want = reference.CheckSync({"diff", c});
+      StatusOr<CheckResult> got = subject->CheckSync({"diff", c});
+      ASSERT_TRUE(want.ok() && got.ok()) << got.status().ToString();
+      ASSERT_EQ(got->overall, want->overall)
+          << l.ToString() << " step " << i << " cost " << cost << ": allowed "
+          << got->overall.allowed << "/" << want->overall.allowed << " remaining "
+          << got->overall.remaining << "/" << want->overall.remaining << " retry "
+          << got->overall.retry_after.count() << "/" << want->overall.retry_after.count()
+          << " reset " << got->overall.reset_after.count() << "/"
+          << want->overall.reset_after.count();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, Differential, ::testing::Values("redis"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ratelimit
