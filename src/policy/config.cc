@@ -1,0 +1,801 @@
+// The YAML loader: YAML text -> Config, or one precise error
+// "<file>:<line>: <what>". The schema is documented field by field in
+// docs/configuration.md; keep the two in step.
+#include "policy/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <initializer_list>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include "policy/policy.h"
+
+namespace ratelimit::policy {
+namespace {
+
+#define RL_RETURN_IF_ERROR(expr)        \
+  do {                                  \
+    if (Status _s = (expr); !_s.ok()) { \
+      return _s;                        \
+    }                                   \
+  } while (false)
+
+std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+// Printable ASCII without space: what an API key, user id or plan may hold.
+bool IsVisibleAscii(std::string_view s) {
+  for (char c : s) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
+bool IsHeaderName(std::string_view s) {
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+    if (!ok) return false;
+  }
+  return !s.empty();
+}
+
+// "host:port", "[v6]:port"; port 0..65535 (0: any free port, for tests).
+bool IsListenAddress(std::string_view s) {
+  const size_t colon = s.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  std::string_view port = s.substr(colon + 1);
+  int p = 0;
+  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (port.empty() || ec != std::errc() || ptr != port.data() + port.size() || p < 0 || p > 65535) {
+    return false;
+  }
+  std::string_view host = s.substr(0, colon);
+  if (host.front() == '[') return host.size() > 2 && host.back() == ']';
+  return host.find(':') == std::string_view::npos;
+}
+
+std::string Join(std::initializer_list<std::string_view> items) {
+  std::string out;
+  for (std::string_view i : items) {
+    if (!out.empty()) out += ", ";
+    out += i;
+  }
+  return out;
+}
+
+class Loader {
+ public:
+  Loader(std::string source, std::string base_dir)
+      : source_(std::move(source)), base_dir_(std::move(base_dir)) {}
+
+  Status Load(const YAML::Node& root, Config* c);
+
+ private:
+  // ---- errors -------------------------------------------------------------
+  Status Error(const YAML::Node& at, std::string_view what) const {
+    return ErrorAt(at.Mark().line, what);
+  }
+  Status ErrorAt(int zero_based_line, std::string_view what) const {
+    std::string m = source_;
+    if (zero_based_line >= 0) m += ":" + std::to_string(zero_based_line + 1);
+    m += ": ";
+    m += what;
+    return InvalidArgument(std::move(m));
+  }
+  // Prefixes a builder's message ("limit 'x': capacity must be positive") with file:line.
+  Status Wrap(const YAML::Node& at, const Status& s) const {
+    return s.ok() ? s : Error(at, s.message());
+  }
+
+  // ---- structure ----------------------------------------------------------
+  // `n` must be a map (or null = empty) whose keys are all in `allowed`.
+  Status CheckMap(const YAML::Node& n, std::string_view what,
+                  std::initializer_list<std::string_view> allowed) const {
+    if (!n.IsDefined() || n.IsNull()) return Status::Ok();
+    if (!n.IsMap()) return Error(n, std::string(what) + " must be a map of keys to values");
+    std::set<std::string> seen;
+    for (const auto& kv : n) {
+      if (!kv.first.IsScalar())
+        return Error(kv.first, "keys in " + std::string(what) + " must be plain strings");
+      const std::string& key = kv.first.Scalar();
+      bool ok = false;
+      for (std::string_view a : allowed) ok = ok || a == key;
+      if (!ok) {
+        return Error(kv.first, "unknown key " + Quote(key) + " in " + std::string(what) +
+                                   " (expected one of: " + Join(allowed) + ")");
+      }
+      if (!seen.insert(key).second) {
+        return Error(kv.first, "duplicate key " + Quote(key) + " in " + std::string(what));
+      }
+    }
+    return Status::Ok();
+  }
+
+  static YAML::Node Get(const YAML::Node& map, const char* key) {
+    // A missing key yields an invalid ("zombie") node whose accessors throw:
+    // hand out a plain undefined node instead.
+    if (!map.IsDefined() || !map.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    YAML::Node n = map[key];
+    return n.IsDefined() ? n : YAML::Node(YAML::NodeType::Undefined);
+  }
+
+  Status Scalar(const YAML::Node& n, std::string_view field, std::string* out) const {
+    if (!n.IsScalar()) {
+      return Error(n, Quote(field) + " must be a single value, not " +
+                          (n.IsNull()  ? "empty"
+                           : n.IsMap() ? "a map"
+                                       : "a list"));
+    }
+    *out = n.Scalar();
+    return Status::Ok();
+  }
+
+  Status String(const YAML::Node& map, const char* key, std::string* out) const {
+    YAML::Node n = Get(map, key);
+    if (!n.IsDefined()) return Status::Ok();
+    return Scalar(n, key, out);
+  }
+
+  Status Int(const YAML::Node& n, std::string_view field, int64_t* out) const {
+    std::string s;
+    RL_RETURN_IF_ERROR(Scalar(n, field, &s));
+    int64_t v = 0;
+    const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+    auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || ptr != s.data() + s.size()) {
+      double d = 0;
+      auto [dp, dec] = std::from_chars(s.data(), s.data() + s.size(), d);
+      if (!s.empty() && dec == std::errc() && dp == s.data() + s.size()) {
+        return Error(n, Quote(field) + " must be a whole number, got " + s);
+      }
+      return Error(n, Quote(field) + " must be a whole number, got " + Quote(s));
+    }
+    *out = v;
+    return Status::Ok();
+  }
+
+  template <typename T>
+  Status IntIn(const YAML::Node& map, const char* key, int64_t min, int64_t max, T* out) const {
+    YAML::Node n = Get(map, key);
+    if (!n.IsDefined()) return Status::Ok();
+    int64_t v = 0;
+    RL_RETURN_IF_ERROR(Int(n, key, &v));
+    if (v < min || v > max) {
+      return Error(n, Quote(key) + " must be between " + std::to_string(min) + " and " +
+                          std::to_string(max) + ", got " + std::to_string(v));
+    }
+    *out = static_cast<T>(v);
+    return Status::Ok();
+  }
+
+  Status Double(const YAML::Node& n, std::string_view field, double* out) const {
+    std::string s;
+    RL_RETURN_IF_ERROR(Scalar(n, field, &s));
+    double d = 0;
+    const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+    auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), d);
+    if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(d)) {
+      return Error(n, Quote(field) + " must be a number, got " + Quote(s));
+    }
+    *out = d;
+    return Status::Ok();
+  }
+
+  Status Bool(const YAML::Node& map, const char* key, bool* out) const {
+    YAML::Node n = Get(map, key);
+    if (!n.IsDefined()) return Status::Ok();
+    std::string s;
+    RL_RETURN_IF_ERROR(Scalar(n, key, &s));
+    if (s == "true") {
+      *out = true;
+    } else if (s == "false") {
+      *out = false;
+    } else {
+      return Error(n, Quote(key) + " must be true or false, got " + Quote(s));
+    }
+    return Status::Ok();
+  }
+
+  Status Millis(const YAML::Node& map, const char* key, std::chrono::milliseconds* out) const {
+    YAML::Node n = Get(map, key);
+    if (!n.IsDefined()) return Status::Ok();
+    std::string s;
+    RL_RETURN_IF_ERROR(Scalar(n, key, &s));
+    StatusOr<std::chrono::microseconds> d = ParseDuration(s);
+    if (!d.ok()) return Error(n, Quote(key) + ": " + d.status().message());
+    if (d->count() % 1000 != 0) return Error(n, Quote(key) + " must be whole milliseconds");
+    *out = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+    return Status::Ok();
+  }
+
+  // One of `names` (index into `values`).
+  template <typename E>
+  Status Enum(const YAML::Node& map, const char* key,
+              std::initializer_list<std::pair<std::string_view, E>> values, E* out) const {
+    YAML::Node n = Get(map, key);
+    if (!n.IsDefined()) return Status::Ok();
+    std::string s;
+    RL_RETURN_IF_ERROR(Scalar(n, key, &s));
+    std::string expected;
+    for (const auto& [name, v] : values) {
+      if (s == name) {
+        *out = v;
+        return Status::Ok();
+      }
+      if (!expected.empty()) expected += ", ";
+      expected += name;
+    }
+    return Error(n,
+                 "unknown " + std::string(key) + " " + Quote(s) + " (expected " + expected + ")");
+  }
+
+  Status Failure(const YAML::Node& map, std::optional<FailureMode>* out) const {
+    if (!Get(map, "failure_mode").IsDefined()) return Status::Ok();
+    FailureMode m = FailureMode::kOpen;
+    RL_RETURN_IF_ERROR(Enum<FailureMode>(map, "failure_mode",
+                                         {{"open", FailureMode::kOpen},
+                                          {"closed", FailureMode::kClosed},
+                                          {"local", FailureMode::kLocal}},
+                                         &m));
+    *out = m;
+    return Status::Ok();
+  }
+
+  // ---- sections -----------------------------------------------------------
+  Status Server(const YAML::Node& n, ServerConfig* s);
+  Status Store(const YAML::Node& n, StoreConfig* s);
+  Status Clients(const YAML::Node& n, ClientConfig* s);
+  // A limit definition: `spec` holds algorithm and its parameters.
+  Status LimitSpec(const YAML::Node& spec, const std::string& name, const YAML::Node& name_node,
+                   std::optional<Limit>* out);
+  // Records a definition; the same name twice must mean the same limit.
+  Status Define(const Limit& limit, const YAML::Node& at);
+  // A list of limit entries (route, plan, global).
+  Status Entries(const YAML::Node& n, const std::string& what, std::vector<RuleLimit>* out);
+  Status Route(const YAML::Node& n, RouteClass* r);
+  Status ApiKeysFile(const std::string& path, const YAML::Node& at, Config* c);
+
+  std::string source_;
+  std::string base_dir_;
+  std::map<std::string, int> defined_line_;  // limit name -> 0-based line of its definition
+  std::map<std::string, Limit> top_level_;   // `limits:` (what references may name)
+  Config* config_ = nullptr;
+};
+
+Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
+  RL_RETURN_IF_ERROR(CheckMap(
+      n, "server",
+      {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers", "threads",
+       "max_body_bytes", "max_header_bytes", "max_connections", "read_timeout", "idle_timeout"}));
+  RL_RETURN_IF_ERROR(String(n, "listen", &s->listen));
+  if (!IsListenAddress(s->listen)) {
+    return Error(Get(n, "listen"), "'listen' must be host:port, got " + Quote(s->listen));
+  }
+  RL_RETURN_IF_ERROR(String(n, "admin_listen", &s->admin_listen));
+  if (!s->admin_listen.empty() && !IsListenAddress(s->admin_listen)) {
+    return Error(Get(n, "admin_listen"),
+                 "'admin_listen' must be host:port or \"\", got " + Quote(s->admin_listen));
+  }
+  RL_RETURN_IF_ERROR(String(n, "admin_token_file", &s->admin_token_file));
+  RL_RETURN_IF_ERROR(String(n, "upstream", &s->upstream));
+  if (!s->upstream.empty() && s->upstream.rfind("http://", 0) != 0) {
+    return Error(Get(n, "upstream"),
+                 "'upstream' must start with http://, got " + Quote(s->upstream));
+  }
+  RL_RETURN_IF_ERROR(Bool(n, "demo", &s->demo));
+  RL_RETURN_IF_ERROR(Enum<HeaderDialect>(n, "headers",
+                                         {{"draft06", HeaderDialect::kDraft06},
+                                          {"structured", HeaderDialect::kStructured},
+                                          {"legacy", HeaderDialect::kLegacy},
+                                          {"none", HeaderDialect::kNone}},
+                                         &s->headers));
+  RL_RETURN_IF_ERROR(IntIn(n, "threads", 0, 1024, &s->threads));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_body_bytes", 1, int64_t{1} << 30, &s->max_body_bytes));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_header_bytes", 1024, 1 << 20, &s->max_header_bytes));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_connections", 1, 10'000'000, &s->max_connections));
+  RL_RETURN_IF_ERROR(Millis(n, "read_timeout", &s->read_timeout));
+  RL_RETURN_IF_ERROR(Millis(n, "idle_timeout", &s->idle_timeout));
+  return Status::Ok();
+}
+
+Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
+  RL_RETURN_IF_ERROR(
+      CheckMap(n, "store",
+               {"type", "url", "deadline", "key_prefix", "time_source", "failure_mode",
+                "closed_status", "expected_instances", "max_keys", "max_key_length"}));
+  RL_RETURN_IF_ERROR(Enum<StoreConfig::Type>(
+      n, "type", {{"memory", StoreConfig::Type::kMemory}, {"redis", StoreConfig::Type::kRedis}},
+      &s->type));
+  RL_RETURN_IF_ERROR(String(n, "url", &s->url));
+  if (s->type == StoreConfig::Type::kRedis) {
+    if (s->url.empty()) return Error(n, "store type redis needs a 'url' (redis://host:6379)");
+    if (s->url.rfind("redis://", 0) != 0 && s->url.rfind("rediss://", 0) != 0 &&
+        s->url.rfind("redis+cluster://", 0) != 0) {
+      // Never echo the URL: it may hold a password.
+      return Error(Get(n, "url"),
+                   "store 'url' must start with redis://, rediss:// or redis+cluster://");
+    }
+  } else if (!s->url.empty()) {
+    return Error(Get(n, "url"), "store 'url' is only used with type: redis");
+  }
+  RL_RETURN_IF_ERROR(Millis(n, "deadline", &s->deadline));
+  RL_RETURN_IF_ERROR(String(n, "key_prefix", &s->key_prefix));
+  if (s->key_prefix.size() > 64 || !IsVisibleAscii(s->key_prefix) ||
+      s->key_prefix.find_first_of("{}") != std::string::npos) {
+    return Error(Get(n, "key_prefix"),
+                 "store 'key_prefix' must be at most 64 visible characters without '{' or '}'");
+  }
+  RL_RETURN_IF_ERROR(Enum<StoreConfig::TimeSource>(
+      n, "time_source",
+      {{"redis", StoreConfig::TimeSource::kRedis}, {"local", StoreConfig::TimeSource::kLocal}},
+      &s->time_source));
+  std::optional<FailureMode> fm;
+  RL_RETURN_IF_ERROR(Failure(n, &fm));
+  if (fm) s->failure_mode = *fm;
+  if (YAML::Node cs = Get(n, "closed_status"); cs.IsDefined()) {
+    int64_t v = 0;
+    RL_RETURN_IF_ERROR(Int(cs, "closed_status", &v));
+    if (v != 429 && v != 503) {
+      return Error(cs, "'closed_status' must be 429 or 503, got " + std::to_string(v));
+    }
+    s->closed_status = static_cast<int>(v);
+  }
+  RL_RETURN_IF_ERROR(IntIn(n, "expected_instances", 1, 10'000, &s->expected_instances));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_keys", 1, int64_t{1} << 40, &s->max_keys));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_key_length", 64, 65'536, &s->max_key_length));
+  return Status::Ok();
+}
+
+Status Loader::Clients(const YAML::Node& n, ClientConfig* s) {
+  RL_RETURN_IF_ERROR(CheckMap(n, "clients",
+                              {"api_key_header", "user_header", "trusted_proxies", "ipv6_prefix",
+                               "accept_unknown_api_keys"}));
+  for (const char* key : {"api_key_header", "user_header"}) {
+    std::string* out =
+        key == std::string_view("api_key_header") ? &s->api_key_header : &s->user_header;
+    RL_RETURN_IF_ERROR(String(n, key, out));
+    if (!out->empty() && !IsHeaderName(*out)) {
+      return Error(Get(n, key), Quote(key) + " is not a valid header name: " + Quote(*out));
+    }
+  }
+  if (YAML::Node tp = Get(n, "trusted_proxies"); tp.IsDefined() && !tp.IsNull()) {
+    if (!tp.IsSequence()) return Error(tp, "'trusted_proxies' must be a list of CIDRs");
+    for (const YAML::Node& e : tp) {
+      std::string text;
+      RL_RETURN_IF_ERROR(Scalar(e, "trusted_proxies", &text));
+      StatusOr<Cidr> c = Cidr::Parse(text);
+      if (!c.ok()) return Error(e, c.status().message());
+      s->trusted_proxies.push_back(*c);
+    }
+  }
+  RL_RETURN_IF_ERROR(IntIn(n, "ipv6_prefix", 0, 128, &s->ipv6_prefix));
+  RL_RETURN_IF_ERROR(Bool(n, "accept_unknown_api_keys", &s->accept_unknown_api_keys));
+  return Status::Ok();
+}
+
+Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
+                         const YAML::Node& name_node, std::optional<Limit>* out) {
+  const std::string what = "limit " + Quote(name);
+  if (Status s = ValidateLimitName(name); !s.ok()) return Wrap(name_node, s);
+  YAML::Node alg_node = Get(spec, "algorithm");
+  if (!alg_node.IsDefined()) return Error(spec, what + " needs an 'algorithm'");
+  std::string alg_text;
+  RL_RETURN_IF_ERROR(Scalar(alg_node, "algorithm", &alg_text));
+  StatusOr<Algorithm> alg = ParseAlgorithm(alg_text);
+  if (!alg.ok()) return Wrap(alg_node, alg.status());
+  const bool bucket = *alg == Algorithm::kTokenBucket;
+  for (const char* key : {"capacity", "refill_per_second", "limit", "window"}) {
+    const bool belongs = (std::string_view(key) == "capacity" ||
+                          std::string_view(key) == "refill_per_second") == bucket;
+    YAML::Node n = Get(spec, key);
+    if (belongs && !n.IsDefined()) return Error(spec, what + " needs " + Quote(key));
+    if (!belongs && n.IsDefined()) {
+      return Error(n, what + ": " + Quote(key) + " does not apply to " + alg_text +
+                          (bucket ? " (it takes capacity and refill_per_second)"
+                                  : " (it takes limit and window)"));
+    }
+  }
+  StatusOr<Limit> limit = Status(StatusCode::kInternal, "unset");
+  if (bucket) {
+    int64_t capacity = 0;
+    double rate = 0;
+    RL_RETURN_IF_ERROR(Int(spec["capacity"], "capacity", &capacity));
+    RL_RETURN_IF_ERROR(Double(spec["refill_per_second"], "refill_per_second", &rate));
+    limit = Limit::TokenBucket(name, capacity, rate);
+    if (!limit.ok()) {
+      const bool rate_error = limit.status().message().find("refill") != std::string::npos;
+      return Wrap(rate_error ? spec["refill_per_second"] : spec["capacity"], limit.status());
+    }
+  } else {
+    int64_t count = 0;
+    RL_RETURN_IF_ERROR(Int(spec["limit"], "limit", &count));
+    std::string window_text;
+    RL_RETURN_IF_ERROR(Scalar(spec["window"], "window", &window_text));
+    StatusOr<std::chrono::microseconds> window = ParseDuration(window_text);
+    if (!window.ok()) return Error(spec["window"], what + ": " + window.status().message());
+    switch (*alg) {
+      case Algorithm::kFixedWindow: limit = Limit::FixedWindow(name, count, *window); break;
+      case Algorithm::kSlidingWindow: limit = Limit::SlidingWindow(name, count, *window); break;
+      default: limit = Limit::SlidingLog(name, count, *window); break;
+    }
+    if (!limit.ok()) {
+      const bool window_error = limit.status().message().find("window") != std::string::npos &&
+                                limit.status().message().find("limit must") == std::string::npos;
+      return Wrap(window_error ? spec["window"] : spec["limit"], limit.status());
+    }
+  }
+  *out = *limit;
+  return Status::Ok();
+}
+
+Status Loader::Define(const Limit& limit, const YAML::Node& at) {
+  auto it = config_->named_limits.find(limit.name());
+  if (it == config_->named_limits.end()) {
+    config_->named_limits.emplace(limit.name(), limit);
+    defined_line_[limit.name()] = at.Mark().line;
+    return Status::Ok();
+  }
+  if (it->second == limit) return Status::Ok();
+  return Error(at, "limit " + Quote(limit.name()) +
+                       " is defined twice with different parameters (" + limit.ToString() +
+                       " here, " + it->second.ToString() + " at line " +
+                       std::to_string(defined_line_[limit.name()] + 1) +
+                       "); a limit name is its identity in the store: pick another name");
+}
+
+Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector<RuleLimit>* out) {
+  if (!n.IsDefined() || n.IsNull()) return Status::Ok();
+  if (!n.IsSequence()) {
+    return Error(n, "the limits of " + what + " must be a list (of limit names or limit maps)");
+  }
+  std::set<std::string> names;
+  for (const YAML::Node& e : n) {
+    RuleLimit rule{.limit = *Limit::TokenBucket("x", 1, 1)};
+    std::string name;
+    if (e.IsScalar()) {
+      name = e.Scalar();
+      auto it = top_level_.find(name);
+      if (it == top_level_.end()) {
+        return Error(e, "unknown limit " + Quote(name) + " in " + what +
+                            " (define it under 'limits:', or write it inline with an algorithm)");
+      }
+      rule.limit = it->second;
+    } else if (e.IsMap()) {
+      RL_RETURN_IF_ERROR(CheckMap(e, "limit of " + what,
+                                  {"name", "algorithm", "capacity", "refill_per_second", "limit",
+                                   "window", "shadow", "failure_mode"}));
+      YAML::Node name_node = Get(e, "name");
+      if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
+      RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
+      if (Get(e, "algorithm").IsDefined()) {
+        std::optional<Limit> limit;
+        RL_RETURN_IF_ERROR(LimitSpec(e, name, name_node, &limit));
+        RL_RETURN_IF_ERROR(Define(*limit, name_node));
+        rule.limit = *limit;
+      } else {
+        for (const char* key : {"capacity", "refill_per_second", "limit", "window"}) {
+          if (Get(e, key).IsDefined()) {
+            return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
+                                          Quote(name) + " of " + what);
+          }
+        }
+        auto it = top_level_.find(name);
+        if (it == top_level_.end()) {
+          return Error(name_node, "unknown limit " + Quote(name) + " in " + what +
+                                      " (define it under 'limits:', or give an 'algorithm')");
+        }
+        rule.limit = it->second;
+      }
+      RL_RETURN_IF_ERROR(Bool(e, "shadow", &rule.shadow));
+      RL_RETURN_IF_ERROR(Failure(e, &rule.failure_mode));
+    } else {
+      return Error(e, "a limit in " + what + " must be a limit name or a map");
+    }
+    if (!names.insert(name).second) {
+      return Error(e, "limit " + Quote(name) + " appears twice in " + what);
+    }
+    out->push_back(std::move(rule));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::string> CanonicalRoutePath(std::string_view path, RouteClass::Match match) {
+  if (path.empty() || path[0] != '/') return InvalidArgument("must start with '/'");
+  if (path.find_first_of("?#") != std::string_view::npos) {
+    return InvalidArgument("must not contain '?' or '#' (the query is not matched)");
+  }
+  StatusOr<std::string> canonical = CanonicalPath(path);
+  if (!canonical.ok()) return canonical.status();
+  const bool braces = canonical->find_first_of("{}") != std::string::npos;
+  if (match != RouteClass::Match::kTemplate) {
+    if (braces)
+      return InvalidArgument("contains '{' or '}': use match: template for {param} segments");
+    return canonical;
+  }
+  size_t pos = 1;
+  while (pos <= canonical->size()) {
+    size_t end = canonical->find('/', pos);
+    if (end == std::string::npos) end = canonical->size();
+    std::string_view seg(canonical->data() + pos, end - pos);
+    pos = end + 1;
+    if (seg.find_first_of("{}") == std::string_view::npos) continue;
+    bool ok = seg.size() > 2 && seg.front() == '{' && seg.back() == '}';
+    for (size_t i = 1; ok && i + 1 < seg.size(); ++i) {
+      const char c = seg[i];
+      ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+    }
+    if (!ok) {
+      return InvalidArgument("has a bad '{' in segment " + Quote(seg) +
+                             ": a parameter is a whole segment like {id} (letters, digits, _)");
+    }
+  }
+  return canonical;
+}
+
+namespace {
+
+Status Loader::Route(const YAML::Node& n, RouteClass* r) {
+  if (!n.IsMap()) return Error(n, "a route must be a map (name, path, limits, ...)");
+  RL_RETURN_IF_ERROR(CheckMap(
+      n, "route",
+      {"name", "methods", "path", "match", "key_by", "cost", "shadow", "failure_mode", "limits"}));
+  r->source_line = n.Mark().line + 1;
+  YAML::Node name = Get(n, "name");
+  if (!name.IsDefined()) return Error(n, "a route needs a 'name'");
+  RL_RETURN_IF_ERROR(Scalar(name, "name", &r->name));
+  if (Status s = ValidateLimitName(r->name); !s.ok()) {
+    return Error(
+        name, "route name " + Quote(r->name) + " must be 1..64 letters, digits, '_', '-' or '.'");
+  }
+  const std::string what = "route " + Quote(r->name);
+  // Check the keys' names in the route map once more, so the message names the route.
+  if (YAML::Node m = Get(n, "methods"); m.IsDefined()) {
+    if (!m.IsSequence())
+      return Error(m, "'methods' of " + what + " must be a list like [GET, POST]");
+    for (const YAML::Node& e : m) {
+      std::string method;
+      RL_RETURN_IF_ERROR(Scalar(e, "methods", &method));
+      bool ok = !method.empty() && method.size() <= 32;
+      for (char& c : method) {
+        if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+        ok = ok && c >= 'A' && c <= 'Z';
+      }
+      if (!ok) return Error(e, "invalid HTTP method " + Quote(e.Scalar()) + " in " + what);
+      r->methods.push_back(std::move(method));
+    }
+  }
+  RL_RETURN_IF_ERROR(Enum<RouteClass::Match>(n, "match",
+                                             {{"exact", RouteClass::Match::kExact},
+                                              {"prefix", RouteClass::Match::kPrefix},
+                                              {"template", RouteClass::Match::kTemplate}},
+                                             &r->match));
+  YAML::Node path = Get(n, "path");
+  if (!path.IsDefined()) return Error(n, what + " has no 'path'");
+  std::string raw;
+  RL_RETURN_IF_ERROR(Scalar(path, "path", &raw));
+  StatusOr<std::string> canonical = CanonicalRoutePath(raw, r->match);
+  if (!canonical.ok()) {
+    return Error(path, "path " + Quote(raw) + " of " + what + " " + canonical.status().message());
+  }
+  r->path = *canonical;
+  RL_RETURN_IF_ERROR(Enum<RouteClass::KeyBy>(
+      n, "key_by", {{"client", RouteClass::KeyBy::kClient}, {"ip", RouteClass::KeyBy::kIp}},
+      &r->key_by));
+  RL_RETURN_IF_ERROR(Bool(n, "shadow", &r->shadow));
+  RL_RETURN_IF_ERROR(Failure(n, &r->failure_mode));
+  RL_RETURN_IF_ERROR(Entries(Get(n, "limits"), what, &r->limits));
+  if (YAML::Node cost = Get(n, "cost"); cost.IsDefined()) {
+    RL_RETURN_IF_ERROR(Int(cost, "cost", &r->cost));
+    if (r->cost < 0)
+      return Error(cost,
+                   "cost of " + what + " must not be negative, got " + std::to_string(r->cost));
+    for (const RuleLimit& rl : r->limits) {
+      if (Status s = rl.limit.ValidateCost(r->cost); !s.ok()) {
+        return Error(cost, "cost of " + what + ": " + s.message());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status Loader::ApiKeysFile(const std::string& path, const YAML::Node& at, Config* c) {
+  const std::string full =
+      path.empty() || path[0] == '/' || base_dir_.empty() ? path : base_dir_ + "/" + path;
+  std::ifstream in(full);
+  if (!in) return Error(at, "cannot read api_keys_file " + Quote(full));
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const std::string where = full + ":" + std::to_string(number) + ": ";
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::istringstream fields(line);
+    std::string key, plan, extra;
+    fields >> key;
+    if (key.empty() || key[0] == '#') continue;
+    fields >> plan >> extra;
+    if (plan.empty() || (!extra.empty() && extra[0] != '#')) {
+      return InvalidArgument(where + "expected '<api key> <plan>'");
+    }
+    if (key.size() > 200 || !IsVisibleAscii(key)) {
+      return InvalidArgument(where + "an API key must be 1..200 visible ASCII characters");
+    }
+    if (!c->plans.count(plan))
+      return InvalidArgument(where + "API key maps to unknown plan " + Quote(plan));
+    if (!c->api_keys.emplace(key, plan).second) {
+      return InvalidArgument(where + "this API key is listed twice");
+    }
+  }
+  return Status::Ok();
+}
+
+Status Loader::Load(const YAML::Node& root, Config* c) {
+  config_ = c;
+  if (!root.IsDefined() || root.IsNull()) return ErrorAt(0, "the config is empty");
+  RL_RETURN_IF_ERROR(CheckMap(root, "the config (top level)",
+                              {"server", "store", "clients", "limits", "plans", "default_plan",
+                               "api_keys", "api_keys_file", "global", "routes"}));
+  RL_RETURN_IF_ERROR(Server(Get(root, "server"), &c->server));
+  RL_RETURN_IF_ERROR(Store(Get(root, "store"), &c->store));
+  RL_RETURN_IF_ERROR(Clients(Get(root, "clients"), &c->clients));
+
+  if (YAML::Node limits = Get(root, "limits"); limits.IsDefined()) {
+    if (!limits.IsNull() && !limits.IsMap())
+      return Error(limits, "'limits' must be a map of name: limit");
+    for (const auto& kv : limits) {
+      std::string name;
+      RL_RETURN_IF_ERROR(Scalar(kv.first, "limits", &name));
+      if (top_level_.count(name)) return Error(kv.first, "duplicate limit " + Quote(name));
+      RL_RETURN_IF_ERROR(
+          CheckMap(kv.second, "limit " + Quote(name),
+                   {"algorithm", "capacity", "refill_per_second", "limit", "window"}));
+      std::optional<Limit> limit;
+      RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
+      RL_RETURN_IF_ERROR(Define(*limit, kv.first));
+      top_level_.emplace(name, *limit);
+    }
+  }
+
+  if (YAML::Node plans = Get(root, "plans"); plans.IsDefined()) {
+    if (!plans.IsNull() && !plans.IsMap())
+      return Error(plans, "'plans' must be a map of name: plan");
+    for (const auto& kv : plans) {
+      Plan p;
+      RL_RETURN_IF_ERROR(Scalar(kv.first, "plans", &p.name));
+      if (Status s = ValidateLimitName(p.name); !s.ok()) {
+        return Error(kv.first, "plan name " + Quote(p.name) +
+                                   " must be 1..64 letters, digits, '_', '-' or '.'");
+      }
+      if (c->plans.count(p.name)) return Error(kv.first, "duplicate plan " + Quote(p.name));
+      const std::string what = "plan " + Quote(p.name);
+      RL_RETURN_IF_ERROR(CheckMap(kv.second, what, {"limits"}));
+      RL_RETURN_IF_ERROR(Entries(Get(kv.second, "limits"), what, &p.limits));
+      c->plans.emplace(p.name, std::move(p));
+    }
+  }
+
+  if (YAML::Node dp = Get(root, "default_plan"); dp.IsDefined()) {
+    RL_RETURN_IF_ERROR(Scalar(dp, "default_plan", &c->default_plan));
+    if (!c->default_plan.empty() && !c->plans.count(c->default_plan)) {
+      return Error(dp, "default_plan " + Quote(c->default_plan) + " is not a plan under 'plans:'");
+    }
+  }
+
+  if (YAML::Node keys = Get(root, "api_keys"); keys.IsDefined() && !keys.IsNull()) {
+    if (!keys.IsMap()) return Error(keys, "'api_keys' must be a map of \"key\": plan");
+    for (const auto& kv : keys) {
+      // Never echo an API key in an error: it is a secret.
+      std::string key, plan;
+      RL_RETURN_IF_ERROR(Scalar(kv.first, "api_keys", &key));
+      RL_RETURN_IF_ERROR(Scalar(kv.second, "api_keys", &plan));
+      if (key.empty() || key.size() > 200 || !IsVisibleAscii(key)) {
+        return Error(kv.first, "an API key must be 1..200 visible ASCII characters");
+      }
+      if (!c->plans.count(plan))
+        return Error(kv.second, "API key maps to unknown plan " + Quote(plan));
+      if (!c->api_keys.emplace(key, plan).second)
+        return Error(kv.first, "this API key is listed twice");
+    }
+  }
+  if (YAML::Node file = Get(root, "api_keys_file"); file.IsDefined()) {
+    RL_RETURN_IF_ERROR(Scalar(file, "api_keys_file", &c->api_keys_file));
+    if (!c->api_keys_file.empty()) RL_RETURN_IF_ERROR(ApiKeysFile(c->api_keys_file, file, c));
+  }
+
+  RL_RETURN_IF_ERROR(Entries(Get(root, "global"), "global", &c->global_limits));
+
+  if (YAML::Node routes = Get(root, "routes"); routes.IsDefined() && !routes.IsNull()) {
+    if (!routes.IsSequence()) return Error(routes, "'routes' must be a list of routes");
+    std::map<std::string, int> lines;
+    for (const YAML::Node& rn : routes) {
+      RouteClass r;
+      RL_RETURN_IF_ERROR(Route(rn, &r));
+      if (auto [it, fresh] = lines.emplace(r.name, r.source_line); !fresh) {
+        return Error(Get(rn, "name"), "duplicate route name " + Quote(r.name) + " (first at line " +
+                                          std::to_string(it->second) + ")");
+      }
+      c->routes.push_back(std::move(r));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string_view FailureModeName(FailureMode m) {
+  switch (m) {
+    case FailureMode::kOpen: return "open";
+    case FailureMode::kClosed: return "closed";
+    case FailureMode::kLocal: return "local";
+  }
+  return "open";
+}
+
+std::string_view HeaderDialectName(HeaderDialect d) {
+  switch (d) {
+    case HeaderDialect::kDraft06: return "draft06";
+    case HeaderDialect::kStructured: return "structured";
+    case HeaderDialect::kLegacy: return "legacy";
+    case HeaderDialect::kNone: return "none";
+  }
+  return "draft06";
+}
+
+StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name,
+                             const std::string& base_dir) {
+  Config c;
+  c.source = std::string(source_name);
+  Loader loader(c.source, base_dir);
+  try {
+    YAML::Node root = YAML::Load(std::string(yaml));
+    if (Status s = loader.Load(root, &c); !s.ok()) return s;
+  } catch (const YAML::Exception& e) {
+    std::string m = c.source;
+    if (!e.mark.is_null()) m += ":" + std::to_string(e.mark.line + 1);
+    return InvalidArgument(m + ": invalid YAML: " + e.msg);
+  } catch (const std::exception& e) {
+    return InvalidArgument(c.source + ": " + e.what());
+  }
+  return c;
+}
+
+StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name) {
+  return ParseConfig(yaml, source_name, "");
+}
+
+StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound(path + ": cannot read the config file");
+  std::ostringstream text;
+  text << in.rdbuf();
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+  return ParseConfig(text.str(), path, dir);
+}
+
+Config EmbeddedDefault() {
+  Config c;
+  c.source = "<embedded default>";
+  c.server.demo = true;
+  c.store.type = StoreConfig::Type::kMemory;
+  c.clients.accept_unknown_api_keys = true;  // the demo page sends any key it likes
+  Limit ping = *Limit::TokenBucket("ping", 5, 1.0);
+  c.named_limits.emplace("ping", ping);
+  RouteClass r;
+  r.name = "ping";
+  r.methods = {"GET"};
+  r.match = RouteClass::Match::kExact;
+  r.path = "/api/ping";
+  r.limits.push_back(RuleLimit{.limit = ping});
+  c.routes.push_back(std::move(r));
+  return c;
+}
+
+}  // namespace ratelimit::policy

@@ -1,0 +1,142 @@
+// Config: the rules ratelimitd applies, as loaded from YAML (or the embedded
+// default). A plain data model; policy.h compiles it into something fast to
+// query. Every field is documented in docs/configuration.md.
+//
+//   StatusOr<Config> c = LoadConfigFile("examples/gateway.yaml");
+//   if (!c.ok()) std::cerr << c.status().message();  // "examples/gateway.yaml:12: unknown key
+//   'limitz' in route"
+//
+// Thread-safety: value types.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "policy/ip.h"
+#include "ratelimit/limit.h"
+#include "ratelimit/status.h"
+
+namespace ratelimit::policy {
+
+// What to do when the store cannot decide (unreachable, deadline, breaker open).
+enum class FailureMode { kOpen, kClosed, kLocal };
+
+// Which rate limit headers clients are told.
+enum class HeaderDialect {
+  kDraft06,     // RateLimit-Limit / RateLimit-Remaining / RateLimit-Reset (default)
+  kStructured,  // RateLimit-Policy / RateLimit (draft-ietf-httpapi-ratelimit-headers -08+)
+  kLegacy,      // X-RateLimit-Limit / -Remaining / -Reset
+  kNone,
+};
+
+struct StoreConfig {
+  enum class Type { kMemory, kRedis } type = Type::kMemory;
+  std::string url;                          // redis://, rediss:// (secret: never logged)
+  std::chrono::milliseconds deadline{100};  // per store call
+  std::string key_prefix = "rl:";
+  enum class TimeSource { kRedis, kLocal } time_source = TimeSource::kRedis;
+  FailureMode failure_mode = FailureMode::kOpen;
+  int closed_status = 503;       // 503 or 429 when failure_mode is closed
+  int expected_instances = 1;    // for kLocal: each instance gets limit / this
+  size_t max_keys = 10'000'000;  // memory store (and local fallback) bound
+  size_t max_key_length = 512;
+};
+
+struct ClientConfig {
+  std::string api_key_header = "X-API-Key";  // "" disables
+  std::string user_header;                   // set by a trusted auth layer; "" disables
+  std::vector<Cidr> trusted_proxies;         // XFF / Forwarded are read only from these peers
+  int ipv6_prefix = 64;                      // IPv6 clients are keyed by this prefix
+  // An API key that is not in `api_keys`: true -> it still names the client
+  // ("k:<key>", on default_plan); false -> ignored (user header, then IP).
+  // true lets any client mint identities: for demos and trusted networks only.
+  bool accept_unknown_api_keys = false;
+};
+
+// A limit as configured: the limit itself plus how it is applied.
+struct RuleLimit {
+  Limit limit;
+  bool shadow = false;                      // decide and count, never block
+  std::optional<FailureMode> failure_mode;  // overrides the store's
+};
+
+struct Plan {
+  std::string name;
+  std::vector<RuleLimit> limits;  // the plan's per-client limits (global across routes)
+};
+
+struct RouteClass {
+  enum class Match { kExact, kPrefix, kTemplate };
+  enum class KeyBy { kClient, kIp };  // kIp: per client IP even if authenticated (login)
+  std::string name;
+  std::vector<std::string> methods;  // upper case; empty = any method
+  Match match = Match::kPrefix;
+  std::string path;  // canonical form; templates use {param} segments
+  std::vector<RuleLimit> limits;
+  int64_t cost = 1;
+  KeyBy key_by = KeyBy::kClient;
+  bool shadow = false;  // every limit of this route in shadow mode
+  std::optional<FailureMode> failure_mode;
+  int source_line = 0;  // 1-based line in the config file, 0 = unknown
+};
+
+struct ServerConfig {
+  std::string listen = "127.0.0.1:8080";
+  std::string admin_listen = "127.0.0.1:9090";
+  std::string admin_token_file;  // "" = no token required
+  std::string upstream;          // "http://host:port": enables the gateway face
+  bool demo = false;             // the demo page at / and /api/ping
+  HeaderDialect headers = HeaderDialect::kDraft06;
+  int threads = 0;  // 0 = hardware concurrency
+  size_t max_body_bytes = 64 * 1024;
+  size_t max_header_bytes = 8 * 1024;
+  size_t max_connections = 10'000;
+  std::chrono::milliseconds read_timeout{10'000};
+  std::chrono::milliseconds idle_timeout{60'000};
+};
+
+struct Config {
+  std::string source;  // file path, or "<embedded default>"
+  ServerConfig server;
+  StoreConfig store;
+  ClientConfig clients;
+  std::map<std::string, Plan> plans;
+  std::string default_plan;  // plan of clients without a known API key; "" = none
+  std::map<std::string, std::string> api_keys;  // API key -> plan name (secrets: never shown)
+  std::string api_keys_file;                    // where some of api_keys came from ("" = none)
+  std::vector<RuleLimit> global_limits;         // per client, across all routes, every plan
+  std::vector<RouteClass> routes;               // first match wins
+  std::map<std::string, Limit> named_limits;    // for POST /v1/check {"limits": ["burst"]}
+};
+
+// Errors name the file, line and key: "x.yaml:12: unknown key 'limitz' in route".
+// Every error is kInvalidArgument, except an unreadable file (kNotFound).
+// `api_keys_file` is read relative to the config file's folder (ParseConfig:
+// relative to the current directory unless `base_dir` is given).
+StatusOr<Config> LoadConfigFile(const std::string& path);
+StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name);
+StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name,
+                             const std::string& base_dir);
+
+// The YAML spellings, shared with the server's admin API and logs.
+std::string_view FailureModeName(FailureMode m);      // "open", "closed", "local"
+std::string_view HeaderDialectName(HeaderDialect d);  // "draft06", "structured", "legacy", "none"
+
+// No config file: memory store, demo page, /api/ping limited per client
+// (X-API-Key if present, else client IP) with burst 5 and 1 per second.
+Config EmbeddedDefault();
+
+// The config as YAML with secrets (Redis password, API keys, admin token) redacted.
+// Every default is spelled out. API keys appear as a list of `"***": plan`
+// entries, so the dump documents the mapping but cannot be loaded back as is.
+std::string DumpRedacted(const Config& config);
+
+// "redis://user:secret@host:6379/0" -> "redis://user:***@host:6379/0".
+std::string RedactUrl(std::string_view url);
+
+}  // namespace ratelimit::policy

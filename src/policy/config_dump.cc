@@ -1,0 +1,181 @@
+// DumpRedacted: the effective config as YAML, in the loader's schema, with
+// every default spelled out and every secret replaced by "***".
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+
+#include "policy/config.h"
+
+namespace ratelimit::policy {
+namespace {
+
+void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
+  out << YAML::Key << "algorithm" << YAML::Value << std::string(AlgorithmName(l.algorithm()));
+  if (l.algorithm() == Algorithm::kTokenBucket) {
+    out << YAML::Key << "capacity" << YAML::Value << l.limit();
+    // Shortest text that reads back as the same double: 0.1, not 0.10000000000000001.
+    char buf[32];
+    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, l.refill_per_second());
+    out << YAML::Key << "refill_per_second" << YAML::Value
+        << std::string(buf, ec == std::errc() ? end : buf);
+  } else {
+    out << YAML::Key << "limit" << YAML::Value << l.limit();
+    out << YAML::Key << "window" << YAML::Value << FormatDuration(l.window());
+  }
+}
+
+void EmitRules(YAML::Emitter& out, const std::vector<RuleLimit>& rules) {
+  out << YAML::BeginSeq;
+  for (const RuleLimit& r : rules) {
+    out << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << "name" << YAML::Value << r.limit.name();
+    EmitLimitFields(out, r.limit);
+    if (r.shadow) out << YAML::Key << "shadow" << YAML::Value << true;
+    if (r.failure_mode) {
+      out << YAML::Key << "failure_mode" << YAML::Value
+          << std::string(FailureModeName(*r.failure_mode));
+    }
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+}
+
+std::string Millis(std::chrono::milliseconds d) {
+  return FormatDuration(std::chrono::duration_cast<std::chrono::microseconds>(d));
+}
+
+}  // namespace
+
+std::string RedactUrl(std::string_view url) {
+  const size_t scheme = url.find("://");
+  if (scheme == std::string_view::npos) return url.empty() ? "" : "***";
+  const size_t start = scheme + 3;
+  const size_t path = url.find_first_of("/?#", start);
+  const size_t at = url.rfind('@', path == std::string_view::npos ? url.size() : path);
+  if (at == std::string_view::npos || at < start) return std::string(url);
+  std::string_view userinfo = url.substr(start, at - start);
+  const size_t colon = userinfo.find(':');
+  std::string out(url.substr(0, start));
+  // "user:pass@" -> "user:***@"; "pass@" (no colon: a bare password) -> "***@".
+  out += colon == std::string_view::npos ? std::string("***")
+                                         : std::string(userinfo.substr(0, colon)) + ":***";
+  out += url.substr(at);
+  return out;
+}
+
+std::string DumpRedacted(const Config& c) {
+  YAML::Emitter out;
+  out << YAML::Comment("effective config from " + c.source + " (secrets redacted)");
+  out << YAML::BeginMap;
+
+  const ServerConfig& s = c.server;
+  out << YAML::Key << "server" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "listen" << YAML::Value << s.listen;
+  out << YAML::Key << "admin_listen" << YAML::Value << s.admin_listen;
+  out << YAML::Key << "admin_token_file" << YAML::Value << s.admin_token_file;
+  out << YAML::Key << "upstream" << YAML::Value << s.upstream;
+  out << YAML::Key << "demo" << YAML::Value << s.demo;
+  out << YAML::Key << "headers" << YAML::Value << std::string(HeaderDialectName(s.headers));
+  out << YAML::Key << "threads" << YAML::Value << s.threads;
+  out << YAML::Key << "max_body_bytes" << YAML::Value << s.max_body_bytes;
+  out << YAML::Key << "max_header_bytes" << YAML::Value << s.max_header_bytes;
+  out << YAML::Key << "max_connections" << YAML::Value << s.max_connections;
+  out << YAML::Key << "read_timeout" << YAML::Value << Millis(s.read_timeout);
+  out << YAML::Key << "idle_timeout" << YAML::Value << Millis(s.idle_timeout);
+  out << YAML::EndMap;
+
+  const StoreConfig& st = c.store;
+  out << YAML::Key << "store" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "type" << YAML::Value
+      << (st.type == StoreConfig::Type::kRedis ? "redis" : "memory");
+  if (!st.url.empty()) out << YAML::Key << "url" << YAML::Value << RedactUrl(st.url);
+  out << YAML::Key << "deadline" << YAML::Value << Millis(st.deadline);
+  out << YAML::Key << "key_prefix" << YAML::Value << st.key_prefix;
+  out << YAML::Key << "time_source" << YAML::Value
+      << (st.time_source == StoreConfig::TimeSource::kRedis ? "redis" : "local");
+  out << YAML::Key << "failure_mode" << YAML::Value
+      << std::string(FailureModeName(st.failure_mode));
+  out << YAML::Key << "closed_status" << YAML::Value << st.closed_status;
+  out << YAML::Key << "expected_instances" << YAML::Value << st.expected_instances;
+  out << YAML::Key << "max_keys" << YAML::Value << st.max_keys;
+  out << YAML::Key << "max_key_length" << YAML::Value << st.max_key_length;
+  out << YAML::EndMap;
+
+  const ClientConfig& cl = c.clients;
+  out << YAML::Key << "clients" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "api_key_header" << YAML::Value << cl.api_key_header;
+  out << YAML::Key << "user_header" << YAML::Value << cl.user_header;
+  out << YAML::Key << "trusted_proxies" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const Cidr& cidr : cl.trusted_proxies) out << cidr.ToString();
+  out << YAML::EndSeq;
+  out << YAML::Key << "ipv6_prefix" << YAML::Value << cl.ipv6_prefix;
+  out << YAML::Key << "accept_unknown_api_keys" << YAML::Value << cl.accept_unknown_api_keys;
+  out << YAML::EndMap;
+
+  out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
+  for (const auto& [name, limit] : c.named_limits) {
+    out << YAML::Key << name << YAML::Value << YAML::Flow << YAML::BeginMap;
+    EmitLimitFields(out, limit);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+
+  out << YAML::Key << "plans" << YAML::Value << YAML::BeginMap;
+  for (const auto& [name, plan] : c.plans) {
+    out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "limits" << YAML::Value;
+    EmitRules(out, plan.limits);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  out << YAML::Key << "default_plan" << YAML::Value << c.default_plan;
+
+  // API keys are secrets: show how many map to which plan, never the key.
+  // (An empty map when there are none, so that such a dump loads back.)
+  out << YAML::Key << "api_keys" << YAML::Value;
+  if (c.api_keys.empty()) {
+    out << YAML::Flow << YAML::BeginMap << YAML::EndMap;
+  } else {
+    out << YAML::BeginSeq;
+    for (const auto& [key, plan] : c.api_keys) {
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "***" << YAML::Value << plan
+          << YAML::EndMap;
+    }
+    out << YAML::EndSeq;
+  }
+  if (!c.api_keys_file.empty())
+    out << YAML::Key << "api_keys_file" << YAML::Value << c.api_keys_file;
+
+  out << YAML::Key << "global" << YAML::Value;
+  EmitRules(out, c.global_limits);
+
+  out << YAML::Key << "routes" << YAML::Value << YAML::BeginSeq;
+  for (const RouteClass& r : c.routes) {
+    out << YAML::BeginMap;
+    out << YAML::Key << "name" << YAML::Value << r.name;
+    out << YAML::Key << "methods" << YAML::Value << YAML::Flow << r.methods;
+    out << YAML::Key << "path" << YAML::Value << r.path;
+    out << YAML::Key << "match" << YAML::Value
+        << (r.match == RouteClass::Match::kExact    ? "exact"
+            : r.match == RouteClass::Match::kPrefix ? "prefix"
+                                                    : "template");
+    out << YAML::Key << "key_by" << YAML::Value
+        << (r.key_by == RouteClass::KeyBy::kIp ? "ip" : "client");
+    out << YAML::Key << "cost" << YAML::Value << r.cost;
+    out << YAML::Key << "shadow" << YAML::Value << r.shadow;
+    if (r.failure_mode) {
+      out << YAML::Key << "failure_mode" << YAML::Value
+          << std::string(FailureModeName(*r.failure_mode));
+    }
+    out << YAML::Key << "limits" << YAML::Value;
+    EmitRules(out, r.limits);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndSeq;
+  out << YAML::EndMap;
+  std::string text = out.c_str();
+  text += '\n';
+  return text;
+}
+
+}  // namespace ratelimit::policy

@@ -1,0 +1,267 @@
+// The YAML loader: one fixture per mistake (tests/config_errors), every
+// example in examples/, defaults, api_keys_file, and the redacted dump.
+#include "policy/config.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "policy/policy.h"
+
+namespace ratelimit::policy {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> YamlFiles(const char* dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".yaml") out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string TestName(const testing::TestParamInfo<std::string>& info) {
+  std::string n = fs::path(info.param).stem().string();
+  for (char& c : n) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return n;
+}
+
+// ---- tests/config_errors/NN-name.yaml: first line "# expect: <substring>" ----
+class ConfigErrorFixture : public testing::TestWithParam<std::string> {};
+
+TEST_P(ConfigErrorFixture, FailsWithExpectedMessage) {
+  std::ifstream in(GetParam());
+  std::string first;
+  std::getline(in, first);
+  const std::string tag = "# expect: ";
+  ASSERT_EQ(first.rfind(tag, 0), 0u) << GetParam() << ": first line must be '# expect: ...'";
+  const std::string expect = first.substr(tag.size());
+  StatusOr<Config> c = LoadConfigFile(GetParam());
+  ASSERT_FALSE(c.ok()) << GetParam() << " loaded, but should fail with: " << expect;
+  EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message().rfind(GetParam() + ":", 0), 0u)
+      << "the error must start with the file name: " << c.status().message();
+  EXPECT_NE(c.status().message().find(expect), std::string::npos)
+      << "expected '" << expect << "' in: " << c.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, ConfigErrorFixture,
+                         testing::ValuesIn(YamlFiles(RL_CONFIG_ERRORS_DIR)), TestName);
+
+TEST(ConfigErrorFixtures, AtLeastFifteen) {
+  EXPECT_GE(YamlFiles(RL_CONFIG_ERRORS_DIR).size(), 15u);
+}
+
+// ---- examples/*.yaml: each loads, compiles and survives a dump ----
+class Example : public testing::TestWithParam<std::string> {};
+
+TEST_P(Example, LoadsAndCompiles) {
+  StatusOr<Config> c = LoadConfigFile(GetParam());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  StatusOr<std::shared_ptr<const Policy>> p = Policy::Create(*c);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  const std::string dump = DumpRedacted(*c);
+  for (const auto& [key, plan] : c->api_keys) {
+    EXPECT_EQ(dump.find(key), std::string::npos) << "API key leaked in dump";
+  }
+  // Without API keys the dump is itself a valid config that means the same.
+  if (c->api_keys.empty()) {
+    StatusOr<Config> again = ParseConfig(dump, "dump");
+    ASSERT_TRUE(again.ok()) << again.status().message() << "\n" << dump;
+    const std::string dump2 = DumpRedacted(*again);
+    EXPECT_EQ(dump2.substr(dump2.find('\n')), dump.substr(dump.find('\n')));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, Example, testing::ValuesIn(YamlFiles(RL_EXAMPLES_DIR)),
+                         TestName);
+
+TEST(Examples, TheFourDocumentedOnesExist) {
+  for (const char* name :
+       {"decision-api.yaml", "gateway.yaml", "nginx-auth-request.yaml", "redis.yaml"}) {
+    EXPECT_TRUE(fs::exists(fs::path(RL_EXAMPLES_DIR) / name)) << name;
+  }
+}
+
+// ---- defaults and details ----
+TEST(ParseConfig, MinimalConfigHasDocumentedDefaults) {
+  StatusOr<Config> c = ParseConfig("store: {type: memory}\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->server.listen, "127.0.0.1:8080");
+  EXPECT_EQ(c->server.headers, HeaderDialect::kDraft06);
+  EXPECT_EQ(c->store.failure_mode, FailureMode::kOpen);
+  EXPECT_EQ(c->store.deadline, std::chrono::milliseconds(100));
+  EXPECT_EQ(c->store.key_prefix, "rl:");
+  EXPECT_EQ(c->clients.api_key_header, "X-API-Key");
+  EXPECT_EQ(c->clients.ipv6_prefix, 64);
+  EXPECT_FALSE(c->clients.accept_unknown_api_keys);
+  EXPECT_TRUE(c->routes.empty());
+}
+
+TEST(ParseConfig, ReadsEverySection) {
+  StatusOr<Config> c = ParseConfig(R"(
+server: {listen: "0.0.0.0:8080", admin_listen: "", headers: structured, threads: 4,
+         read_timeout: 5s, upstream: "http://127.0.0.1:3000"}
+store: {type: redis, url: "redis://:pw@localhost:6379", deadline: 50ms, failure_mode: local,
+        expected_instances: 3, time_source: local}
+clients: {api_key_header: X-Key, user_header: X-User-Id, trusted_proxies: ["10.0.0.0/8", "::1"],
+          ipv6_prefix: 56, accept_unknown_api_keys: true}
+limits:
+  burst: {algorithm: token_bucket, capacity: 10, refill_per_second: 0.5}
+  daily: {algorithm: fixed_window, limit: 1000, window: 1d}
+plans:
+  free: {limits: [daily]}
+  pro: {limits: [{name: daily_pro, algorithm: sliding_window, limit: 100000, window: 1d, shadow: true}]}
+default_plan: free
+api_keys: {"key-abc": pro}
+global: [{name: burst, failure_mode: closed}]
+routes:
+  - {name: login, methods: [post], path: /Login/, match: exact, key_by: ip,
+     limits: [{name: login, algorithm: sliding_log, limit: 5, window: 15m}]}
+  - {name: search, path: /api/search, cost: 5, limits: [burst]}
+)",
+                                   "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->server.admin_listen, "");
+  EXPECT_EQ(c->server.threads, 4);
+  EXPECT_EQ(c->server.read_timeout, std::chrono::milliseconds(5000));
+  EXPECT_EQ(c->store.type, StoreConfig::Type::kRedis);
+  EXPECT_EQ(c->store.failure_mode, FailureMode::kLocal);
+  EXPECT_EQ(c->store.time_source, StoreConfig::TimeSource::kLocal);
+  EXPECT_EQ(c->clients.trusted_proxies.size(), 2u);
+  EXPECT_EQ(c->clients.ipv6_prefix, 56);
+  EXPECT_EQ(c->plans.at("pro").limits.at(0).limit.algorithm(), Algorithm::kSlidingWindow);
+  EXPECT_TRUE(c->plans.at("pro").limits.at(0).shadow);
+  EXPECT_EQ(c->global_limits.at(0).failure_mode, FailureMode::kClosed);
+  EXPECT_EQ(c->global_limits.at(0).limit.refill_per_second(), 0.5);
+  ASSERT_EQ(c->routes.size(), 2u);
+  EXPECT_EQ(c->routes[0].path, "/login");
+  EXPECT_EQ(c->routes[0].methods, std::vector<std::string>{"POST"});
+  EXPECT_EQ(c->routes[0].key_by, RouteClass::KeyBy::kIp);
+  EXPECT_EQ(c->routes[0].source_line, 18);
+  EXPECT_EQ(c->routes[1].match, RouteClass::Match::kPrefix);
+  EXPECT_EQ(c->routes[1].cost, 5);
+  // Inline limits join the named ones (the decision API may name them).
+  for (const char* n : {"burst", "daily", "daily_pro", "login"})
+    EXPECT_TRUE(c->named_limits.count(n)) << n;
+}
+
+TEST(ParseConfig, SameLimitDefinedTwiceIdenticallyIsFine) {
+  StatusOr<Config> c = ParseConfig(R"(
+routes:
+  - {name: a, path: /a, limits: [{name: x, algorithm: fixed_window, limit: 5, window: 1m}]}
+  - {name: b, path: /b, limits: [{name: x, algorithm: fixed_window, limit: 5, window: 60s}]}
+)",
+                                   "t.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().message();
+}
+
+TEST(ParseConfig, RedisUrlErrorNeverEchoesThePassword) {
+  StatusOr<Config> c = ParseConfig("store: {type: redis, url: \"http://:hunter2@h\"}\n", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find("hunter2"), std::string::npos);
+}
+
+TEST(ParseConfig, ApiKeyErrorsNeverEchoTheKey) {
+  StatusOr<Config> c = ParseConfig("plans: {free: {}}\napi_keys: {\"sekrit-1\": gold}\n", "t.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message().find("sekrit"), std::string::npos) << c.status().message();
+}
+
+class ApiKeysFile : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("rl_policy_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  }
+  fs::path dir_;
+};
+
+TEST_F(ApiKeysFile, IsReadRelativeToTheConfig) {
+  Write("keys.txt", "# key plan\nkey-1 pro\n\n  key-2   free  # trailing comment\n");
+  Write("c.yaml", "plans: {free: {}, pro: {}}\napi_keys: {key-0: free}\napi_keys_file: keys.txt\n");
+  StatusOr<Config> c = LoadConfigFile((dir_ / "c.yaml").string());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->api_keys.size(), 3u);
+  EXPECT_EQ(c->api_keys.at("key-1"), "pro");
+  EXPECT_EQ(c->api_keys.at("key-2"), "free");
+  EXPECT_EQ(c->api_keys_file, "keys.txt");
+}
+
+TEST_F(ApiKeysFile, ErrorsNameTheKeysFileAndLine) {
+  Write("keys.txt", "key-1 pro\nkey-2 gold\n");
+  Write("c.yaml", "plans: {pro: {}}\napi_keys_file: keys.txt\n");
+  StatusOr<Config> c = LoadConfigFile((dir_ / "c.yaml").string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("keys.txt:2: API key maps to unknown plan 'gold'"),
+            std::string::npos)
+      << c.status().message();
+  Write("c.yaml", "plans: {pro: {}}\napi_keys_file: missing.txt\n");
+  c = LoadConfigFile((dir_ / "c.yaml").string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("c.yaml:2: cannot read api_keys_file"), std::string::npos)
+      << c.status().message();
+}
+
+TEST(LoadConfigFile, MissingFileIsNotFound) {
+  StatusOr<Config> c = LoadConfigFile("/nonexistent/ratelimit.yaml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+}
+
+// ---- the dump ----
+TEST(DumpRedacted, HidesSecretsKeepsTheRest) {
+  StatusOr<Config> c = ParseConfig(R"(
+server: {admin_token_file: /etc/ratelimit/admin.token}
+store: {type: redis, url: "rediss://rl:s3cret-pw@redis.internal:6380/2"}
+plans: {free: {}, pro: {}}
+api_keys: {"ak_live_123456": pro, "ak_live_abcdef": free}
+)",
+                                   "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const std::string dump = DumpRedacted(*c);
+  EXPECT_EQ(dump.find("s3cret-pw"), std::string::npos) << dump;
+  EXPECT_EQ(dump.find("ak_live"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("rediss://rl:***@redis.internal:6380/2"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("/etc/ratelimit/admin.token"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("\"***\": pro"), std::string::npos) << dump;
+}
+
+TEST(RedactUrl, Forms) {
+  EXPECT_EQ(RedactUrl("redis://localhost:6379"), "redis://localhost:6379");
+  EXPECT_EQ(RedactUrl("redis://:pw@localhost:6379"), "redis://:***@localhost:6379");
+  EXPECT_EQ(RedactUrl("redis://user:pw@h/0"), "redis://user:***@h/0");
+  EXPECT_EQ(RedactUrl("redis://pw@h"), "redis://***@h");
+  EXPECT_EQ(RedactUrl("redis://u:p@ss@h:1"), "redis://u:***@h:1");
+  EXPECT_EQ(RedactUrl("redis+cluster://u:pw@[::1]:7000?tls_ca_file=/x@y"),
+            "redis+cluster://u:***@[::1]:7000?tls_ca_file=/x@y");
+  EXPECT_EQ(RedactUrl(""), "");
+}
+
+TEST(EmbeddedDefault, IsTheDemo) {
+  Config c = EmbeddedDefault();
+  EXPECT_TRUE(c.server.demo);
+  EXPECT_EQ(c.store.type, StoreConfig::Type::kMemory);
+  ASSERT_EQ(c.routes.size(), 1u);
+  EXPECT_EQ(c.routes[0].path, "/api/ping");
+  EXPECT_EQ(c.routes[0].limits.at(0).limit.limit(), 5);
+  EXPECT_EQ(c.routes[0].limits.at(0).limit.refill_per_second(), 1.0);
+  EXPECT_TRUE(Policy::Create(c).ok());
+  StatusOr<Config> again = ParseConfig(DumpRedacted(c), "dump");
+  EXPECT_TRUE(again.ok()) << again.status().message();
+}
+
+}  // namespace
+}  // namespace ratelimit::policy

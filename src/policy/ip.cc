@@ -1,0 +1,135 @@
+#include "policy/ip.h"
+
+#include <arpa/inet.h>
+
+#include <charconv>
+#include <cstring>
+
+namespace ratelimit::policy {
+namespace {
+
+constexpr std::array<uint8_t, 12> kV4MappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+
+std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+
+// Keeps the first `bits` bits of `b`, zeroes the rest.
+std::array<uint8_t, 16> Mask(std::array<uint8_t, 16> b, int bits) {
+  for (int i = 0; i < 16; ++i) {
+    const int keep = bits - i * 8;
+    if (keep >= 8) continue;
+    b[i] = keep <= 0 ? 0 : static_cast<uint8_t>(b[i] & (0xff << (8 - keep)));
+  }
+  return b;
+}
+
+}  // namespace
+
+StatusOr<IpAddress> IpAddress::Parse(std::string_view text) {
+  // Longest IPv6 text form is 45 characters ("ffff:...:255.255.255.255").
+  if (text.empty() || text.size() > 45) return InvalidArgument("invalid IP address " + Quote(text));
+  char buf[64];
+  std::memcpy(buf, text.data(), text.size());
+  buf[text.size()] = '\0';
+  IpAddress a;
+  if (text.find(':') == std::string_view::npos) {
+    in_addr v4;
+    if (inet_pton(AF_INET, buf, &v4) != 1)
+      return InvalidArgument("invalid IP address " + Quote(text));
+    std::memcpy(a.bytes_.data(), kV4MappedPrefix.data(), 12);
+    std::memcpy(a.bytes_.data() + 12, &v4, 4);  // network order == our byte order
+    return a;
+  }
+  in6_addr v6;
+  if (inet_pton(AF_INET6, buf, &v6) != 1)
+    return InvalidArgument("invalid IP address " + Quote(text));
+  std::memcpy(a.bytes_.data(), &v6, 16);
+  return a;
+}
+
+IpAddress IpAddress::FromV4(uint32_t host_order) {
+  IpAddress a;
+  std::memcpy(a.bytes_.data(), kV4MappedPrefix.data(), 12);
+  a.bytes_[12] = static_cast<uint8_t>(host_order >> 24);
+  a.bytes_[13] = static_cast<uint8_t>(host_order >> 16);
+  a.bytes_[14] = static_cast<uint8_t>(host_order >> 8);
+  a.bytes_[15] = static_cast<uint8_t>(host_order);
+  return a;
+}
+
+IpAddress IpAddress::FromV6(const std::array<uint8_t, 16>& bytes) {
+  IpAddress a;
+  a.bytes_ = bytes;
+  return a;
+}
+
+bool IpAddress::is_v4() const {
+  return std::memcmp(bytes_.data(), kV4MappedPrefix.data(), kV4MappedPrefix.size()) == 0;
+}
+
+uint32_t IpAddress::v4() const {
+  return (uint32_t{bytes_[12]} << 24) | (uint32_t{bytes_[13]} << 16) | (uint32_t{bytes_[14]} << 8) |
+         uint32_t{bytes_[15]};
+}
+
+std::string IpAddress::ToString() const {
+  char buf[INET6_ADDRSTRLEN];
+  if (is_v4()) {
+    inet_ntop(AF_INET, bytes_.data() + 12, buf, sizeof buf);
+  } else {
+    inet_ntop(AF_INET6, bytes_.data(), buf, sizeof buf);
+  }
+  return buf;
+}
+
+std::string IpAddress::KeyString(int v6_prefix) const {
+  if (is_v4()) return ToString();
+  if (v6_prefix < 0) v6_prefix = 0;
+  if (v6_prefix > 128) v6_prefix = 128;
+  std::string s = FromV6(Mask(bytes_, v6_prefix)).ToString();
+  s += '/';
+  s += std::to_string(v6_prefix);
+  return s;
+}
+
+StatusOr<Cidr> Cidr::Parse(std::string_view text) {
+  const size_t slash = text.find('/');
+  StatusOr<IpAddress> a = IpAddress::Parse(text.substr(0, slash));
+  if (!a.ok()) return InvalidArgument("invalid CIDR " + Quote(text) + ": not an IP address");
+  const int max = a->is_v4() ? 32 : 128;
+  int bits = max;
+  if (slash != std::string_view::npos) {
+    std::string_view p = text.substr(slash + 1);
+    auto [ptr, ec] = std::from_chars(p.data(), p.data() + p.size(), bits);
+    if (p.empty() || p.size() > 3 || ec != std::errc() || ptr != p.data() + p.size() || bits < 0 ||
+        bits > max) {
+      return InvalidArgument("invalid CIDR " + Quote(text) + ": prefix length must be 0.." +
+                             std::to_string(max));
+    }
+  }
+  Cidr c;
+  c.prefix_ = a->is_v4() ? bits + 96 : bits;
+  if (Mask(a->bytes(), c.prefix_) != a->bytes()) {
+    return InvalidArgument("invalid CIDR " + Quote(text) + ": host bits are set (did you mean " +
+                           IpAddress::FromV6(Mask(a->bytes(), c.prefix_)).ToString() + "/" +
+                           std::to_string(bits) + "?)");
+  }
+  c.base_ = *a;
+  return c;
+}
+
+bool Cidr::Contains(const IpAddress& a) const {
+  const auto& x = a.bytes();
+  const auto& y = base_.bytes();
+  const int full = prefix_ / 8;
+  if (std::memcmp(x.data(), y.data(), full) != 0) return false;
+  const int rest = prefix_ % 8;
+  if (rest == 0) return true;
+  const auto mask = static_cast<uint8_t>(0xff << (8 - rest));
+  return (x[full] & mask) == (y[full] & mask);
+}
+
+std::string Cidr::ToString() const {
+  return base_.ToString() + "/" + std::to_string(prefix_length());
+}
+
+}  // namespace ratelimit::policy

@@ -1,0 +1,97 @@
+// CanonicalPath: the one form of a request path that route matching sees.
+// See policy.h for the contract and docs/configuration.md ("Route matching").
+#include <string>
+#include <string_view>
+
+#include "policy/policy.h"
+
+namespace ratelimit::policy {
+namespace {
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool IsControl(unsigned char c) { return c < 0x20 || c == 0x7f; }
+
+bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
+  if (s.size() < prefix.size()) return false;
+  for (size_t i = 0; i < prefix.size(); ++i) {
+    char c = s[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    if (c != prefix[i]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+StatusOr<std::string> CanonicalPath(std::string_view target) {
+  // Absolute form (a request to a proxy, RFC 9112 3.2.2): keep only the path.
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (StartsWithNoCase(target, scheme)) {
+      target.remove_prefix(scheme.size());
+      const size_t end = target.find_first_of("/?#");
+      if (end == std::string_view::npos || target[end] != '/') {
+        target = "/";
+      } else {
+        target.remove_prefix(end);
+      }
+      break;
+    }
+  }
+  if (const size_t q = target.find_first_of("?#"); q != std::string_view::npos) {
+    target = target.substr(0, q);
+  }
+  if (target.empty() || target[0] != '/') {
+    return InvalidArgument("request target must start with '/'");
+  }
+
+  // Decode, rejecting what would change the path's structure or smuggle bytes.
+  std::string decoded;
+  decoded.reserve(target.size());
+  for (size_t i = 0; i < target.size(); ++i) {
+    const char c = target[i];
+    if (IsControl(static_cast<unsigned char>(c)) || c == ' ') {
+      return InvalidArgument("request path contains a control character or space");
+    }
+    if (c != '%') {
+      decoded += c;
+      continue;
+    }
+    const int hi = i + 2 < target.size() ? HexValue(target[i + 1]) : -1;
+    const int lo = hi >= 0 ? HexValue(target[i + 2]) : -1;
+    if (lo < 0) return InvalidArgument("request path has a malformed percent-escape");
+    const auto b = static_cast<unsigned char>(hi * 16 + lo);
+    if (b == '/') return InvalidArgument("request path contains an encoded '/' (%2F)");
+    if (IsControl(b)) return InvalidArgument("request path contains an encoded control character");
+    decoded += static_cast<char>(b);
+    i += 2;
+  }
+
+  // Segments: drop empty and ".", resolve ".." (never above the root), lower-case.
+  std::string out;
+  out.reserve(decoded.size() + 1);
+  size_t pos = 1;  // decoded[0] == '/'
+  while (pos <= decoded.size()) {
+    size_t end = decoded.find('/', pos);
+    if (end == std::string::npos) end = decoded.size();
+    std::string_view seg(decoded.data() + pos, end - pos);
+    pos = end + 1;
+    if (seg.empty() || seg == ".") continue;
+    if (seg == "..") {
+      const size_t last = out.rfind('/');
+      out.resize(last == std::string::npos ? 0 : last);
+      continue;
+    }
+    out += '/';
+    for (char c : seg) out += (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  }
+  if (out.empty()) out.push_back('/');
+  return out;
+}
+
+}  // namespace ratelimit::policy

@@ -1,0 +1,67 @@
+// CanonicalPath: equivalent spellings meet in one form; tricks are rejected.
+#include <gtest/gtest.h>
+
+#include "policy/policy.h"
+
+namespace ratelimit::policy {
+namespace {
+
+TEST(CanonicalPath, Table) {
+  struct Case {
+    std::string_view in, want;
+  };
+  const Case cases[] = {
+      {"/", "/"},
+      {"/login", "/login"},
+      {"/Login", "/login"},
+      {"//login", "/login"},
+      {"/login/", "/login"},
+      {"/./login", "/login"},
+      {"/a/../login", "/login"},
+      {"/%6Cogin", "/login"},
+      {"/%6cogin", "/login"},
+      {"/LOGIN/.", "/login"},
+      {"/../login", "/login"},
+      {"/a/b/../../../login", "/login"},
+      {"/login?next=/admin", "/login"},
+      {"/login#frag", "/login"},
+      {"/login/?a=/b", "/login"},
+      {"/%2e%2e/admin", "/admin"},
+      {"/a/%2E/b", "/a/b"},
+      {"/api//items///7", "/api/items/7"},
+      {"/a/..", "/"},
+      {"/...", "/..."},
+      {"/a%20b", "/a b"},
+      {"/caf%C3%A9", "/caf\xC3\xA9"},
+      {"/%7Buser%7D", "/{user}"},
+      {"/a%25b", "/a%b"},
+      {"http://example.com/Login", "/login"},
+      {"HTTPS://example.com:443/a/b?x", "/a/b"},
+      {"http://example.com", "/"},
+      {"http://example.com?x=1", "/"},
+      {"/?", "/"},
+  };
+  for (const Case& c : cases) {
+    StatusOr<std::string> got = CanonicalPath(c.in);
+    ASSERT_TRUE(got.ok()) << c.in << ": " << got.status().message();
+    EXPECT_EQ(*got, c.want) << c.in;
+  }
+}
+
+TEST(CanonicalPath, RejectsMalformed) {
+  for (std::string_view bad :
+       {std::string_view(""), std::string_view("login"), std::string_view("*"),
+        std::string_view("/a%2Fb"), std::string_view("/a%2fb"), std::string_view("/a%00"),
+        std::string_view("/a%zz"), std::string_view("/a%4"), std::string_view("/a%"),
+        std::string_view("/a\x01"
+                         "b"),
+        std::string_view("/a b"), std::string_view("/a%0a"), std::string_view("/a\x7f"),
+        std::string_view("/a\0b", 4), std::string_view("?x=1"), std::string_view("ftp://x/y")}) {
+    StatusOr<std::string> got = CanonicalPath(bad);
+    ASSERT_FALSE(got.ok()) << bad << " -> " << *got;
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace ratelimit::policy
