@@ -31,6 +31,7 @@
 #include <memory>
 #include <string>
 
+#include "ratelimit/circuit_breaker.h"
 #include "ratelimit/clock.h"
 #include "ratelimit/store.h"
 
@@ -53,6 +54,21 @@ class RedisStore final : public Store {
     size_t max_calls_in_flight = 4;  // script calls out at once; more checks wait and
                                      // leave together when a reply comes back
     size_t max_key_length = kDefaultMaxKeyLength;
+    // Consecutive failures open the breaker; while open, checks fail at once
+    // with BreakerOpenStatus and the caller's failure mode decides.
+    CircuitBreaker::Options breaker;
+    // Denials of cost-1 requests are remembered until their retry time and
+    // answered locally (see src/store/over_limit_cache.h). 0 entries: off.
+    size_t over_limit_cache_entries = 100'000;
+    std::chrono::milliseconds over_limit_cache_min_retry{10};
+  };
+
+  // Counters since start, for metrics.
+  struct Stats {
+    uint64_t checks = 0;        // Check() calls that reached the store
+    uint64_t script_calls = 0;  // EVALSHA calls sent
+    uint64_t cache_hits = 0;    // checks answered by the over-limit cache
+    uint64_t failures = 0;      // checks that completed with an error
   };
 
   static StatusOr<std::unique_ptr<RedisStore>> Create(Options options);
@@ -65,8 +81,10 @@ class RedisStore final : public Store {
 
   // The Redis key holding `limit`'s state for `client_key`.
   std::string KeyFor(std::string_view client_key, const Limit& limit) const;
-  // Calls queued or in flight now.
+  // Checks queued or in flight now.
   size_t pending() const;
+  CircuitBreaker::State breaker_state() const;
+  Stats stats() const;
 
   struct Impl;
 

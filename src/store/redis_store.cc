@@ -5,11 +5,13 @@
 #include <boost/asio/post.hpp>
 #include <charconv>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "redis/client.h"
 #include "redis/io_thread.h"
 #include "store/lua/scripts.h"
+#include "store/over_limit_cache.h"
 
 namespace ratelimit {
 namespace {
@@ -29,6 +31,8 @@ char AlgorithmCode(Algorithm a) {
 // One check waiting for its script call.
 struct PendingCheck {
   std::chrono::steady_clock::time_point deadline;
+  std::optional<uint64_t> cache_fp;  // set when the over-limit cache may keep its denial
+  int64_t submitted_at = 0;          // store clock, before Redis evaluated it
   bool peek = false;
   std::vector<std::string> keys;
   std::vector<std::string> args;  // "c"/"p", n, then 5 per limit
@@ -64,9 +68,15 @@ std::string EncodeClientKey(std::string_view key) {
 }
 
 struct RedisStore::Impl {
-  Options opts;
+  struct Opts : Options {
+    std::string url_for_logs;  // the URL without its password
+  };
+  Opts opts;
   const Clock* clock;
   redis::Script script;
+  std::unique_ptr<CircuitBreaker> breaker;
+  std::unique_ptr<store::OverLimitCache> cache;  // nullptr: off
+  std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_hits{0}, stat_failures{0};
   redis::IoThread io;  // declared before client: destroyed after it
   std::unique_ptr<redis::Client> client;
 
@@ -89,12 +99,30 @@ struct RedisStore::Impl {
 
   void Submit(const CheckRequest& req, bool peek, CheckCallback done) {
     if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return done(s);
+    std::optional<uint64_t> fp;
+    const int64_t now_local = clock->NowMicros();
+    if (cache != nullptr && !peek) {
+      fp = cache->Fingerprint(req);
+      if (fp) {
+        if (std::optional<CheckResult> hit = cache->Lookup(*fp, now_local)) {
+          stat_hits.fetch_add(1, std::memory_order_relaxed);
+          return done(*std::move(hit));
+        }
+      }
+    }
+    stat_checks.fetch_add(1, std::memory_order_relaxed);
+    if (!breaker->Allow()) {
+      stat_failures.fetch_add(1, std::memory_order_relaxed);
+      return done(BreakerOpenStatus("redis " + opts.url_for_logs));
+    }
     if (in_flight.fetch_add(1, std::memory_order_relaxed) >= opts.max_pending) {
       in_flight.fetch_sub(1, std::memory_order_relaxed);
       return done(ResourceExhausted("redis store overloaded: " + std::to_string(opts.max_pending) +
                                     " calls already queued or in flight"));
     }
     PendingCheck p{.deadline = std::chrono::steady_clock::now() + opts.deadline,
+                   .cache_fp = fp,
+                   .submitted_at = now_local,
                    .peek = peek,
                    .done = std::move(done)};
     p.keys.reserve(req.checks.size());
@@ -137,6 +165,7 @@ struct RedisStore::Impl {
     for (PendingCheck& p : batch) {
       if (p.deadline <= now) {  // waited its whole deadline in the queue: never sent
         in_flight.fetch_sub(1, std::memory_order_relaxed);
+        stat_failures.fetch_add(1, std::memory_order_relaxed);
         p.done(DeadlineExceeded("redis store: no reply slot within the deadline (overloaded)"));
         continue;
       }
@@ -169,6 +198,7 @@ struct RedisStore::Impl {
       std::lock_guard lock(mu);
       ++calls_in_flight;
     }
+    stat_calls.fetch_add(1, std::memory_order_relaxed);
     client->EvalScript(
         script, keys, args,
         [this, shared](StatusOr<redis::Reply> reply) {
@@ -187,6 +217,13 @@ struct RedisStore::Impl {
 
   void Complete(std::vector<PendingCheck>& group, StatusOr<redis::Reply> reply) {
     in_flight.fetch_sub(group.size(), std::memory_order_relaxed);
+    // Any reply (even a script error) shows the node is alive; a failed call
+    // (refused, timed out, garbage) counts towards opening the breaker.
+    if (reply.ok()) {
+      breaker->OnSuccess();
+    } else if (reply.status().code() != StatusCode::kResourceExhausted) {
+      breaker->OnFailure();
+    }
     Status failure;
     if (!reply.ok()) {
       failure = reply.status();
@@ -208,6 +245,7 @@ struct RedisStore::Impl {
       }
     }
     if (!failure.ok()) {
+      stat_failures.fetch_add(group.size(), std::memory_order_relaxed);
       for (PendingCheck& p : group) p.done(failure);
       return;
     }
@@ -231,6 +269,7 @@ struct RedisStore::Impl {
         r.decisions[i].limit = limit;
       }
       r.overall = Combine(r.decisions);
+      if (p.cache_fp && !r.overall.allowed) cache->Remember(*p.cache_fp, r, p.submitted_at);
       p.done(std::move(r));
     }
   }
@@ -243,8 +282,15 @@ StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(Options options) {
   ro->connections = std::max(1, options.connections);
   ro->max_pending = options.max_pending;
   auto impl = std::make_unique<Impl>();
-  impl->opts = std::move(options);
+  static_cast<Options&>(impl->opts) = std::move(options);
   impl->clock = impl->opts.clock != nullptr ? impl->opts.clock : &Clock::System();
+  impl->opts.url_for_logs = redis::RedactedUrl(*ro);
+  impl->breaker = std::make_unique<CircuitBreaker>(impl->opts.breaker);
+  if (impl->opts.over_limit_cache_entries > 0) {
+    impl->cache = std::make_unique<store::OverLimitCache>(
+        store::OverLimitCache::Options{.max_entries = impl->opts.over_limit_cache_entries,
+                                       .min_retry = impl->opts.over_limit_cache_min_retry});
+  }
   impl->script = redis::Script::Create(std::string(store::kCheckScript));
   StatusOr<std::unique_ptr<redis::Client>> client =
       redis::Client::Create(impl->io.executor(), *std::move(ro));
@@ -268,6 +314,7 @@ void RedisStore::Peek(const CheckRequest& request, CheckCallback done) {
 void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limits,
                        ResetCallback done) {
   if (limits.empty()) return done(Status::Ok());
+  if (impl_->cache != nullptr) impl_->cache->Clear();
   std::vector<std::string> args = {"DEL"};
   for (const Limit* l : limits) args.push_back(impl_->Key(key, *l));
   impl_->client->Execute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
@@ -282,5 +329,14 @@ std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) 
 }
 
 size_t RedisStore::pending() const { return impl_->in_flight.load(std::memory_order_relaxed); }
+
+CircuitBreaker::State RedisStore::breaker_state() const { return impl_->breaker->state(); }
+
+RedisStore::Stats RedisStore::stats() const {
+  return {.checks = impl_->stat_checks.load(std::memory_order_relaxed),
+          .script_calls = impl_->stat_calls.load(std::memory_order_relaxed),
+          .cache_hits = impl_->stat_hits.load(std::memory_order_relaxed),
+          .failures = impl_->stat_failures.load(std::memory_order_relaxed)};
+}
 
 }  // namespace ratelimit

@@ -217,6 +217,39 @@ TEST_F(RedisStoreTest, ConcurrentAsyncChecksAreCoalesced) {
   EXPECT_LT(calls, kChecks / 2) << "checks were not coalesced";
 }
 
+long EvalshaCalls(RedisServer& server) {
+  const std::string stats = server.Cli("INFO", "commandstats");
+  const auto pos = stats.find("cmdstat_evalsha:calls=");
+  return pos == std::string::npos ? 0 : std::stol(stats.substr(pos + 22));
+}
+
+// A flood on a denied key is answered locally until its retry time: one
+// script call per retry period, and the answers count down exactly.
+TEST_F(RedisStoreTest, OverLimitCacheAnswersAFloodLocally) {
+  Limit l = *Limit::TokenBucket("flood", 5, 1);  // retry after 1 s once empty
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Check(*local_, "abuser", l).allowed);
+  const long before = EvalshaCalls(server_);
+  Decision first = Check(*local_, "abuser", l);
+  ASSERT_FALSE(first.allowed);
+  EXPECT_EQ(first.retry_after, seconds(1));
+  for (int i = 0; i < 1000; ++i) {
+    clock_.Advance(std::chrono::microseconds(500));  // 0.5 s in all
+    Decision d = Check(*local_, "abuser", l);
+    ASSERT_FALSE(d.allowed);
+    ASSERT_EQ(d.retry_after, seconds(1) - std::chrono::microseconds(500 * (i + 1)));
+  }
+  EXPECT_EQ(EvalshaCalls(server_) - before, 1);
+  EXPECT_EQ(local_->stats().cache_hits, 1000u);
+  // At the retry time the store is asked again, and allows.
+  clock_.Advance(milliseconds(500));
+  EXPECT_TRUE(Check(*local_, "abuser", l).allowed);
+  // A cost other than 1 is never answered from the cache.
+  EXPECT_FALSE(Check(*local_, "abuser", l, 2).allowed);
+  const long calls = EvalshaCalls(server_);
+  EXPECT_FALSE(Check(*local_, "abuser", l, 2).allowed);
+  EXPECT_EQ(EvalshaCalls(server_), calls + 1);
+}
+
 TEST(RedisStoreFailure, DeadlineAgainstAFrozenServer) {
   RedisServer server;
   auto store = MustCreate({.url = server.url(), .deadline = milliseconds(50)});
@@ -238,6 +271,45 @@ TEST(RedisStoreFailure, DeadlineAgainstAFrozenServer) {
     if (!again.ok()) std::this_thread::sleep_for(milliseconds(20));
   }
   ASSERT_TRUE(again.ok()) << again.status().ToString();
+}
+
+// A dead Redis opens the breaker: checks then fail in microseconds instead of
+// waiting, and once Redis is back decisions return within a second.
+TEST(RedisStoreFailure, BreakerOpensOnADeadRedisAndClosesWhenItReturns) {
+  RedisServer server;
+  auto store = MustCreate({.url = server.url(),
+                           .deadline = milliseconds(50),
+                           .breaker = {.failure_threshold = 3,
+                                       .open_for = milliseconds(100),
+                                       .max_open_for = milliseconds(400)}});
+  Limit l = *Limit::TokenBucket("b", 100, 1);
+  LimitCheck c[] = {{&l, 1}};
+  ASSERT_TRUE(store->CheckSync({"k", c}).ok());
+  server.Kill();
+  int failures = 0;
+  for (int i = 0; i < 50 && store->breaker_state() != CircuitBreaker::State::kOpen; ++i) {
+    failures += store->CheckSync({"k", c}).ok() ? 0 : 1;
+  }
+  ASSERT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen) << failures;
+  const auto start = std::chrono::steady_clock::now();
+  StatusOr<CheckResult> fast = store->CheckSync({"k", c});
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(fast.ok());
+  EXPECT_EQ(CauseOf(fast.status()), FailureCause::kBreakerOpen) << fast.status().ToString();
+  EXPECT_LT(took, milliseconds(5));
+  server.Restart();
+  const auto back = std::chrono::steady_clock::now();
+  bool ok = false;
+  while (!ok && std::chrono::steady_clock::now() - back < seconds(3)) {
+    ok = store->CheckSync({"k", c}).ok();
+    if (!ok) std::this_thread::sleep_for(milliseconds(5));
+  }
+  const auto recovery = std::chrono::steady_clock::now() - back;
+  ASSERT_TRUE(ok);
+  EXPECT_LT(recovery, seconds(1)) << "recovery took "
+                                  << std::chrono::duration_cast<milliseconds>(recovery).count()
+                                  << " ms";
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);
 }
 
 TEST(RedisStoreFailure, ClosedPortIsAnErrorNotADecision) {

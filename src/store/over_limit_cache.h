@@ -1,0 +1,69 @@
+// OverLimitCache: answers requests for keys known to be denied, locally, until
+// their retry time, so an abusive client costs the shared store almost nothing.
+//
+// After a denial of a request whose every limit costs 1, no such request for
+// the same key and the same limits can be allowed before now + retry_after
+// (a denied request changes no state, and time must pass for any limit to
+// make room). Until then the cached CheckResult is returned with its times
+// counted down. Only denials with retry_after >= `min_retry` are cached.
+//
+// Exactness: on this instance a cached denial is exactly what the store would
+// answer. What it cannot see is a reset of the key made elsewhere (admin API
+// on another instance): such a client stays denied here for at most the
+// cached retry time.
+//
+// Thread-safety: thread-safe (sharded locks). Bounded: at most `max_entries`;
+// when full, expired entries are dropped and otherwise nothing new is cached.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "ratelimit/store.h"
+
+namespace ratelimit::store {
+
+class OverLimitCache {
+ public:
+  struct Options {
+    size_t max_entries = 100'000;
+    std::chrono::microseconds min_retry{10'000};
+  };
+
+  explicit OverLimitCache(Options options);
+
+  // A fingerprint of (key, limits), or nullopt when the request cannot be
+  // cached (a cost other than 1).
+  std::optional<uint64_t> Fingerprint(const CheckRequest& request) const;
+
+  // The cached denial with times counted down to `now`, if still valid.
+  std::optional<CheckResult> Lookup(uint64_t fp, int64_t now);
+  // Remembers `result` if it is a denial worth caching.
+  void Remember(uint64_t fp, const CheckResult& result, int64_t now);
+  void Forget(uint64_t fp);
+  // Forgets everything (after an admin reset: entries are not indexed by key).
+  void Clear();
+
+  size_t size() const;
+
+ private:
+  struct Entry {
+    CheckResult result;
+    int64_t at = 0;     // when the result was current
+    int64_t until = 0;  // when a request may be allowed again
+  };
+  struct Shard {
+    mutable std::mutex mu;
+    std::unordered_map<uint64_t, Entry> entries;  // GUARDED_BY(mu)
+  };
+  static constexpr size_t kShards = 16;
+
+  Options opts_;
+  uint64_t seed_;
+  Shard shards_[kShards];
+};
+
+}  // namespace ratelimit::store
