@@ -8,20 +8,24 @@ CMAKE ?= cmake
 GEN   := -G Ninja
 ARGS  ?=
 
-.PHONY: all build deps run test test-unit test-asan test-tsan lint format bench clean
+.PHONY: all build deps build-deps run test test-unit test-asan test-tsan lint format bench clean
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
 
+build-deps:
+	@scripts/install-deps.sh --build
+
 build/build.ninja:
 	$(CMAKE) -S . -B build $(GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-build: build/build.ninja
+build: build-deps build/build.ninja
 	ninja -C build -j $(JOBS)
 
-run: deps build
+run: build-deps build/build.ninja
+	ninja -C build -j $(JOBS) ratelimitd
 	./build/ratelimitd $(ARGS)
 
 # The whole suite: normal build, then ASan+UBSan (everything), then TSan

@@ -31,8 +31,9 @@ class Callback {
   template <typename F, typename D = std::decay_t<F>,
             typename = std::enable_if_t<!std::is_same_v<D, Callback> &&
                                         std::is_invocable_v<D&, StatusOr<Reply>>>>
-  Callback(F&& f) {  // NOLINT: implicit, like std::function
-    if constexpr (sizeof(D) <= kInlineSize && alignof(D) <= alignof(std::max_align_t) &&
+  Callback(F&& f) {                            // NOLINT: implicit, like std::function
+    if constexpr (sizeof(D) <= kInlineSize &&  // NOLINT(misc-redundant-expression)
+                  alignof(D) <= alignof(std::max_align_t) &&
                   std::is_nothrow_move_constructible_v<D>) {
       ::new (static_cast<void*>(storage_)) D(std::forward<F>(f));
       ops_ = &kInlineOps<D>;

@@ -99,7 +99,7 @@ std::string Sha1Hex(std::string_view data) {
   EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha1(), nullptr);
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  out.reserve(len * 2);
+  out.reserve(size_t{len} * 2);
   for (unsigned int i = 0; i < len; ++i) {
     out.push_back(kHex[digest[i] >> 4]);
     out.push_back(kHex[digest[i] & 0xF]);

@@ -33,7 +33,7 @@ struct Connection::Session {
   bool ready = false;     // TCP (and TLS) established
   std::string write_buf;  // bytes of the async_write in flight
   ReplyReader reader;
-  std::array<char, 16 * 1024> read_buf;
+  std::array<char, size_t{16} * 1024> read_buf;
 };
 
 namespace {
@@ -440,12 +440,13 @@ void Connection::OnDeadlineTimer() {
       size_t write = first;
       for (size_t i = first; i < pending_.size(); ++i) {
         Call& call = pending_[i];
+        const size_t size = call.size;
         if (call.cb || call.kind == Kind::kHandshake) {
-          kept.append(out_, offset, call.size);
+          kept.append(out_, offset, size);
           if (write != i) pending_[write] = std::move(call);
           ++write;
         }
-        offset += call.size;
+        offset += size;
       }
       pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(write), pending_.end());
       unsent_ = write - first;

@@ -127,6 +127,7 @@ std::vector<std::string> RedisServer::CommandLine() const {
 void RedisServer::Start() {
   const std::vector<std::string> argv = CommandLine();
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const std::string& s : argv) args.push_back(const_cast<char*>(s.c_str()));
   args.push_back(nullptr);
   const pid_t parent = getpid();

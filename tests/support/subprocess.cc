@@ -37,6 +37,7 @@ int RunCommand(const std::vector<std::string>& argv, std::string* output) {
     return -1;
   }
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
 
