@@ -1,0 +1,390 @@
+#include "server/decision_api.h"
+
+#include <atomic>
+#include <charconv>
+#include <limits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "server/headers.h"
+#include "server/problem.h"
+
+namespace ratelimit::server {
+namespace {
+
+using nlohmann::json;
+
+Status Bad(std::string m) { return InvalidArgument(std::move(m)); }
+
+bool ValidUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) { ++i; continue; }
+    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
+    else return false;
+    if (i + n >= s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
+        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+// A JSON integer in [1, max] (positive) or [0, max].
+bool GetInt(const json& v, int64_t min, int64_t& out) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    out = static_cast<int64_t>(u);
+  } else if (v.is_number_integer()) {
+    out = v.get<int64_t>();
+  } else {
+    return false;
+  }
+  return out >= min;
+}
+
+StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
+  const json* algorithm = nullptr;
+  const json* name = nullptr;
+  const json* capacity = nullptr;
+  const json* refill = nullptr;
+  const json* limit = nullptr;
+  const json* window = nullptr;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "algorithm") algorithm = &it.value();
+    else if (k == "name") name = &it.value();
+    else if (k == "capacity") capacity = &it.value();
+    else if (k == "refill_per_second") refill = &it.value();
+    else if (k == "limit") limit = &it.value();
+    else if (k == "window") window = &it.value();
+    else return Bad(where + ": unknown field '" + k + "'");
+  }
+  std::string limit_name = "default";
+  if (name != nullptr) {
+    if (!name->is_string()) return Bad(where + ": field 'name' must be a string");
+    limit_name = name->get<std::string>();
+    if (Status s = ValidateLimitName(limit_name); !s.ok()) return Bad(where + ": " + s.message());
+  }
+  if (algorithm == nullptr) return Bad(where + ": field 'algorithm' is required");
+  if (!algorithm->is_string()) return Bad(where + ": field 'algorithm' must be a string");
+  StatusOr<Algorithm> algo = ParseAlgorithm(algorithm->get_ref<const std::string&>());
+  if (!algo.ok()) {
+    return Bad(where + ": unknown algorithm '" + algorithm->get<std::string>() +
+               "' (token_bucket, fixed_window, sliding_window or sliding_log)");
+  }
+  StatusOr<Limit> out = Status(StatusCode::kInternal, "unset");
+  if (*algo == Algorithm::kTokenBucket) {
+    if (limit != nullptr || window != nullptr) {
+      return Bad(where + ": field '" + std::string(limit != nullptr ? "limit" : "window") +
+                 "' does not apply to token_bucket (use 'capacity' and 'refill_per_second')");
+    }
+    int64_t cap = 0;
+    if (capacity == nullptr) return Bad(where + ": field 'capacity' is required for token_bucket");
+    if (!GetInt(*capacity, 1, cap)) return Bad(where + ": field 'capacity' must be a positive integer");
+    if (refill == nullptr) return Bad(where + ": field 'refill_per_second' is required for token_bucket");
+    if (!refill->is_number() || !(refill->get<double>() > 0)) {
+      return Bad(where + ": field 'refill_per_second' must be a positive number");
+    }
+    out = Limit::TokenBucket(limit_name, cap, refill->get<double>());
+  } else {
+    const std::string algo_name(AlgorithmName(*algo));
+    if (capacity != nullptr || refill != nullptr) {
+      return Bad(where + ": field '" +
+                 std::string(capacity != nullptr ? "capacity" : "refill_per_second") +
+                 "' does not apply to " + algo_name + " (use 'limit' and 'window')");
+    }
+    int64_t count = 0;
+    if (limit == nullptr) return Bad(where + ": field 'limit' is required for " + algo_name);
+    if (!GetInt(*limit, 1, count)) return Bad(where + ": field 'limit' must be a positive integer");
+    if (window == nullptr) return Bad(where + ": field 'window' is required for " + algo_name);
+    if (!window->is_string()) {
+      return Bad(where + ": field 'window' must be a duration string such as \"60s\"");
+    }
+    StatusOr<std::chrono::microseconds> w = ParseDuration(window->get_ref<const std::string&>());
+    if (!w.ok()) return Bad(where + ": field 'window': " + w.status().message());
+    switch (*algo) {
+      case Algorithm::kFixedWindow: out = Limit::FixedWindow(limit_name, count, *w); break;
+      case Algorithm::kSlidingWindow: out = Limit::SlidingWindow(limit_name, count, *w); break;
+      default: out = Limit::SlidingLog(limit_name, count, *w); break;
+    }
+  }
+  if (!out.ok()) return Bad(where + ": " + out.status().message());
+  return out;
+}
+
+void AppendInt(std::string& out, int64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  (void)ec;
+  out.append(buf, end);
+}
+
+void AppendDecisionFields(std::string& out, const Decision& d) {
+  out += d.allowed ? "\"allowed\":true,\"limit\":" : "\"allowed\":false,\"limit\":";
+  AppendInt(out, d.limit);
+  out += ",\"remaining\":";
+  AppendInt(out, d.remaining < 0 ? 0 : d.remaining);
+  out += ",\"retry_after_ms\":";
+  AppendInt(out, d.allowed ? 0 : CeilMillis(d.retry_after));
+  out += ",\"reset_after_ms\":";
+  AppendInt(out, CeilMillis(d.reset_after));
+}
+
+// The limit whose decision equals the combined one (names the headers).
+const Limit* Speaker(const CheckResult& r, std::span<const LimitCheck> checks) {
+  for (size_t i = 0; i < r.decisions.size() && i < checks.size(); ++i) {
+    if (r.decisions[i] == r.overall) return checks[i].limit;
+  }
+  return checks.empty() ? nullptr : checks.front().limit;
+}
+
+struct CheckOp {
+  std::shared_ptr<const policy::Policy> policy;
+  ParsedCheck check;
+};
+
+}  // namespace
+
+StatusOr<json> ParseBody(std::string_view body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_discarded()) return j;
+  // The error path only: parse again to learn what was wrong.
+  try {
+    json again = json::parse(body);
+    (void)again;
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    return Bad("request body is not valid JSON: " + what);
+  }
+  return Bad("request body is not valid JSON");
+}
+
+StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
+                                 size_t max_key_length) {
+  if (!j.is_object()) return Bad("a check must be a JSON object");
+  const json* key = nullptr;
+  const json* cost = nullptr;
+  const json* limits = nullptr;
+  const json* limit = nullptr;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k == "key") key = &it.value();
+    else if (k == "cost") cost = &it.value();
+    else if (k == "limits") limits = &it.value();
+    else if (k == "limit") limit = &it.value();
+    else return Bad("unknown field '" + k + "' (expected key, cost, limits or limit)");
+  }
+  ParsedCheck out;
+  if (key == nullptr) return Bad("field 'key' is required");
+  if (!key->is_string()) return Bad("field 'key' must be a string");
+  out.key = key->get<std::string>();
+  if (out.key.empty()) return Bad("field 'key' must not be empty");
+  if (out.key.size() > max_key_length) {
+    return Bad("field 'key' is " + std::to_string(out.key.size()) + " bytes; the maximum is " +
+               std::to_string(max_key_length));
+  }
+  if (!ValidUtf8(out.key)) return Bad("field 'key' is not valid UTF-8");
+  if (cost != nullptr && !GetInt(*cost, 0, out.cost)) {
+    return Bad("field 'cost' must be a non-negative integer");
+  }
+  if (limits != nullptr && limit != nullptr) return Bad("use either 'limits' or 'limit', not both");
+  if (limits == nullptr && limit == nullptr) return Bad("field 'limits' is required");
+  json one;
+  if (limit != nullptr) {
+    one = json::array({*limit});
+    limits = &one;
+  }
+  if (!limits->is_array()) return Bad("field 'limits' must be an array");
+  if (limits->empty()) return Bad("field 'limits' must name at least one limit");
+  if (limits->size() > kMaxChecksPerRequest) {
+    return Bad("field 'limits' has " + std::to_string(limits->size()) + " entries; the maximum is " +
+               std::to_string(kMaxChecksPerRequest));
+  }
+  // First the inline limits (owned), then pointers: `owned` must not reallocate.
+  out.owned.reserve(limits->size());
+  std::vector<const Limit*> named(limits->size(), nullptr);
+  for (size_t i = 0; i < limits->size(); ++i) {
+    const json& e = (*limits)[i];
+    const std::string where = limit != nullptr ? "limit" : "limits[" + std::to_string(i) + "]";
+    if (e.is_string()) {
+      const std::string& name = e.get_ref<const std::string&>();
+      named[i] = policy != nullptr ? policy->NamedLimit(name) : nullptr;
+      if (named[i] == nullptr) return Bad(where + ": unknown limit '" + name + "'");
+    } else if (e.is_object()) {
+      StatusOr<Limit> l = ParseInlineLimit(e, where);
+      if (!l.ok()) return l.status();
+      out.owned.push_back(std::move(*l));
+    } else {
+      return Bad(where + ": must be a limit object or the name of a configured limit");
+    }
+  }
+  size_t next_owned = 0;
+  out.checks.reserve(limits->size());
+  for (size_t i = 0; i < limits->size(); ++i) {
+    const Limit* l = named[i] != nullptr ? named[i] : &out.owned[next_owned++];
+    for (const LimitCheck& c : out.checks) {
+      if (c.limit->name() == l->name()) return Bad("limit '" + l->name() + "' appears twice");
+    }
+    if (Status s = l->ValidateCost(out.cost); !s.ok()) {
+      return Bad("limit '" + l->name() + "': " + s.message());
+    }
+    out.checks.push_back({l, out.cost});
+  }
+  return out;
+}
+
+void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
+                     std::string& out) {
+  out.push_back('{');
+  AppendDecisionFields(out, result.overall);
+  out += degraded ? ",\"degraded\":true,\"limits\":[" : ",\"degraded\":false,\"limits\":[";
+  for (size_t i = 0; i < result.decisions.size() && i < checks.size(); ++i) {
+    if (i > 0) out.push_back(',');
+    out += "{\"name\":\"";
+    out += checks[i].limit->name();  // validated: [A-Za-z0-9_.-]
+    out += "\",";
+    AppendDecisionFields(out, result.decisions[i]);
+    out.push_back('}');
+  }
+  out += "]}";
+}
+
+void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+                        std::string_view path, std::function<void(Reply)> done) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+  const policy::Config& config = policy->config();
+  StatusOr<ParsedCheck> parsed = ParseCheck(*j, policy.get(), config.store.max_key_length);
+  if (!parsed.ok()) return done(ProblemReply(400, parsed.status().message(), path));
+
+  auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed)});
+  const policy::StoreConfig& store_config = op->policy->config().store;
+  enforcer_.DecideGroup(
+      op->check.key, op->check.checks, store_config.failure_mode, store_config,
+      [this, op, path = std::string(path), done = std::move(done)](GroupOutcome g) {
+        if (!g.error.ok()) return done(ProblemReply(400, g.error.message(), path));
+        const policy::Config& config = op->policy->config();
+        Reply r;
+        r.status = g.failed_closed ? static_cast<unsigned>(config.store.closed_status)
+                   : g.result.overall.allowed ? 200u
+                                              : 429u;
+        r.content_type = "application/json";
+        r.body.reserve(128 + 128 * op->check.checks.size());
+        AppendCheckBody(g.result, op->check.checks, g.degraded, r.body);
+        const Limit* speaker = Speaker(g.result, op->check.checks);
+        if (!g.result.overall.allowed && speaker != nullptr) {
+          enforcer_.RecordDenial(op->check.key, speaker->name(), path);
+        }
+        RateLimitInfo info{.decision = g.result.overall,
+                           .name = speaker != nullptr ? std::string_view(speaker->name()) : "",
+                           .window = speaker != nullptr ? speaker->window() : std::chrono::microseconds(0),
+                           .degraded = g.degraded};
+        r.headers.reserve(6);
+        AddRateLimitHeaders(config.server.headers, info, r.headers);
+        done(std::move(r));
+      });
+}
+
+namespace {
+
+struct BatchOp {
+  std::shared_ptr<const policy::Policy> policy;
+  std::vector<ParsedCheck> checks;
+  std::vector<std::string> results;  // each a JSON object; written by one callback each
+  std::atomic<size_t> pending{0};
+  std::function<void(Reply)> done;
+
+  void CompleteOne() {
+    if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    Reply r;
+    r.content_type = "application/json";
+    size_t n = 16;
+    for (const std::string& s : results) n += s.size() + 1;
+    r.body.reserve(n);
+    r.body += "{\"results\":[";
+    for (size_t i = 0; i < results.size(); ++i) {
+      if (i > 0) r.body.push_back(',');
+      r.body += results[i];
+    }
+    r.body += "]}";
+    auto cb = std::move(done);
+    cb(std::move(r));
+  }
+};
+
+std::string ErrorEntry(unsigned status, std::string_view detail) {
+  json e = {{"error", Problem(status, detail, "")}};
+  return e.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+                        std::string_view path, std::function<void(Reply)> done) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+  if (!j->is_object()) return done(ProblemReply(400, "the body must be a JSON object", path));
+  const json* checks = nullptr;
+  for (auto it = j->begin(); it != j->end(); ++it) {
+    if (it.key() != "checks") {
+      return done(ProblemReply(400, "unknown field '" + it.key() + "' (expected checks)", path));
+    }
+    checks = &it.value();
+  }
+  if (checks == nullptr) return done(ProblemReply(400, "field 'checks' is required", path));
+  if (!checks->is_array()) return done(ProblemReply(400, "field 'checks' must be an array", path));
+  if (checks->size() > kMaxBatchChecks) {
+    return done(ProblemReply(400,
+                             "field 'checks' has " + std::to_string(checks->size()) +
+                                 " entries; the maximum is " + std::to_string(kMaxBatchChecks),
+                             path));
+  }
+  auto op = std::make_shared<BatchOp>();
+  op->policy = std::move(policy);
+  op->done = std::move(done);
+  const size_t n = checks->size();
+  op->checks.resize(n);
+  op->results.resize(n);
+  op->pending.store(n + 1, std::memory_order_relaxed);  // +1: released after the loop
+  const policy::StoreConfig& store_config = op->policy->config().store;
+  for (size_t i = 0; i < n; ++i) {
+    StatusOr<ParsedCheck> parsed =
+        ParseCheck((*checks)[i], op->policy.get(), store_config.max_key_length);
+    if (!parsed.ok()) {
+      op->results[i] = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + parsed.status().message());
+      op->CompleteOne();
+      continue;
+    }
+    op->checks[i] = std::move(*parsed);
+    const ParsedCheck& c = op->checks[i];
+    enforcer_.DecideGroup(c.key, c.checks, store_config.failure_mode, store_config,
+                          [op, i](GroupOutcome g) {
+                            std::string& out = op->results[i];
+                            if (!g.error.ok()) {
+                              out = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + g.error.message());
+                            } else {
+                              AppendCheckBody(g.result, op->checks[i].checks, g.degraded, out);
+                            }
+                            op->CompleteOne();
+                          });
+  }
+  op->CompleteOne();
+}
+
+}  // namespace ratelimit::server

@@ -1,0 +1,75 @@
+// DecisionApi: POST /v1/check and POST /v1/check/batch, for any language.
+//
+//   POST /v1/check
+//   {"key": "user:ada", "cost": 1,
+//    "limits": [{"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5},
+//               "daily"]}                       // a string names a limit from the config
+//   -> 200 (allowed) or 429 (denied)
+//   {"allowed": true, "limit": 10, "remaining": 9, "retry_after_ms": 0, "reset_after_ms": 200,
+//    "degraded": false, "limits": [{"name": "burst", "allowed": true, ...}, ...]}
+//
+// `"limit": {...}` (or "limit": "name") is shorthand for a one-element `limits`.
+// Unknown fields are rejected (400 naming the field): a typo must not
+// silently change a limit. The contract is in docs/http-api.md.
+//
+// ParseCheck and FormatCheckBody are pure and unit tested; DecisionApi wires
+// them to the Enforcer.
+//
+// Thread-safety: all methods may be called from any thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "policy/policy.h"
+#include "ratelimit/store.h"
+#include "server/enforcer.h"
+#include "server/reply.h"
+
+namespace ratelimit::server {
+
+inline constexpr size_t kMaxBatchChecks = 100;
+
+// One parsed check. Move-only in spirit: `checks` point into `owned` (whose
+// buffer survives a move) or into the Policy (keep it alive).
+struct ParsedCheck {
+  std::string key;
+  int64_t cost = 1;
+  std::vector<Limit> owned;          // limits defined inline
+  std::vector<LimitCheck> checks;    // one per requested limit, in request order
+};
+
+// Validates one check object. `policy` may be null (then named limits are
+// unknown). Errors are InvalidArgument with the exact problem, e.g.
+// "field 'cost' must be a non-negative integer".
+StatusOr<ParsedCheck> ParseCheck(const nlohmann::json& j, const policy::Policy* policy,
+                                 size_t max_key_length);
+
+// Parses a request body (JSON text). Errors as above, and "request body is not valid JSON: ...".
+StatusOr<nlohmann::json> ParseBody(std::string_view body);
+
+// Appends the decision JSON object of `result` to `out` (no allocation beyond `out`).
+void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
+                     std::string& out);
+
+class DecisionApi {
+ public:
+  explicit DecisionApi(Enforcer& enforcer) : enforcer_(enforcer) {}
+
+  // POST /v1/check
+  void Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+             std::string_view path, std::function<void(Reply)> done);
+  // POST /v1/check/batch {"checks": [...]} -> 200 {"results": [...]}
+  void Batch(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+             std::string_view path, std::function<void(Reply)> done);
+
+ private:
+  Enforcer& enforcer_;
+};
+
+}  // namespace ratelimit::server

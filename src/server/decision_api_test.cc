@@ -1,0 +1,127 @@
+#include "server/decision_api.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "ratelimit/memory_store.h"
+
+namespace ratelimit::server {
+namespace {
+
+using nlohmann::json;
+
+std::string ParseError(std::string_view body, const policy::Policy* p = nullptr) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status().message();
+  StatusOr<ParsedCheck> c = ParseCheck(*j, p, 32);
+  return c.ok() ? "" : c.status().message();
+}
+
+TEST(ParseCheck, Valid) {
+  StatusOr<json> j = ParseBody(R"({"key": "user:ada", "cost": 2, "limits": [
+      {"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5},
+      {"name": "daily", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]})");
+  ASSERT_TRUE(j.ok());
+  StatusOr<ParsedCheck> c = ParseCheck(*j, nullptr, 512);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->key, "user:ada");
+  ASSERT_EQ(c->checks.size(), 2u);
+  EXPECT_EQ(c->checks[0].limit->name(), "burst");
+  EXPECT_EQ(c->checks[0].cost, 2);
+  EXPECT_EQ(c->checks[1].limit->window(), std::chrono::hours(24));
+}
+
+TEST(ParseCheck, ShorthandAndDefaults) {
+  StatusOr<json> j = ParseBody(R"({"key": "k", "limit": {"algorithm": "sliding_log", "limit": 5, "window": "15m"}})");
+  StatusOr<ParsedCheck> c = ParseCheck(*j, nullptr, 512);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->cost, 1);
+  EXPECT_EQ(c->checks[0].limit->name(), "default");
+}
+
+TEST(ParseCheck, Errors) {
+  const std::string tb = R"({"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5})";
+  EXPECT_EQ(ParseError(R"({"key": "k", "cost": 1.5, "limit": )" + tb + "}"),
+            "field 'cost' must be a non-negative integer");
+  EXPECT_EQ(ParseError(R"({"key": "k", "cost": -1, "limit": )" + tb + "}"),
+            "field 'cost' must be a non-negative integer");
+  EXPECT_EQ(ParseError(R"({"key": "k", "cost": "1", "limit": )" + tb + "}"),
+            "field 'cost' must be a non-negative integer");
+  EXPECT_EQ(ParseError(R"({"key": "k", "cost": 18446744073709551615, "limit": )" + tb + "}"),
+            "field 'cost' must be a non-negative integer");
+  EXPECT_NE(ParseError(R"({"key": "k", "cost": 1e400, "limit": )" + tb + "}").find("not valid JSON"),
+            std::string::npos);
+  EXPECT_EQ(ParseError(R"({"key": "k", "cots": 1, "limit": )" + tb + "}"),
+            "unknown field 'cots' (expected key, cost, limits or limit)");
+  EXPECT_EQ(ParseError(R"({"cost": 1, "limit": )" + tb + "}"), "field 'key' is required");
+  EXPECT_EQ(ParseError(R"({"key": "", "limit": )" + tb + "}"), "field 'key' must not be empty");
+  EXPECT_EQ(ParseError(R"({"key": ")" + std::string(33, 'a') + R"(", "limit": )" + tb + "}"),
+            "field 'key' is 33 bytes; the maximum is 32");
+  EXPECT_EQ(ParseError(R"({"key": "k"})"), "field 'limits' is required");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limits": []})"), "field 'limits' must name at least one limit");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limits": ["nope"]})"), "limits[0]: unknown limit 'nope'");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10}})"),
+            "limit: field 'refill_per_second' is required for token_bucket");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "fixed_window", "limit": 10, "window": "10 s"}})")
+                .substr(0, 23),
+            "limit: field 'window': ");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky", "limit": 10}})"),
+            "limit: unknown algorithm 'leaky' (token_bucket, fixed_window, sliding_window or sliding_log)");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1, "window": "1s"}})"),
+            "limit: field 'window' does not apply to token_bucket (use 'capacity' and 'refill_per_second')");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limits": [)" + tb + "," + tb + "]}"),
+            "limit 'default' appears twice");
+  EXPECT_EQ(ParseError(R"({"key": "k", "cost": 11, "limit": )" + tb + "}").substr(0, 21),
+            "limit 'default': cost");
+  std::string many = R"({"key": "k", "limits": [)";
+  for (int i = 0; i < 17; ++i) {
+    many += std::string(i ? "," : "") + R"({"name": "l)" + std::to_string(i) +
+            R"(", "algorithm": "fixed_window", "limit": 1, "window": "1s"})";
+  }
+  EXPECT_EQ(ParseError(many + "]}"), "field 'limits' has 17 entries; the maximum is 16");
+  EXPECT_NE(ParseError("{\"key\": \"a\xff\", \"limit\": " + tb + "}").find("not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(ParseError("{").find("request body is not valid JSON"), std::string::npos);
+}
+
+TEST(AppendCheckBody, Format) {
+  Limit burst = *Limit::TokenBucket("burst", 10, 5);
+  LimitCheck checks[] = {{&burst, 1}};
+  CheckResult r;
+  r.decisions.push_back({.allowed = true, .limit = 10, .remaining = 9,
+                         .retry_after = std::chrono::microseconds(0),
+                         .reset_after = std::chrono::microseconds(199'001)});
+  r.overall = r.decisions[0];
+  std::string out;
+  AppendCheckBody(r, checks, false, out);
+  EXPECT_EQ(out,
+            R"({"allowed":true,"limit":10,"remaining":9,"retry_after_ms":0,"reset_after_ms":200,)"
+            R"("degraded":false,"limits":[{"name":"burst","allowed":true,"limit":10,"remaining":9,)"
+            R"("retry_after_ms":0,"reset_after_ms":200}]})");
+}
+
+TEST(DecisionApi, ChecksAgainstTheStore) {
+  auto store = std::make_shared<MemoryStore>();
+  Enforcer enforcer(store, 1000);
+  DecisionApi api(enforcer);
+  auto policy = policy::Policy::Create(policy::EmbeddedDefault());
+  ASSERT_TRUE(policy.ok());
+  const std::string body = R"({"key": "user:ada", "limits": ["ping"]})";
+  std::vector<unsigned> statuses;
+  for (int i = 0; i < 6; ++i) {
+    api.Check(*policy, body, "/v1/check", [&](Reply r) { statuses.push_back(r.status); });
+  }
+  EXPECT_EQ(statuses, (std::vector<unsigned>{200, 200, 200, 200, 200, 429}));
+  Reply batch;
+  api.Batch(*policy, R"({"checks": [{"key": "user:bob", "limits": ["ping"]}, {"key": 1}]})",
+            "/v1/check/batch", [&](Reply r) { batch = std::move(r); });
+  EXPECT_EQ(batch.status, 200u);
+  json j = json::parse(batch.body);
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][0]["allowed"], true);
+  EXPECT_EQ(j["results"][0]["remaining"], 4);
+  EXPECT_EQ(j["results"][1]["error"]["detail"], "checks[1]: field 'key' must be a string");
+}
+
+}  // namespace
+}  // namespace ratelimit::server

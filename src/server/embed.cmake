@@ -1,0 +1,15 @@
+# cmake -DIN=web/index.html -DOUT=demo_page.cc -P embed.cmake
+# Writes the file as a C++ raw string literal (split in chunks: compilers cap literal length).
+file(READ "${IN}" content)
+string(LENGTH "${content}" len)
+set(out "// Generated from web/index.html by src/server/embed.cmake. Do not edit.\n")
+string(APPEND out "#include <string_view>\nnamespace ratelimit::server {\nextern const std::string_view kDemoPage;\n")
+string(APPEND out "static const char kDemoPageData[] =\n")
+set(pos 0)
+while(pos LESS len)
+  string(SUBSTRING "${content}" ${pos} 4000 chunk)
+  string(APPEND out "R\"rl_embed(${chunk})rl_embed\"\n")
+  math(EXPR pos "${pos} + 4000")
+endwhile()
+string(APPEND out ";\nconst std::string_view kDemoPage(kDemoPageData, sizeof(kDemoPageData) - 1);\n}  // namespace ratelimit::server\n")
+file(WRITE "${OUT}" "${out}")

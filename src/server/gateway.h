@@ -1,0 +1,76 @@
+// Gateway: forwards allowed requests to the upstream HTTP/1.1 server.
+//
+//   StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(ioc, "http://127.0.0.1:9000", opts);
+//   (*g)->Forward(request, "203.0.113.7", [](Reply r) { ... });
+//
+// Keeps a bounded pool of idle keep-alive connections (max_idle); at most
+// max_active upstream connections at once (beyond: 503). Requests and
+// responses are forwarded whole (request body within the server's body
+// limit, response body within max_response_body). Hop-by-hop headers
+// (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade
+// and every header named in Connection) are removed both ways; the peer's
+// address is appended to X-Forwarded-For; Host is passed unchanged.
+// Upstream refused/reset/garbled -> 502; no answer within `timeout` -> 504.
+// A request that fails on a reused idle connection before any byte of the
+// answer arrived is retried once on a new connection (the upstream closed the
+// idle connection first).
+//
+// Thread-safety: Forward may be called from any thread; `done` runs on a
+// gateway connection's strand.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ratelimit/status.h"
+#include "server/http.h"
+#include "server/reply.h"
+
+namespace ratelimit::server {
+
+struct GatewayOptions {
+  std::chrono::milliseconds connect_timeout{5'000};
+  std::chrono::milliseconds timeout{10'000};  // for the whole exchange once connected
+  size_t max_response_body = 8 * 1024 * 1024;
+  size_t max_idle = 64;
+  size_t max_active = 1024;
+};
+
+// Removes the hop-by-hop headers from `fields` (those named in Connection too).
+void RemoveHopByHop(http::fields& fields);
+
+class Gateway {
+ public:
+  static StatusOr<std::unique_ptr<Gateway>> Create(net::io_context& ioc, const std::string& url,
+                                                   GatewayOptions options);
+
+  void Forward(const Request& request, std::string_view peer_ip, std::function<void(Reply)> done);
+
+  const std::string& url() const { return url_; }
+  // Drops the idle connections (at shutdown, while the io_context exists).
+  void CloseIdle();
+
+ private:
+  struct Op;
+  Gateway(net::io_context& ioc, std::string url, tcp::resolver::results_type endpoints,
+          GatewayOptions options)
+      : ioc_(ioc), url_(std::move(url)), endpoints_(std::move(endpoints)), options_(options) {}
+
+  std::unique_ptr<beast::tcp_stream> TakeIdle();
+  void GiveBack(std::unique_ptr<beast::tcp_stream> stream);
+
+  net::io_context& ioc_;
+  const std::string url_;
+  const tcp::resolver::results_type endpoints_;
+  const GatewayOptions options_;
+  std::atomic<size_t> active_{0};
+  std::mutex mu_;
+  std::vector<std::unique_ptr<beast::tcp_stream>> idle_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace ratelimit::server

@@ -1,0 +1,139 @@
+#include "server/json_log.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+
+namespace ratelimit::server {
+namespace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void AppendEscaped(std::string& out, std::string_view s) {
+  out.push_back('"');
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else if (c >= 0x80) {
+          // Logged text may come from clients: keep the line valid JSON and
+          // ASCII by escaping every non-ASCII byte as a \u00XX (lossless enough to read).
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+std::string_view LevelName(Level l) {
+  switch (l) {
+    case Level::kDebug: return "debug";
+    case Level::kInfo: return "info";
+    case Level::kWarn: return "warn";
+    case Level::kError: return "error";
+  }
+  return "info";
+}
+
+void WriteLine(std::string line) {
+  line.push_back('\n');
+  const char* p = line.data();
+  size_t n = line.size();
+  while (n > 0) {
+    ssize_t w = ::write(2, p, n);
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+std::string FormatLogLine(int64_t ts_micros, Level level, std::string_view msg,
+                          std::initializer_list<LogField> fields) {
+  std::time_t secs = static_cast<std::time_t>(ts_micros / 1'000'000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char ts[96];
+  std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>((ts_micros / 1000) % 1000));
+  std::string out;
+  out.reserve(128);
+  out += "{\"ts\":\"";
+  out += ts;
+  out += "\",\"level\":\"";
+  out += LevelName(level);
+  out += "\",\"msg\":";
+  AppendEscaped(out, msg);
+  for (const LogField& f : fields) {
+    out.push_back(',');
+    AppendEscaped(out, f.name);
+    out.push_back(':');
+    if (auto* s = std::get_if<std::string_view>(&f.value)) {
+      AppendEscaped(out, *s);
+    } else if (auto* i = std::get_if<int64_t>(&f.value)) {
+      out += std::to_string(*i);
+    } else {
+      out += std::get<bool>(f.value) ? "true" : "false";
+    }
+  }
+  out.push_back('}');
+  return out;
+}
+
+void Log(Level level, std::string_view msg, std::initializer_list<LogField> fields) {
+  WriteLine(FormatLogLine(NowMicros(), level, msg, fields));
+}
+
+bool LogSampler::Admit(int64_t& suppressed) {
+  const int64_t second = NowMicros() / 1'000'000;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (second != second_) {
+    second_ = second;
+    written_ = 0;
+  }
+  if (written_ >= per_second_) {
+    ++suppressed_;
+    return false;
+  }
+  ++written_;
+  suppressed = suppressed_;
+  suppressed_ = 0;
+  return true;
+}
+
+std::string RedactKey(std::string_view key) {
+  if (key.size() > 2 && key.substr(0, 2) == "k:") {
+    return std::string(key.substr(0, std::min<size_t>(key.size(), 6))) + "***";
+  }
+  return std::string(key);
+}
+
+void DenialLog::Record(std::string_view key, std::string_view limit, std::string_view path) {
+  int64_t suppressed = 0;
+  if (!sampler_.Admit(suppressed)) return;
+  if (suppressed > 0) Log(Level::kWarn, "denials suppressed", {{"count", suppressed}});
+  Log(Level::kInfo, "denied", {{"key", RedactKey(key)}, {"limit", limit}, {"path", path}});
+}
+
+}  // namespace ratelimit::server

@@ -1,0 +1,74 @@
+// JsonLog: structured logs, one JSON object per line on stderr.
+//
+//   Log(Level::kInfo, "listening", {{"addr", "127.0.0.1:8080"}});
+//   -> {"ts":"2026-01-01T00:00:00.000Z","level":"info","msg":"listening","addr":"127.0.0.1:8080"}
+//
+// DenialLog samples the per-denial lines under floods: at most `per_second`
+// lines a second; when a second had more, the next line that is written is
+// preceded by {"msg":"denials suppressed","count":N}.
+//
+// Thread-safety: Log and DenialLog::Record may be called from any thread; each
+// line is written with a single write(2).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <variant>
+
+namespace ratelimit::server {
+
+enum class Level { kDebug, kInfo, kWarn, kError };
+
+struct LogField {
+  std::string_view name;
+  std::variant<std::string_view, int64_t, bool> value;
+  LogField(std::string_view n, std::string_view v) : name(n), value(v) {}
+  LogField(std::string_view n, const std::string& v) : name(n), value(std::string_view(v)) {}
+  LogField(std::string_view n, const char* v) : name(n), value(std::string_view(v)) {}
+  LogField(std::string_view n, int64_t v) : name(n), value(v) {}
+  LogField(std::string_view n, int v) : name(n), value(static_cast<int64_t>(v)) {}
+  LogField(std::string_view n, unsigned v) : name(n), value(static_cast<int64_t>(v)) {}
+  LogField(std::string_view n, size_t v) : name(n), value(static_cast<int64_t>(v)) {}
+  LogField(std::string_view n, bool v) : name(n), value(v) {}
+};
+
+// The line without the trailing newline (for tests). `ts_micros` is Unix time.
+std::string FormatLogLine(int64_t ts_micros, Level level, std::string_view msg,
+                          std::initializer_list<LogField> fields);
+
+void Log(Level level, std::string_view msg, std::initializer_list<LogField> fields = {});
+
+// At most `per_second` admitted events per wall-clock second.
+class LogSampler {
+ public:
+  explicit LogSampler(int per_second) : per_second_(per_second) {}
+  // True when the line may be written; then `suppressed` is the number of
+  // lines dropped since the last admitted one (log it first).
+  bool Admit(int64_t& suppressed);
+
+ private:
+  const int per_second_;
+  std::mutex mu_;
+  int64_t second_ = 0;      // GUARDED_BY(mu_)
+  int written_ = 0;         // GUARDED_BY(mu_)
+  int64_t suppressed_ = 0;  // GUARDED_BY(mu_)
+};
+
+class DenialLog {
+ public:
+  explicit DenialLog(int per_second = 20) : sampler_(per_second) {}
+  // Logs {"msg":"denied","key":...,"limit":...,"path":...} unless sampled out.
+  // API keys are shortened ("k:abcd…") so that secrets do not reach the logs.
+  void Record(std::string_view key, std::string_view limit, std::string_view path);
+
+ private:
+  LogSampler sampler_;
+};
+
+// "k:secret-api-key" -> "k:secr***"; other keys unchanged.
+std::string RedactKey(std::string_view key);
+
+}  // namespace ratelimit::server

@@ -1,0 +1,151 @@
+#include "server/router.h"
+
+#include <optional>
+#include <string>
+
+#include "server/auth_request.h"
+#include "server/demo.h"
+#include "server/gateway.h"
+#include "server/headers.h"
+#include "server/problem.h"
+
+namespace ratelimit::server {
+namespace {
+
+void AddInfoHeaders(const Outcome& o, policy::HeaderDialect dialect, Reply& r) {
+  if (o.limited) {
+    RateLimitInfo info{.decision = o.decision, .name = o.limit_name, .window = o.window,
+                       .degraded = o.degraded};
+    AddRateLimitHeaders(dialect, info, r.headers);
+  } else if (o.degraded) {
+    r.Add("X-RateLimit-Degraded", "true");
+  }
+}
+
+// The answer when the rules block a request (not for /v1/auth).
+Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view path) {
+  if (!o.error.empty()) {
+    Reply r = ProblemReply(o.status, o.error, path);
+    if (o.status != 400) {
+      r.Add("Retry-After", "1");
+      r.Add("Cache-Control", "no-store");
+      r.Add("X-RateLimit-Degraded", "true");
+    }
+    return r;
+  }
+  Reply r;
+  r.status = 429;
+  r.content_type = kProblemContentType;
+  RateLimitInfo info{.decision = o.decision, .name = o.limit_name, .window = o.window,
+                     .degraded = o.degraded};
+  r.body = QuotaExceededBody(info, path);
+  AddRateLimitHeaders(dialect, info, r.headers);
+  return r;
+}
+
+}  // namespace
+
+Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo)
+    : policies_(policies), enforcer_(enforcer), decision_api_(enforcer), gateway_(gateway), demo_(demo) {}
+
+void Router::Handle(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
+                    std::function<void(Reply)> done) {
+  std::shared_ptr<const policy::Policy> policy = policies_.Get();
+  const std::string_view target = req.target();
+  const std::string_view path = target.substr(0, target.find('?'));
+  if (path.starts_with("/v1/")) {
+    if (path == "/v1/check" || path == "/v1/check/batch") {
+      if (req.method() != http::verb::post) {
+        Reply r = ProblemReply(405, "use POST for " + std::string(path), path);
+        r.Add("Allow", "POST");
+        return done(std::move(r));
+      }
+      if (path == "/v1/check") {
+        return decision_api_.Check(std::move(policy), req.body(), path, std::move(done));
+      }
+      return decision_api_.Batch(std::move(policy), req.body(), path, std::move(done));
+    }
+    if (path == "/v1/auth") return Rules(req, peer, peer_text, std::move(policy), true, std::move(done));
+  }
+  if (demo_ && (req.method() == http::verb::get || req.method() == http::verb::head) &&
+      (path == "/" || path == "/index.html")) {
+    return done(DemoPage());
+  }
+  Rules(req, peer, peer_text, std::move(policy), false, std::move(done));
+}
+
+void Router::Rules(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
+                   std::shared_ptr<const policy::Policy> policy, bool auth,
+                   std::function<void(Reply)> done) {
+  std::string_view method = req.method_string();
+  std::string_view target = req.target();
+  unsigned deny_status = 429;
+  if (auth) {
+    auto m = req.find("X-Original-Method");
+    auto u = req.find("X-Original-URI");
+    if (m == req.end() || u == req.end()) {
+      return done(ProblemReply(400,
+                               std::string(m == req.end() ? "X-Original-Method" : "X-Original-URI") +
+                                   " header is required (nginx: proxy_set_header X-Original-URI "
+                                   "$request_uri; proxy_set_header X-Original-Method $request_method;)",
+                               "/v1/auth"));
+    }
+    method = m->value();
+    target = u->value();
+    const std::string_view own = req.target();
+    const size_t q = own.find('?');
+    StatusOr<unsigned> s = ParseDenyStatus(q == std::string_view::npos ? "" : own.substr(q + 1));
+    if (!s.ok()) return done(ProblemReply(400, s.status().message(), "/v1/auth"));
+    deny_status = *s;
+  }
+  std::string xff;  // repeated X-Forwarded-For headers, joined
+  policy::RequestView view{
+      .method = method,
+      .target = target,
+      .peer = peer,
+      .header = [&req, &xff](std::string_view name) -> std::optional<std::string_view> {
+        if (EqualsIgnoreCase(name, "X-Forwarded-For")) {
+          auto range = req.equal_range("X-Forwarded-For");
+          if (range.first == range.second) return std::nullopt;
+          auto next = range.first;
+          if (++next == range.second) return range.first->value();
+          for (auto it = range.first; it != range.second; ++it) {
+            if (!xff.empty()) xff += ", ";
+            xff.append(it->value());
+          }
+          return std::string_view(xff);
+        }
+        auto it = req.find(name);
+        if (it == req.end()) return std::nullopt;
+        return it->value();
+      }};
+  const std::string path(target.substr(0, target.find('?')));
+  StatusOr<policy::RequestPlan> plan = policy->Resolve(view);
+  if (!plan.ok()) return done(ProblemReply(400, plan.status().message(), path));
+
+  const policy::HeaderDialect dialect = policy->config().server.headers;
+  enforcer_.Enforce(
+      std::move(policy), std::move(*plan), path,
+      [this, &req, peer_text, auth, deny_status, dialect, path, target,
+       done = std::move(done)](Outcome o) mutable {
+        if (auth) {
+          if (o.status == 400) return done(ProblemReply(400, o.error, path));
+          return done(AuthReply(o, dialect, deny_status, target));
+        }
+        if (o.status != 200) return done(Blocked(o, dialect, path));
+        if (gateway_ != nullptr) {
+          gateway_->Forward(req, peer_text, [o = std::move(o), dialect,
+                                             done = std::move(done)](Reply r) mutable {
+            AddInfoHeaders(o, dialect, r);
+            done(std::move(r));
+          });
+          return;
+        }
+        Reply r = demo_ && path == "/api/ping" ? Pong()
+                                               : ProblemReply(404, "no route for " + path, path);
+        AddInfoHeaders(o, dialect, r);
+        done(std::move(r));
+      });
+}
+
+}  // namespace ratelimit::server

@@ -1,0 +1,56 @@
+// Server: ratelimitd's running state. Owns the io_context and its threads,
+// the listener, the Router and its faces, the current Policy, and the
+// signal handling:
+//   SIGTERM / SIGINT  stop accepting, let in-flight requests finish (at most
+//                     drain_timeout), close idle connections, return 0
+//   SIGHUP            reload the config file: a new Policy is built fully and
+//                     swapped in; a bad file is logged and the old policy keeps
+//                     serving; changes that need a restart (store, listeners,
+//                     threads, upstream) are logged as ignored
+// A memory store is swept every few seconds.
+//
+//   Server server(std::move(config), "/etc/ratelimitd.yaml", overrides, store);
+//   if (Status s = server.Start(); !s.ok()) return 1;
+//   return server.Run();
+//
+// Thread-safety: Start and Run from one thread (main); everything else runs
+// on the io_context threads.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "policy/config.h"
+#include "policy/policy.h"
+#include "ratelimit/status.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit::server {
+
+struct ServerOptions {
+  std::string config_path;  // "" = embedded default (SIGHUP has nothing to reload)
+  // Re-applied to every (re)loaded config: the command-line flags win over the file.
+  std::function<void(policy::Config&)> apply_overrides;
+  std::chrono::milliseconds drain_timeout{10'000};
+  std::chrono::milliseconds sweep_interval{5'000};
+};
+
+class Server {
+ public:
+  Server(std::shared_ptr<const policy::Policy> policy, std::shared_ptr<Store> store,
+         ServerOptions options);
+  ~Server();
+
+  // Binds the listener and prepares the faces. Logs "listening".
+  Status Start();
+  // Runs until SIGTERM/SIGINT and the drain; returns the exit code.
+  int Run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ratelimit::server

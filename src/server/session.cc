@@ -1,0 +1,193 @@
+#include "server/session.h"
+
+#include <boost/beast/core/string.hpp>
+
+#include "server/problem.h"
+#include "server/router.h"
+
+namespace ratelimit::server {
+
+std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {
+  std::vector<std::shared_ptr<Session>> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  out.reserve(sessions_.size());
+  for (const auto& [ptr, weak] : sessions_) {
+    if (auto s = weak.lock()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+namespace {
+
+policy::IpAddress ToIp(const net::ip::address& a) {
+  if (a.is_v4()) return policy::IpAddress::FromV4(a.to_v4().to_uint());
+  return policy::IpAddress::FromV6(a.to_v6().to_bytes());
+}
+
+}  // namespace
+
+Session::Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
+                 SessionRegistry& registry)
+    : stream_(std::move(socket)), router_(router), limits_(limits), registry_(registry) {
+  beast::error_code ec;
+  tcp::endpoint ep = stream_.socket().remote_endpoint(ec);
+  if (!ec) {
+    net::ip::address a = ep.address();
+    if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+      a = net::ip::make_address_v4(net::ip::v4_mapped, a.to_v6());
+    }
+    peer_ = ToIp(a);
+    peer_text_ = a.to_string();
+  }
+  continue_.version(11);
+  continue_.result(http::status::continue_);
+}
+
+Session::~Session() { registry_.Remove(this); }
+
+void Session::Start() {
+  registry_.Add(this, weak_from_this());
+  // Start on the strand: the acceptor's thread must not touch the session.
+  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
+}
+
+void Session::Shutdown() {
+  net::post(stream_.get_executor(), [self = shared_from_this()] {
+    if (!self->busy_) self->Close();
+  });
+}
+
+void Session::WaitForRequest() {
+  if (closed_) return;
+  if (registry_.draining.load(std::memory_order_relaxed)) return Close();
+  if (buffer_.size() > 0) return ReadHeader();  // a pipelined request is already here
+  // Between requests: wait up to idle_timeout for the first byte.
+  stream_.expires_after(limits_.idle_timeout);
+  stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
+                                                     beast::error_code ec, size_t n) {
+    if (ec) return self->Close();
+    self->buffer_.commit(n);
+    self->ReadHeader();
+  });
+}
+
+void Session::ReadHeader() {
+  parser_.emplace();
+  parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
+  parser_->body_limit(limits_.max_body_bytes);
+  // One deadline for the whole request, header and body.
+  stream_.expires_after(limits_.read_timeout);
+  http::async_read_header(stream_, buffer_, *parser_,
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                            self->OnHeader(ec);
+                          });
+}
+
+void Session::OnHeader(beast::error_code ec) {
+  if (ec) return FailRequest(ec);
+  if (parser_->is_done()) return Handle();
+  const auto expect = parser_->get()[http::field::expect];
+  if (beast::iequals(expect, "100-continue")) {
+    http::async_write(stream_, continue_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->Close();
+      self->ReadBody();
+    });
+    return;
+  }
+  ReadBody();
+}
+
+void Session::ReadBody() {
+  http::async_read(stream_, buffer_, *parser_,
+                   [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+}
+
+void Session::OnBody(beast::error_code ec) {
+  if (ec) return FailRequest(ec);
+  Handle();
+}
+
+void Session::FailRequest(beast::error_code ec) {
+  std::string_view instance;
+  if (parser_.has_value() && parser_->is_header_done()) {
+    instance = parser_->get().target();
+    instance = instance.substr(0, instance.find('?'));
+  }
+  if (ec == http::error::header_limit) {
+    Reply r = ProblemReply(431,
+                           "request headers exceed " + std::to_string(limits_.max_header_bytes) +
+                               " bytes",
+                           "");
+    r.close = true;
+    return Write(std::move(r));
+  }
+  if (ec == http::error::body_limit) {
+    Reply r = ProblemReply(
+        413, "request body exceeds " + std::to_string(limits_.max_body_bytes) + " bytes", instance);
+    r.close = true;
+    return Write(std::move(r));
+  }
+  if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message) {
+    Reply r = ProblemReply(400, "malformed HTTP request: " + ec.message(), instance);
+    r.close = true;
+    return Write(std::move(r));
+  }
+  Close();  // timeout, reset, end of stream: nobody to answer
+}
+
+void Session::Handle() {
+  busy_ = true;
+  stream_.expires_never();  // the handler bounds its own waits (store deadline, upstream timeout)
+  router_.Handle(parser_->get(), peer_, peer_text_, [self = shared_from_this()](Reply r) {
+    net::dispatch(self->stream_.get_executor(),
+                  [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+  });
+}
+
+void Session::Write(Reply reply) {
+  busy_ = true;
+  const bool have_request = parser_.has_value() && parser_->is_header_done();
+  const bool head = have_request && parser_->get().method() == http::verb::head;
+  res_.clear();
+  res_.body().clear();
+  res_.result(reply.status);
+  res_.version(have_request && parser_->get().version() == 10 ? 10 : 11);
+  for (auto& [name, value] : reply.headers) res_.set(name, value);
+  if (!reply.content_type.empty()) res_.set(http::field::content_type, reply.content_type);
+  const bool draining = registry_.draining.load(std::memory_order_relaxed);
+  const bool close =
+      reply.close || draining || !have_request || !parser_->get().keep_alive();
+  res_.keep_alive(!close);
+  res_.body() = std::move(reply.body);
+  if (reply.keep_content_length) {
+    // HEAD through the gateway: the upstream's Content-Length stays, no body.
+  } else if (head) {
+    const size_t n = res_.body().size();
+    res_.body().clear();
+    res_.content_length(n);
+  } else {
+    res_.prepare_payload();
+  }
+  stream_.expires_after(limits_.read_timeout);
+  http::async_write(stream_, res_, [self = shared_from_this(), close](beast::error_code ec, size_t) {
+    self->OnWrite(close, ec);
+  });
+}
+
+void Session::OnWrite(bool close, beast::error_code ec) {
+  busy_ = false;
+  if (ec || close) return Close();
+  parser_.reset();
+  WaitForRequest();
+}
+
+void Session::Close() {
+  if (closed_) return;
+  closed_ = true;
+  beast::error_code ec;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  stream_.close();
+}
+
+}  // namespace ratelimit::server

@@ -1,0 +1,106 @@
+// Session: one client connection. Reads a request, hands it to the Router,
+// writes the Reply, and loops while keep-alive. Reads top to bottom:
+//
+//   WaitForRequest (idle_timeout) -> ReadHeader (read_timeout, header limit)
+//   -> [100 Continue] -> ReadBody (same deadline, body limit) -> Handle
+//   -> Write -> WaitForRequest ...
+//
+// Every read is bounded: too-large headers answer 431, a too-large body 413,
+// any other parse error 400; each of these then closes the connection. A
+// client silent for idle_timeout between requests, or slower than
+// read_timeout for one request, is disconnected.
+//
+// The Router may answer on any thread; the answer is posted back to the
+// session's strand before writing. Sessions register with the SessionRegistry
+// so the server can count them (max connections) and drain them.
+//
+// Thread-safety: all work of a session runs on its strand.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "policy/ip.h"
+#include "server/http.h"
+#include "server/reply.h"
+
+namespace ratelimit::server {
+
+class Router;
+class Session;
+
+struct SessionLimits {
+  size_t max_header_bytes = 8 * 1024;
+  size_t max_body_bytes = 64 * 1024;
+  std::chrono::milliseconds read_timeout{10'000};
+  std::chrono::milliseconds idle_timeout{60'000};
+};
+
+// Every live session, for max_connections and for draining.
+class SessionRegistry {
+ public:
+  size_t size() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sessions_.size();
+  }
+  void Add(Session* s, std::weak_ptr<Session> w) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions_.emplace(s, std::move(w));
+  }
+  void Remove(Session* s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sessions_.erase(s);
+  }
+  std::vector<std::shared_ptr<Session>> Snapshot() const;
+
+  std::atomic<bool> draining{false};
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
+          SessionRegistry& registry);
+  ~Session();
+
+  void Start();
+  // Drain: closes the connection now if no request is in progress, else
+  // after the current answer is written.
+  void Shutdown();
+
+ private:
+  void WaitForRequest();
+  void ReadHeader();
+  void OnHeader(beast::error_code ec);
+  void ReadBody();
+  void OnBody(beast::error_code ec);
+  void Handle();
+  void Write(Reply reply);
+  void OnWrite(bool close, beast::error_code ec);
+  void FailRequest(beast::error_code ec);
+  void Close();
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  Response res_;
+  http::response<http::empty_body> continue_;
+  Router& router_;
+  const SessionLimits limits_;
+  SessionRegistry& registry_;
+  policy::IpAddress peer_;
+  std::string peer_text_;
+  bool busy_ = false;    // a request is being handled or answered
+  bool closed_ = false;
+};
+
+}  // namespace ratelimit::server

@@ -1,0 +1,22 @@
+// MakeStore: the Store the config asks for.
+//
+//   StatusOr<std::shared_ptr<Store>> s = MakeStore(config.store);
+//
+// memory -> MemoryStore (max_keys, max_key_length from the config).
+// redis  -> RedisStore (url, deadline, key_prefix, time_source, max_key_length).
+//           HOOK (lead): wrap it in the ResilientStore when that exists.
+//
+// Thread-safety: pure function; the store it returns is thread-safe.
+#pragma once
+
+#include <memory>
+
+#include "policy/config.h"
+#include "ratelimit/status.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit::server {
+
+StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config);
+
+}  // namespace ratelimit::server

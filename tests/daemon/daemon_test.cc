@@ -1,0 +1,311 @@
+// The decision API contract, the embedded default, the header dialects and
+// the server's bounds, against the real ratelimitd binary.
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+
+namespace rltest {
+namespace {
+
+using nlohmann::json;
+
+json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
+
+HttpResponse Check(int port, const std::string& body) {
+  return Http(port, "POST", "/v1/check", {{"Content-Type", "application/json"}}, body);
+}
+
+const char* kBurst = R"({"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5})";
+
+TEST(EmbeddedDefault, SevenPingsThenAnotherKey) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  std::vector<int> codes;
+  std::vector<std::string> remaining;
+  HttpResponse last;
+  for (int i = 0; i < 7; ++i) {
+    last = Http(d.port(), "GET", "/api/ping", {{"X-API-Key", "team-a"}});
+    codes.push_back(last.status);
+    remaining.push_back(last.Header("RateLimit-Remaining"));
+  }
+  EXPECT_EQ(codes, (std::vector<int>{200, 200, 200, 200, 200, 429, 429}));
+  EXPECT_EQ(remaining, (std::vector<std::string>{"4", "3", "2", "1", "0", "0", "0"}));
+  EXPECT_EQ(last.Header("RateLimit-Limit"), "5");
+  EXPECT_EQ(last.Header("Retry-After"), "1");
+  EXPECT_EQ(last.Header("Cache-Control"), "no-store");
+  EXPECT_EQ(last.Header("Content-Type"), "application/problem+json");
+  json p = Body(last);
+  EXPECT_EQ(p["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded");
+  EXPECT_EQ(p["status"], 429);
+  EXPECT_EQ(p["title"], "Too Many Requests");
+  EXPECT_EQ(p["limit"], "ping");
+  EXPECT_EQ(p["instance"], "/api/ping");
+  EXPECT_EQ(p["retry_after_seconds"], 1);
+  EXPECT_EQ(p["violated-policies"], json::array({"ping"}));
+  EXPECT_EQ(p["detail"], "limit 'ping' exceeded: retry in 1 s");
+
+  HttpResponse other = Http(d.port(), "GET", "/api/ping", {{"X-API-Key", "team-b"}});
+  EXPECT_EQ(other.status, 200);
+  EXPECT_EQ(Body(other), json({{"pong", true}}));
+  EXPECT_EQ(other.Header("RateLimit-Remaining"), "4");
+  EXPECT_NE(d.Log().find("\"msg\":\"denied\""), std::string::npos);
+  EXPECT_EQ(d.Log().find("team-a"), std::string::npos) << "API keys must not be logged whole";
+}
+
+TEST(EmbeddedDefault, DemoPage) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  HttpResponse r = Http(d.port(), "GET", "/");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.Header("Content-Type"), "text/html; charset=utf-8");
+  EXPECT_NE(r.body.find("Send 10 at once"), std::string::npos);
+  EXPECT_NE(r.body.find("Send 1 per second for 8 s"), std::string::npos);
+  EXPECT_EQ(r.body.find("cdn"), std::string::npos);
+  EXPECT_EQ(Http(d.port(), "GET", "/nope").status, 404);
+}
+
+TEST(DecisionApi, Contract) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  HttpResponse r = Check(d.port(), std::string(R"({"key": "user:ada", "cost": 1, "limits": [)") + kBurst +
+                                       R"(, {"name": "daily", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "application/json");
+  json j = Body(r);
+  EXPECT_EQ(j["allowed"], true);
+  EXPECT_EQ(j["limit"], 10);
+  EXPECT_EQ(j["remaining"], 9);
+  EXPECT_EQ(j["retry_after_ms"], 0);
+  EXPECT_EQ(j["reset_after_ms"], 200);
+  EXPECT_EQ(j["degraded"], false);
+  ASSERT_EQ(j["limits"].size(), 2u);
+  EXPECT_EQ(j["limits"][0], json({{"name", "burst"}, {"allowed", true}, {"limit", 10}, {"remaining", 9},
+                                  {"retry_after_ms", 0}, {"reset_after_ms", 200}}));
+  EXPECT_EQ(j["limits"][1]["name"], "daily");
+  EXPECT_EQ(j["limits"][1]["limit"], 1000);
+  EXPECT_EQ(j["limits"][1]["remaining"], 999);
+  EXPECT_EQ(r.Header("RateLimit-Limit"), "10");
+  EXPECT_EQ(r.Header("RateLimit-Remaining"), "9");
+  EXPECT_EQ(r.Header("RateLimit-Reset"), "1");
+
+  // cost 0 asks without consuming.
+  j = Body(Check(d.port(), std::string(R"({"key": "user:ada", "cost": 0, "limit": )") + kBurst + "}"));
+  EXPECT_EQ(j["allowed"], true);
+  EXPECT_EQ(j["remaining"], 9);
+  j = Body(Check(d.port(), std::string(R"({"key": "user:ada", "cost": 0, "limit": )") + kBurst + "}"));
+  EXPECT_EQ(j["remaining"], 9);
+
+  // Spend the rest, then a denial: 429, Retry-After, retry_after_ms rounded up.
+  j = Body(Check(d.port(), std::string(R"({"key": "user:ada", "cost": 9, "limit": )") + kBurst + "}"));
+  EXPECT_EQ(j["remaining"], 0);
+  r = Check(d.port(), std::string(R"({"key": "user:ada", "limit": )") + kBurst + "}");
+  EXPECT_EQ(r.status, 429);
+  j = Body(r);
+  EXPECT_EQ(j["allowed"], false);
+  EXPECT_GT(j["retry_after_ms"].get<int>(), 100);
+  EXPECT_LE(j["retry_after_ms"].get<int>(), 200);
+  EXPECT_EQ(r.Header("Retry-After"), "1");
+  EXPECT_EQ(r.Header("Cache-Control"), "no-store");
+  EXPECT_TRUE(d.WaitForLog(R"("msg":"denied","key":"user:ada","limit":"burst","path":"/v1/check")",
+                           std::chrono::seconds(5)))
+      << d.Log();
+
+  // Named limits from the config (the embedded default defines "ping").
+  r = Check(d.port(), R"({"key": "user:bob", "limits": ["ping"]})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(Body(r)["limits"][0]["name"], "ping");
+  EXPECT_EQ(Body(r)["limit"], 5);
+  r = Check(d.port(), R"({"key": "user:bob", "limit": "ping"})");
+  EXPECT_EQ(Body(r)["remaining"], 3);
+}
+
+TEST(DecisionApi, Batch) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  HttpResponse r = Http(d.port(), "POST", "/v1/check/batch", {},
+                        std::string(R"({"checks": [{"key": "a", "limit": )") + kBurst +
+                            R"(}, {"key": "a", "cost": 1.5, "limit": "ping"}, {"key": "b", "limits": ["ping"], "cost": 5}]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Body(r);
+  ASSERT_EQ(j["results"].size(), 3u);
+  EXPECT_EQ(j["results"][0]["remaining"], 9);
+  EXPECT_EQ(j["results"][1]["error"]["status"], 400);
+  EXPECT_EQ(j["results"][1]["error"]["detail"], "checks[1]: field 'cost' must be a non-negative integer");
+  EXPECT_EQ(j["results"][2]["allowed"], true);
+  EXPECT_EQ(j["results"][2]["remaining"], 0);
+
+  std::string many = R"({"checks": [)";
+  for (int i = 0; i < 101; ++i) many += std::string(i ? "," : "") + R"({"key": "k", "limit": "ping", "cost": 0})";
+  r = Http(d.port(), "POST", "/v1/check/batch", {}, many + "]}");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Body(r)["detail"], "field 'checks' has 101 entries; the maximum is 100");
+}
+
+TEST(DecisionApi, EveryBadRequestSaysWhy) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const std::string tb = kBurst;
+  struct Case {
+    std::string body;
+    std::string detail;  // prefix of the expected detail
+  } cases[] = {
+      {"{", "request body is not valid JSON: "},
+      {"", "request body is not valid JSON: "},
+      {R"({"key": "k", "cost": 1.5, "limit": )" + tb + "}", "field 'cost' must be a non-negative integer"},
+      {R"({"key": "k", "cost": -1, "limit": )" + tb + "}", "field 'cost' must be a non-negative integer"},
+      {R"({"key": "k", "cost": "1", "limit": )" + tb + "}", "field 'cost' must be a non-negative integer"},
+      {R"({"key": "k", "cost": 1e400, "limit": )" + tb + "}", "request body is not valid JSON: "},
+      {R"({"key": "k", "cost": NaN, "limit": )" + tb + "}", "request body is not valid JSON: "},
+      {R"({"key": "k", "cots": 1, "limit": )" + tb + "}", "unknown field 'cots'"},
+      {R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5, "burst": 1}})",
+       "limit: unknown field 'burst'"},
+      {"{\"key\": \"a\xc3\x28\", \"limit\": " + tb + "}", "request body is not valid JSON: "},
+      {R"({"key": ")" + std::string(513, 'k') + R"(", "limit": )" + tb + "}",
+       "field 'key' is 513 bytes; the maximum is 512"},
+      {R"({"key": "k", "limits": ["nope"]})", "limits[0]: unknown limit 'nope'"},
+      {R"({"key": "k", "cost": 11, "limit": )" + tb + "}", "limit 'burst': "},
+      {R"({"key": "k", "limit": {"algorithm": "fixed_window", "limit": 5, "window": "5 minutes"}})",
+       "limit: field 'window': "},
+      {"[1]", "a check must be a JSON object"},
+  };
+  for (const Case& c : cases) {
+    HttpResponse r = Check(d.port(), c.body);
+    EXPECT_EQ(r.status, 400) << c.body.substr(0, 80);
+    EXPECT_EQ(r.Header("Content-Type"), "application/problem+json");
+    json p = Body(r);
+    ASSERT_TRUE(p.is_object()) << r.body;
+    EXPECT_EQ(p["status"], 400);
+    EXPECT_EQ(p["title"], "Bad Request");
+    EXPECT_EQ(p["instance"], "/v1/check");
+    EXPECT_EQ(p["detail"].get<std::string>().substr(0, c.detail.size()), c.detail) << p["detail"];
+  }
+  std::string many = R"({"key": "k", "limits": [)";
+  for (int i = 0; i < 17; ++i) {
+    many += std::string(i ? "," : "") + R"({"name": "l)" + std::to_string(i) +
+            R"(", "algorithm": "fixed_window", "limit": 1, "window": "1s"})";
+  }
+  HttpResponse r = Check(d.port(), many + "]}");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Body(r)["detail"], "field 'limits' has 17 entries; the maximum is 16");
+
+  r = Http(d.port(), "GET", "/v1/check");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.Header("Allow"), "POST");
+  EXPECT_EQ(Body(r)["detail"], "use POST for /v1/check");
+  // The server still serves after all that.
+  EXPECT_EQ(Check(d.port(), R"({"key": "ok", "limit": "ping"})").status, 200);
+}
+
+TEST(Server, BoundsAnswerAndKeepServing) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  // Headers over 8 KiB -> 431.
+  HttpResponse r = RawHttp(d.port(), "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                                         std::string(9000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(r.status, 431);
+  EXPECT_EQ(Body(r)["detail"], "request headers exceed 8192 bytes");
+  // Body over 64 KiB -> 413 (announced by Content-Length).
+  r = RawHttp(d.port(), "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 70000\r\n\r\n" +
+                            std::string(1000, ' '));
+  EXPECT_EQ(r.status, 413);
+  EXPECT_EQ(Body(r)["detail"], "request body exceeds 65536 bytes");
+  // Garbage -> 400 and close.
+  r = RawHttp(d.port(), "HELLO\x01 / HTTP/9\r\n\r\n");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.Header("Content-Type"), "application/problem+json");
+  r = RawHttp(d.port(), "GET / HTTP/1.1\r\nBad Header\r\n\r\n");
+  EXPECT_EQ(r.status, 400);
+  // Keep-alive: two requests on one connection.
+  r = RawHttp(d.port(),
+              "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-API-Key: ka\r\n\r\n"
+              "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-API-Key: ka\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("HTTP/1.1 200"), std::string::npos) << "second pipelined answer";
+  EXPECT_EQ(Http(d.port(), "GET", "/api/ping", {{"X-API-Key", "after"}}).status, 200);
+}
+
+TEST(Server, HeaderDialects) {
+  std::string dir = MakeTempDir();
+  for (const char* dialect : {"structured", "legacy", "none", "draft06"}) {
+    WriteFile(dir + "/c.yaml", std::string("server:\n  headers: ") + dialect + "\n");
+    Daemon d({"--config", dir + "/c.yaml"});
+    ASSERT_TRUE(d.started()) << d.Log();
+    HttpResponse r = Check(d.port(), std::string(R"({"key": "k", "limit": )") + kBurst + "}");
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string name = dialect;
+    EXPECT_EQ(r.Has("RateLimit-Policy"), name == "structured");
+    EXPECT_EQ(r.Has("RateLimit-Limit"), name == "draft06");
+    EXPECT_EQ(r.Has("X-RateLimit-Limit"), name == "legacy");
+    if (name == "structured") {
+      EXPECT_EQ(r.Header("RateLimit-Policy"), "\"burst\";q=10;w=2");
+      EXPECT_EQ(r.Header("RateLimit"), "\"burst\";r=9;t=1");
+    }
+    if (name == "legacy") {
+      EXPECT_EQ(r.Header("X-RateLimit-Limit"), "10");
+      EXPECT_EQ(r.Header("X-RateLimit-Remaining"), "9");
+      EXPECT_EQ(r.Header("X-RateLimit-Reset"), "1");
+    }
+  }
+}
+
+TEST(Server, MaxConnections) {
+  std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml", "server:\n  demo: true\n  max_connections: 2\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  // Two idle connections take the two places; a third is closed at once.
+  std::vector<int> fds;
+  for (int i = 0; i < 2; ++i) {
+    HttpResponse dummy;
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(d.port()));
+    a.sin_addr.s_addr = htonl(0x7f000001);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Http(d.port(), "GET", "/").status, 0);
+  for (int fd : fds) ::close(fd);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(Http(d.port(), "GET", "/").status, 200);
+}
+
+TEST(Cli, FlagsAndCheckConfig) {
+  std::string dir = MakeTempDir();
+  auto run = [&](const std::string& args) {
+    std::string cmd = std::string(RATELIMITD_PATH) + " " + args + " > " + dir + "/out 2>&1";
+    int rc = std::system(cmd.c_str());
+    return std::make_pair(WEXITSTATUS(rc), ReadFile(dir + "/out"));
+  };
+  WriteFile(dir + "/good.yaml", "server:\n  headers: legacy\n");
+  WriteFile(dir + "/bad.yaml", "server:\n  headerz: legacy\n");
+  auto [rc, out] = run("--check-config " + dir + "/good.yaml");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out, "OK\n");
+  std::tie(rc, out) = run("--check-config " + dir + "/bad.yaml");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("bad.yaml:2"), std::string::npos) << out;
+  EXPECT_NE(out.find("headerz"), std::string::npos) << out;
+  std::tie(rc, out) = run("--version");
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(out.rfind("ratelimitd ", 0), 0u);
+  std::tie(rc, out) = run("--help");
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("--check-config"), std::string::npos);
+  std::tie(rc, out) = run("--bogus");
+  EXPECT_EQ(rc, 2);
+  std::tie(rc, out) = run("--failure-mode sideways");
+  EXPECT_EQ(rc, 2);
+}
+
+}  // namespace
+}  // namespace rltest

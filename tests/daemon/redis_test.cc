@@ -1,0 +1,105 @@
+// ratelimitd on a real Redis (--redis): state shared by two daemons, and the
+// failure modes when Redis is down. A missing redis-server is a failure.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+extern char** environ;
+
+namespace rltest {
+namespace {
+
+class RedisServer {
+ public:
+  RedisServer() : port_(FreePort()), dir_(MakeTempDir()) {
+    std::vector<std::string> args = {"/usr/bin/redis-server", "--port", std::to_string(port_),
+                                     "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                     "--dir", dir_};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, (dir_ + "/redis.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    for (int i = 0; i < 200 && pid_ > 0; ++i) {
+      if (ReadFile(dir_ + "/redis.log").find("Ready to accept") != std::string::npos) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~RedisServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      int st = 0;
+      ::waitpid(pid_, &st, 0);
+    }
+  }
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  bool running() const { return pid_ > 0; }
+
+ private:
+  int port_;
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+int Ping(int port, const std::string& key, HttpResponse* out = nullptr) {
+  HttpResponse r = Http(port, "GET", "/api/ping", {{"X-API-Key", key}});
+  if (out != nullptr) *out = r;
+  return r.status;
+}
+
+TEST(Redis, TwoDaemonsShareOneLimit) {
+  ASSERT_EQ(::access("/usr/bin/redis-server", X_OK), 0) << "redis-server is required";
+  RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  Daemon a({"--redis", redis.url()});
+  Daemon b({"--redis", redis.url()});
+  ASSERT_TRUE(a.started()) << a.Log();
+  ASSERT_TRUE(b.started()) << b.Log();
+  std::vector<int> codes;
+  for (int i = 0; i < 3; ++i) codes.push_back(Ping(a.port(), "shared"));
+  for (int i = 0; i < 3; ++i) codes.push_back(Ping(b.port(), "shared"));
+  EXPECT_EQ(codes, (std::vector<int>{200, 200, 200, 200, 200, 429})) << a.Log() << b.Log();
+  EXPECT_EQ(Ping(a.port(), "someone-else"), 200);
+}
+
+TEST(Redis, FailureModesWhenRedisIsDown) {
+  const std::string dead = "redis://127.0.0.1:" + std::to_string(FreePort());
+  {
+    Daemon d({"--redis", dead, "--failure-mode", "open"});
+    ASSERT_TRUE(d.started()) << d.Log();
+    HttpResponse r;
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(Ping(d.port(), "k", &r), 200);
+    EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+  }
+  {
+    Daemon d({"--redis", dead, "--failure-mode", "closed"});
+    ASSERT_TRUE(d.started()) << d.Log();
+    HttpResponse r;
+    EXPECT_EQ(Ping(d.port(), "k", &r), 503);
+    EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+    EXPECT_EQ(r.Header("Content-Type"), "application/problem+json");
+  }
+  {
+    Daemon d({"--redis", dead, "--failure-mode", "local"});
+    ASSERT_TRUE(d.started()) << d.Log();
+    std::vector<int> codes;
+    HttpResponse r;
+    for (int i = 0; i < 7; ++i) codes.push_back(Ping(d.port(), "k", &r));
+    EXPECT_EQ(codes, (std::vector<int>{200, 200, 200, 200, 200, 429, 429}));
+    EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+    EXPECT_NE(d.Log().find("store error"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace rltest
