@@ -60,16 +60,29 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       arg = arg.substr(0, eq);
       inline_value = true;
     }
-    if (arg == "--help" || arg == "-h") { f.help = true; continue; }
-    if (arg == "--version") { f.version = true; continue; }
+    if (arg == "--help" || arg == "-h") {
+      f.help = true;
+      continue;
+    }
+    if (arg == "--version") {
+      f.version = true;
+      continue;
+    }
     std::optional<std::string>* slot = nullptr;
-    if (arg == "--config") slot = &f.config;
-    else if (arg == "--listen") slot = &f.listen;
-    else if (arg == "--redis") slot = &f.redis;
-    else if (arg == "--failure-mode") slot = &f.failure_mode;
-    else if (arg == "--admin-listen") slot = &f.admin_listen;
-    else if (arg == "--check-config") slot = &f.check_config;
-    else return "unknown flag '" + std::string(arg) + "' (see --help)";
+    if (arg == "--config")
+      slot = &f.config;
+    else if (arg == "--listen")
+      slot = &f.listen;
+    else if (arg == "--redis")
+      slot = &f.redis;
+    else if (arg == "--failure-mode")
+      slot = &f.failure_mode;
+    else if (arg == "--admin-listen")
+      slot = &f.admin_listen;
+    else if (arg == "--check-config")
+      slot = &f.check_config;
+    else
+      return "unknown flag '" + std::string(arg) + "' (see --help)";
     if (!inline_value) {
       if (i + 1 >= argc) return "flag " + std::string(arg) + " needs a value";
       value = argv[++i];

@@ -50,7 +50,7 @@ std::string RedactUrl(std::string_view url) {
   const size_t scheme = url.find("://");
   if (scheme == std::string_view::npos) return url.empty() ? "" : "***";
   const size_t start = scheme + 3;
-  const size_t path = url.find_first_of("/?#", start);
+  const size_t path = url.find_first_of("/?", start);
   const size_t at = url.rfind('@', path == std::string_view::npos ? url.size() : path);
   if (at == std::string_view::npos || at < start) return std::string(url);
   std::string_view userinfo = url.substr(start, at - start);

@@ -15,15 +15,20 @@ StatusOr<unsigned> ParseDenyStatus(std::string_view query) {
     query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
     const size_t eq = param.find('=');
     std::string_view name = param.substr(0, eq);
-    std::string_view value = eq == std::string_view::npos ? std::string_view() : param.substr(eq + 1);
+    std::string_view value =
+        eq == std::string_view::npos ? std::string_view() : param.substr(eq + 1);
     if (name != "deny_status") {
       return InvalidArgument("unknown query parameter '" + std::string(name) +
                              "' (expected deny_status)");
     }
-    if (value == "401") status = 401;
-    else if (value == "403") status = 403;
-    else if (value == "429") status = 429;
-    else return InvalidArgument("deny_status must be 401, 403 or 429");
+    if (value == "401")
+      status = 401;
+    else if (value == "403")
+      status = 403;
+    else if (value == "429")
+      status = 429;
+    else
+      return InvalidArgument("deny_status must be 401, 403 or 429");
   }
   return status;
 }
@@ -41,16 +46,16 @@ Reply AuthReply(const Outcome& o, policy::HeaderDialect dialect, unsigned deny_s
   if (o.status == 200) {
     r.status = 204;
   } else {
-    RateLimitInfo info{.decision = o.decision, .name = o.limit_name, .window = o.window,
-                       .degraded = o.degraded};
+    RateLimitInfo info{
+        .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
     r.status = deny_status;
     r.content_type = kProblemContentType;
     r.body = QuotaExceededBody(info, original_uri);
     r.Add("X-RateLimit-Denied", "true");
   }
   if (o.limited) {
-    RateLimitInfo info{.decision = o.decision, .name = o.limit_name, .window = o.window,
-                       .degraded = o.degraded};
+    RateLimitInfo info{
+        .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
     AddRateLimitHeaders(dialect, info, r.headers);
   } else if (o.degraded) {
     r.Add("X-RateLimit-Degraded", "true");

@@ -23,11 +23,21 @@ bool ValidUtf8(std::string_view s) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     size_t n;
     uint32_t cp;
-    if (c < 0x80) { ++i; continue; }
-    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
-    else return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else
+      return false;
     if (i + n >= s.size()) return false;
     for (size_t k = 1; k <= n; ++k) {
       const unsigned char cc = static_cast<unsigned char>(s[i + k]);
@@ -66,13 +76,20 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   const json* window = nullptr;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "algorithm") algorithm = &it.value();
-    else if (k == "name") name = &it.value();
-    else if (k == "capacity") capacity = &it.value();
-    else if (k == "refill_per_second") refill = &it.value();
-    else if (k == "limit") limit = &it.value();
-    else if (k == "window") window = &it.value();
-    else return Bad(where + ": unknown field '" + k + "'");
+    if (k == "algorithm")
+      algorithm = &it.value();
+    else if (k == "name")
+      name = &it.value();
+    else if (k == "capacity")
+      capacity = &it.value();
+    else if (k == "refill_per_second")
+      refill = &it.value();
+    else if (k == "limit")
+      limit = &it.value();
+    else if (k == "window")
+      window = &it.value();
+    else
+      return Bad(where + ": unknown field '" + k + "'");
   }
   std::string limit_name = "default";
   if (name != nullptr) {
@@ -95,8 +112,10 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     }
     int64_t cap = 0;
     if (capacity == nullptr) return Bad(where + ": field 'capacity' is required for token_bucket");
-    if (!GetInt(*capacity, 1, cap)) return Bad(where + ": field 'capacity' must be a positive integer");
-    if (refill == nullptr) return Bad(where + ": field 'refill_per_second' is required for token_bucket");
+    if (!GetInt(*capacity, 1, cap))
+      return Bad(where + ": field 'capacity' must be a positive integer");
+    if (refill == nullptr)
+      return Bad(where + ": field 'refill_per_second' is required for token_bucket");
     if (!refill->is_number() || !(refill->get<double>() > 0)) {
       return Bad(where + ": field 'refill_per_second' must be a positive number");
     }
@@ -184,11 +203,16 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   const json* limit = nullptr;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "key") key = &it.value();
-    else if (k == "cost") cost = &it.value();
-    else if (k == "limits") limits = &it.value();
-    else if (k == "limit") limit = &it.value();
-    else return Bad("unknown field '" + k + "' (expected key, cost, limits or limit)");
+    if (k == "key")
+      key = &it.value();
+    else if (k == "cost")
+      cost = &it.value();
+    else if (k == "limits")
+      limits = &it.value();
+    else if (k == "limit")
+      limit = &it.value();
+    else
+      return Bad("unknown field '" + k + "' (expected key, cost, limits or limit)");
   }
   ParsedCheck out;
   if (key == nullptr) return Bad("field 'key' is required");
@@ -213,8 +237,8 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   if (!limits->is_array()) return Bad("field 'limits' must be an array");
   if (limits->empty()) return Bad("field 'limits' must name at least one limit");
   if (limits->size() > kMaxChecksPerRequest) {
-    return Bad("field 'limits' has " + std::to_string(limits->size()) + " entries; the maximum is " +
-               std::to_string(kMaxChecksPerRequest));
+    return Bad("field 'limits' has " + std::to_string(limits->size()) +
+               " entries; the maximum is " + std::to_string(kMaxChecksPerRequest));
   }
   // First the inline limits (owned), then pointers: `owned` must not reallocate.
   out.owned.reserve(limits->size());
@@ -281,7 +305,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
         if (!g.error.ok()) return done(ProblemReply(400, g.error.message(), path));
         const policy::Config& config = op->policy->config();
         Reply r;
-        r.status = g.failed_closed ? static_cast<unsigned>(config.store.closed_status)
+        r.status = g.failed_closed            ? static_cast<unsigned>(config.store.closed_status)
                    : g.result.overall.allowed ? 200u
                                               : 429u;
         r.content_type = "application/json";
@@ -291,10 +315,11 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
         if (!g.result.overall.allowed && speaker != nullptr) {
           enforcer_.RecordDenial(op->check.key, speaker->name(), path);
         }
-        RateLimitInfo info{.decision = g.result.overall,
-                           .name = speaker != nullptr ? std::string_view(speaker->name()) : "",
-                           .window = speaker != nullptr ? speaker->window() : std::chrono::microseconds(0),
-                           .degraded = g.degraded};
+        RateLimitInfo info{
+            .decision = g.result.overall,
+            .name = speaker != nullptr ? std::string_view(speaker->name()) : "",
+            .window = speaker != nullptr ? speaker->window() : std::chrono::microseconds(0),
+            .degraded = g.degraded};
         r.headers.reserve(6);
         AddRateLimitHeaders(config.server.headers, info, r.headers);
         done(std::move(r));
@@ -367,22 +392,23 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     StatusOr<ParsedCheck> parsed =
         ParseCheck((*checks)[i], op->policy.get(), store_config.max_key_length);
     if (!parsed.ok()) {
-      op->results[i] = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + parsed.status().message());
+      op->results[i] =
+          ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + parsed.status().message());
       op->CompleteOne();
       continue;
     }
     op->checks[i] = std::move(*parsed);
     const ParsedCheck& c = op->checks[i];
-    enforcer_.DecideGroup(c.key, c.checks, store_config.failure_mode, store_config,
-                          [op, i](GroupOutcome g) {
-                            std::string& out = op->results[i];
-                            if (!g.error.ok()) {
-                              out = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + g.error.message());
-                            } else {
-                              AppendCheckBody(g.result, op->checks[i].checks, g.degraded, out);
-                            }
-                            op->CompleteOne();
-                          });
+    enforcer_.DecideGroup(
+        c.key, c.checks, store_config.failure_mode, store_config, [op, i](GroupOutcome g) {
+          std::string& out = op->results[i];
+          if (!g.error.ok()) {
+            out = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + g.error.message());
+          } else {
+            AppendCheckBody(g.result, op->checks[i].checks, g.degraded, out);
+          }
+          op->CompleteOne();
+        });
   }
   op->CompleteOne();
 }

@@ -2,7 +2,8 @@
 //
 //   POST /v1/check
 //   {"key": "user:ada", "cost": 1,
-//    "limits": [{"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5},
+//    "limits": [{"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second":
+//    5},
 //               "daily"]}                       // a string names a limit from the config
 //   -> 200 (allowed) or 429 (denied)
 //   {"allowed": true, "limit": 10, "remaining": 9, "retry_after_ms": 0, "reset_after_ms": 200,
@@ -40,8 +41,8 @@ inline constexpr size_t kMaxBatchChecks = 100;
 struct ParsedCheck {
   std::string key;
   int64_t cost = 1;
-  std::vector<Limit> owned;          // limits defined inline
-  std::vector<LimitCheck> checks;    // one per requested limit, in request order
+  std::vector<Limit> owned;        // limits defined inline
+  std::vector<LimitCheck> checks;  // one per requested limit, in request order
 };
 
 // Validates one check object. `policy` may be null (then named limits are

@@ -32,7 +32,8 @@ TEST(ParseCheck, Valid) {
 }
 
 TEST(ParseCheck, ShorthandAndDefaults) {
-  StatusOr<json> j = ParseBody(R"({"key": "k", "limit": {"algorithm": "sliding_log", "limit": 5, "window": "15m"}})");
+  StatusOr<json> j = ParseBody(
+      R"({"key": "k", "limit": {"algorithm": "sliding_log", "limit": 5, "window": "15m"}})");
   StatusOr<ParsedCheck> c = ParseCheck(*j, nullptr, 512);
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->cost, 1);
@@ -49,8 +50,9 @@ TEST(ParseCheck, Errors) {
             "field 'cost' must be a non-negative integer");
   EXPECT_EQ(ParseError(R"({"key": "k", "cost": 18446744073709551615, "limit": )" + tb + "}"),
             "field 'cost' must be a non-negative integer");
-  EXPECT_NE(ParseError(R"({"key": "k", "cost": 1e400, "limit": )" + tb + "}").find("not valid JSON"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseError(R"({"key": "k", "cost": 1e400, "limit": )" + tb + "}").find("not valid JSON"),
+      std::string::npos);
   EXPECT_EQ(ParseError(R"({"key": "k", "cots": 1, "limit": )" + tb + "}"),
             "unknown field 'cots' (expected key, cost, limits or limit)");
   EXPECT_EQ(ParseError(R"({"cost": 1, "limit": )" + tb + "}"), "field 'key' is required");
@@ -58,17 +60,24 @@ TEST(ParseCheck, Errors) {
   EXPECT_EQ(ParseError(R"({"key": ")" + std::string(33, 'a') + R"(", "limit": )" + tb + "}"),
             "field 'key' is 33 bytes; the maximum is 32");
   EXPECT_EQ(ParseError(R"({"key": "k"})"), "field 'limits' is required");
-  EXPECT_EQ(ParseError(R"({"key": "k", "limits": []})"), "field 'limits' must name at least one limit");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limits": []})"),
+            "field 'limits' must name at least one limit");
   EXPECT_EQ(ParseError(R"({"key": "k", "limits": ["nope"]})"), "limits[0]: unknown limit 'nope'");
   EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10}})"),
             "limit: field 'refill_per_second' is required for token_bucket");
-  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "fixed_window", "limit": 10, "window": "10 s"}})")
-                .substr(0, 23),
-            "limit: field 'window': ");
+  EXPECT_EQ(
+      ParseError(
+          R"({"key": "k", "limit": {"algorithm": "fixed_window", "limit": 10, "window": "10 s"}})")
+          .substr(0, 23),
+      "limit: field 'window': ");
   EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky", "limit": 10}})"),
-            "limit: unknown algorithm 'leaky' (token_bucket, fixed_window, sliding_window or sliding_log)");
-  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1, "window": "1s"}})"),
-            "limit: field 'window' does not apply to token_bucket (use 'capacity' and 'refill_per_second')");
+            "limit: unknown algorithm 'leaky' (token_bucket, fixed_window, sliding_window or "
+            "sliding_log)");
+  EXPECT_EQ(
+      ParseError(
+          R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1, "window": "1s"}})"),
+      "limit: field 'window' does not apply to token_bucket (use 'capacity' and "
+      "'refill_per_second')");
   EXPECT_EQ(ParseError(R"({"key": "k", "limits": [)" + tb + "," + tb + "]}"),
             "limit 'default' appears twice");
   EXPECT_EQ(ParseError(R"({"key": "k", "cost": 11, "limit": )" + tb + "}").substr(0, 21),
@@ -88,7 +97,9 @@ TEST(AppendCheckBody, Format) {
   Limit burst = *Limit::TokenBucket("burst", 10, 5);
   LimitCheck checks[] = {{&burst, 1}};
   CheckResult r;
-  r.decisions.push_back({.allowed = true, .limit = 10, .remaining = 9,
+  r.decisions.push_back({.allowed = true,
+                         .limit = 10,
+                         .remaining = 9,
                          .retry_after = std::chrono::microseconds(0),
                          .reset_after = std::chrono::microseconds(199'001)});
   r.overall = r.decisions[0];

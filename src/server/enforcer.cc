@@ -19,7 +19,8 @@ Limit Enforcer::Scaled(const Limit& limit, int instances) {
   StatusOr<Limit> out = Status(StatusCode::kInternal, "unreachable");
   switch (limit.algorithm()) {
     case Algorithm::kTokenBucket:
-      out = Limit::TokenBucket(limit.name(), count, limit.refill_per_second() / static_cast<double>(n));
+      out = Limit::TokenBucket(limit.name(), count,
+                               limit.refill_per_second() / static_cast<double>(n));
       break;
     case Algorithm::kFixedWindow:
       out = Limit::FixedWindow(limit.name(), count, limit.window());
@@ -52,7 +53,8 @@ void Enforcer::DecideLocal(std::string_view key, std::span<const LimitCheck> che
   } else {
     // The local store is full too: nothing left to decide with; let it through.
     out.result.decisions.assign(checks.size(), Decision{.allowed = true});
-    for (size_t i = 0; i < checks.size(); ++i) out.result.decisions[i].limit = checks[i].limit->limit();
+    for (size_t i = 0; i < checks.size(); ++i)
+      out.result.decisions[i].limit = checks[i].limit->limit();
     out.result.overall = Combine(out.result.decisions);
   }
   done(std::move(out));
@@ -106,7 +108,7 @@ struct Enforcer::Op {
   policy::RequestPlan plan;
   std::string path;
   size_t next = 0;
-  std::vector<Decision> decisions;  // every non-shadow decision so far
+  std::vector<Decision> decisions;   // every non-shadow decision so far
   std::vector<const Limit*> limits;  // parallel to decisions
   bool degraded = false;
   std::function<void(Outcome)> done;
@@ -159,7 +161,8 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
                 const std::vector<Decision>& ds = g.result.decisions;
                 if (group.shadow) {
                   if (!g.result.overall.allowed) {
-                    denials_.Record(group.key, "shadow:" + group.checks.front().limit->name(), op->path);
+                    denials_.Record(group.key, "shadow:" + group.checks.front().limit->name(),
+                                    op->path);
                   }
                   Step(op);
                   return;
@@ -177,7 +180,10 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
                   // Name the limit that denied in the log line.
                   std::string_view name = group.checks.front().limit->name();
                   for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
-                    if (!ds[i].allowed) { name = group.checks[i].limit->name(); break; }
+                    if (!ds[i].allowed) {
+                      name = group.checks[i].limit->name();
+                      break;
+                    }
                   }
                   denials_.Record(group.key, name, op->path);
                   op->Finish(429);

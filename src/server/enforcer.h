@@ -38,19 +38,19 @@ namespace ratelimit::server {
 
 // One store call's result after the failure mode was applied.
 struct GroupOutcome {
-  Status error;               // non-OK only for InvalidArgument (answer 400)
-  CheckResult result;         // one decision per check (valid when error is OK)
-  bool degraded = false;      // the failure mode decided, not the store
-  bool failed_closed = false; // degraded and blocked by failure_mode closed
+  Status error;                // non-OK only for InvalidArgument (answer 400)
+  CheckResult result;          // one decision per check (valid when error is OK)
+  bool degraded = false;       // the failure mode decided, not the store
+  bool failed_closed = false;  // degraded and blocked by failure_mode closed
 };
 
 // The outcome for a whole request.
 struct Outcome {
-  unsigned status = 200;        // 200, 429 (denied), closed_status, 400
-  std::string error;            // detail when status is 400 or a closed failure
-  bool limited = false;         // some non-shadow limit applied: `decision` is meaningful
-  Decision decision;            // the Combine of every non-shadow decision
-  std::string limit_name;       // the limit that speaks for the request
+  unsigned status = 200;   // 200, 429 (denied), closed_status, 400
+  std::string error;       // detail when status is 400 or a closed failure
+  bool limited = false;    // some non-shadow limit applied: `decision` is meaningful
+  Decision decision;       // the Combine of every non-shadow decision
+  std::string limit_name;  // the limit that speaks for the request
   std::chrono::microseconds window{0};
   bool degraded = false;
 };

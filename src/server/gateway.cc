@@ -9,8 +9,8 @@ namespace ratelimit::server {
 namespace {
 
 bool IsHopByHop(std::string_view name) {
-  static constexpr std::string_view kNames[] = {"connection", "keep-alive", "te", "trailer",
-                                                "transfer-encoding", "upgrade"};
+  static constexpr std::string_view kNames[] = {"connection", "keep-alive",        "te",
+                                                "trailer",    "transfer-encoding", "upgrade"};
   for (std::string_view n : kNames) {
     if (EqualsIgnoreCase(name, n)) return true;
   }
@@ -22,15 +22,16 @@ bool IsHopByHop(std::string_view name) {
 void RemoveHopByHop(http::fields& fields) {
   // Headers named in Connection ("Connection: close, X-Foo") are hop-by-hop too.
   std::vector<std::string> named;
-  for (auto it = fields.find(http::field::connection); it != fields.end() &&
-                                                      it->name() == http::field::connection;
-       ++it) {
+  for (auto it = fields.find(http::field::connection);
+       it != fields.end() && it->name() == http::field::connection; ++it) {
     std::string_view v = it->value();
     while (!v.empty()) {
       const size_t comma = v.find(',');
       std::string_view token = v.substr(0, comma);
-      while (!token.empty() && (token.front() == ' ' || token.front() == '\t')) token.remove_prefix(1);
-      while (!token.empty() && (token.back() == ' ' || token.back() == '\t')) token.remove_suffix(1);
+      while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
+        token.remove_prefix(1);
+      while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
+        token.remove_suffix(1);
       if (!token.empty()) named.emplace_back(token);
       v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
     }
@@ -61,7 +62,8 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Create(net::io_context& ioc, const s
     const size_t close = hostport.find(']');
     if (close == std::string::npos) return InvalidArgument("bad upstream address '" + url + "'");
     host = hostport.substr(1, close - 1);
-    if (close + 1 < hostport.size() && hostport[close + 1] == ':') port = hostport.substr(close + 2);
+    if (close + 1 < hostport.size() && hostport[close + 1] == ':')
+      port = hostport.substr(close + 2);
   } else if (const size_t colon = hostport.rfind(':'); colon != std::string::npos) {
     host = hostport.substr(0, colon);
     port = hostport.substr(colon + 1);
@@ -104,7 +106,8 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
   beast::flat_buffer buffer;
   std::optional<http::response_parser<http::string_body>> parser;
 
-  Op(Gateway& g, Request r, std::function<void(Reply)> d) : gw(g), up(std::move(r)), done(std::move(d)) {}
+  Op(Gateway& g, Request r, std::function<void(Reply)> d)
+      : gw(g), up(std::move(r)), done(std::move(d)) {}
   ~Op() { gw.active_.fetch_sub(1, std::memory_order_relaxed); }
 
   void Start() {
@@ -117,14 +120,15 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
   void Connect() {
     stream = std::make_unique<beast::tcp_stream>(net::make_strand(gw.ioc_));
     stream->expires_after(gw.options_.connect_timeout);
-    stream->async_connect(gw.endpoints_, [self = shared_from_this()](beast::error_code ec,
-                                                                      const tcp::endpoint&) {
-      if (ec == beast::error::timeout) return self->Fail(504, "upstream connect timed out");
-      if (ec) return self->Fail(502, "upstream unreachable: " + ec.message());
-      beast::error_code ignored;
-      self->stream->socket().set_option(tcp::no_delay(true), ignored);
-      self->Send();
-    });
+    stream->async_connect(gw.endpoints_,
+                          [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+                            if (ec == beast::error::timeout)
+                              return self->Fail(504, "upstream connect timed out");
+                            if (ec) return self->Fail(502, "upstream unreachable: " + ec.message());
+                            beast::error_code ignored;
+                            self->stream->socket().set_option(tcp::no_delay(true), ignored);
+                            self->Send();
+                          });
   }
 
   void Send() {
@@ -141,16 +145,20 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
     parser->body_limit(gw.options_.max_response_body);
     parser->header_limit(64 * 1024);
     if (head) parser->skip(true);
-    http::async_read(*stream, buffer, *parser, [self = shared_from_this()](beast::error_code ec, size_t n) {
-      if (!ec) return self->Respond();
-      if (ec == beast::error::timeout) return self->Fail(504, "upstream did not answer in time");
-      if (ec == http::error::body_limit) {
-        return self->Fail(502, "upstream response body exceeds " +
-                                   std::to_string(self->gw.options_.max_response_body) + " bytes");
-      }
-      if (n == 0) return self->RetryOr(502, "upstream closed the connection: " + ec.message(), ec);
-      self->Fail(502, "bad upstream response: " + ec.message());
-    });
+    http::async_read(
+        *stream, buffer, *parser, [self = shared_from_this()](beast::error_code ec, size_t n) {
+          if (!ec) return self->Respond();
+          if (ec == beast::error::timeout)
+            return self->Fail(504, "upstream did not answer in time");
+          if (ec == http::error::body_limit) {
+            return self->Fail(502, "upstream response body exceeds " +
+                                       std::to_string(self->gw.options_.max_response_body) +
+                                       " bytes");
+          }
+          if (n == 0)
+            return self->RetryOr(502, "upstream closed the connection: " + ec.message(), ec);
+          self->Fail(502, "bad upstream response: " + ec.message());
+        });
   }
 
   void RetryOr(unsigned status, std::string detail, beast::error_code) {
@@ -185,7 +193,8 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
   }
 
   void Fail(unsigned status, std::string detail) {
-    Log(Level::kWarn, "upstream error", {{"status", status}, {"detail", detail}, {"upstream", gw.url_}});
+    Log(Level::kWarn, "upstream error",
+        {{"status", status}, {"detail", detail}, {"upstream", gw.url_}});
     Reply r = ProblemReply(status, detail, std::string_view(up.target()));
     Finish(std::move(r));
   }

@@ -29,7 +29,8 @@ std::string_view DialectName(policy::HeaderDialect dialect) {
   return "none";
 }
 
-void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& info, HeaderList& out) {
+void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& info,
+                         HeaderList& out) {
   const Decision& d = info.decision;
   const int64_t remaining = d.remaining < 0 ? 0 : d.remaining;
   const int64_t reset = CeilSeconds(d.reset_after);
@@ -49,8 +50,8 @@ void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& inf
       const int64_t w = CeilSeconds(info.window);
       if (w > 0) policy += ";w=" + std::to_string(w);
       out.emplace_back("RateLimit-Policy", std::move(policy));
-      out.emplace_back("RateLimit", quoted + ";r=" + std::to_string(remaining) +
-                                        ";t=" + std::to_string(reset));
+      out.emplace_back("RateLimit",
+                       quoted + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(reset));
       break;
     }
     case policy::HeaderDialect::kLegacy:
@@ -58,8 +59,7 @@ void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& inf
       out.emplace_back("X-RateLimit-Remaining", std::to_string(remaining));
       out.emplace_back("X-RateLimit-Reset", std::to_string(reset));
       break;
-    case policy::HeaderDialect::kNone:
-      break;
+    case policy::HeaderDialect::kNone: break;
   }
   if (!d.allowed) {
     out.emplace_back("Retry-After", std::to_string(RetryAfterSeconds(d)));

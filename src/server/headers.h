@@ -37,7 +37,7 @@ namespace ratelimit::server {
 
 struct RateLimitInfo {
   Decision decision;
-  std::string_view name;               // the limit that speaks for the request
+  std::string_view name;                // the limit that speaks for the request
   std::chrono::microseconds window{0};  // Limit::window(): full refill time or window
   bool degraded = false;
 };

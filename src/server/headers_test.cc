@@ -17,14 +17,20 @@ std::string Get(const HeaderList& h, std::string_view name) {
 }
 
 RateLimitInfo Allowed() {
-  return {.decision = {.allowed = true, .limit = 10, .remaining = 9, .retry_after = 0us,
+  return {.decision = {.allowed = true,
+                       .limit = 10,
+                       .remaining = 9,
+                       .retry_after = 0us,
                        .reset_after = 200ms},
           .name = "burst",
           .window = 2s};
 }
 
 RateLimitInfo Denied() {
-  return {.decision = {.allowed = false, .limit = 10, .remaining = 0, .retry_after = 1001ms,
+  return {.decision = {.allowed = false,
+                       .limit = 10,
+                       .remaining = 0,
+                       .retry_after = 1001ms,
                        .reset_after = 2s},
           .name = "burst",
           .window = 2s};

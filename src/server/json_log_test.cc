@@ -7,9 +7,9 @@ namespace ratelimit::server {
 namespace {
 
 TEST(JsonLog, OneObjectPerLine) {
-  std::string line = FormatLogLine(1'700'000'000'123'000, Level::kInfo, "listening",
-                                   {{"addr", "127.0.0.1:8080"}, {"n", 3}, {"ok", true},
-                                    {"weird", "a\"b\n\xff"}});
+  std::string line =
+      FormatLogLine(1'700'000'000'123'000, Level::kInfo, "listening",
+                    {{"addr", "127.0.0.1:8080"}, {"n", 3}, {"ok", true}, {"weird", "a\"b\n\xff"}});
   EXPECT_EQ(line.find('\n'), std::string::npos);
   auto j = nlohmann::json::parse(line);
   EXPECT_EQ(j["ts"], "2023-11-14T22:13:20.123Z");

@@ -22,8 +22,8 @@ StatusOr<tcp::endpoint> ResolveListenAddress(net::io_context& ioc, const std::st
     port = hostport.substr(colon + 1);
   }
   if (host.empty()) host = "0.0.0.0";
-  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5 ||
-      std::stoi(port) > 65535) {
+  if (port.empty() || port.find_first_not_of("0123456789") != std::string::npos ||
+      port.size() > 5 || std::stoi(port) > 65535) {
     return InvalidArgument("bad port in listen address '" + hostport + "'");
   }
   beast::error_code ec;
@@ -76,27 +76,28 @@ void Listener::Stop() {
 }
 
 void Listener::Accept() {
-  acceptor_.async_accept(
-      net::make_strand(ioc_), [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
-        if (ec == net::error::operation_aborted || !self->acceptor_.is_open()) return;
-        if (ec) {
-          // EMFILE and friends: log, back off a little, keep accepting.
-          Log(Level::kWarn, "accept failed", {{"error", ec.message()}});
-          auto timer = std::make_shared<net::steady_timer>(self->strand_, std::chrono::milliseconds(50));
-          timer->async_wait([self, timer](beast::error_code) { self->Accept(); });
-          return;
-        }
-        if (self->registry_.size() >= self->max_connections_) {
-          beast::error_code ignored;
-          socket.close(ignored);  // over the cap: the connected clients keep their service
-        } else {
-          beast::error_code ignored;
-          socket.set_option(tcp::no_delay(true), ignored);
-          std::make_shared<Session>(std::move(socket), self->router_, self->limits_, self->registry_)
-              ->Start();
-        }
-        self->Accept();
-      });
+  acceptor_.async_accept(net::make_strand(ioc_), [self = shared_from_this()](beast::error_code ec,
+                                                                             tcp::socket socket) {
+    if (ec == net::error::operation_aborted || !self->acceptor_.is_open()) return;
+    if (ec) {
+      // EMFILE and friends: log, back off a little, keep accepting.
+      Log(Level::kWarn, "accept failed", {{"error", ec.message()}});
+      auto timer =
+          std::make_shared<net::steady_timer>(self->strand_, std::chrono::milliseconds(50));
+      timer->async_wait([self, timer](beast::error_code) { self->Accept(); });
+      return;
+    }
+    if (self->registry_.size() >= self->max_connections_) {
+      beast::error_code ignored;
+      socket.close(ignored);  // over the cap: the connected clients keep their service
+    } else {
+      beast::error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
+      std::make_shared<Session>(std::move(socket), self->router_, self->limits_, self->registry_)
+          ->Start();
+    }
+    self->Accept();
+  });
 }
 
 }  // namespace ratelimit::server

@@ -56,7 +56,8 @@ Reply ProblemReply(unsigned status, std::string_view detail, std::string_view in
   r.status = status;
   r.content_type = kProblemContentType;
   // Client-supplied text may be invalid UTF-8: replace rather than throw.
-  r.body = Problem(status, detail, instance).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  r.body = Problem(status, detail, instance)
+               .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   return r;
 }
 

@@ -23,7 +23,7 @@ struct Reply {
   std::string content_type;  // "" = no Content-Type header
   std::string body;
   std::vector<std::pair<std::string, std::string>> headers;
-  bool close = false;            // close the connection after writing
+  bool close = false;                // close the connection after writing
   bool keep_content_length = false;  // HEAD via the gateway: headers carry the length
 
   void Add(std::string_view name, std::string value) {

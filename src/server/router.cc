@@ -14,8 +14,8 @@ namespace {
 
 void AddInfoHeaders(const Outcome& o, policy::HeaderDialect dialect, Reply& r) {
   if (o.limited) {
-    RateLimitInfo info{.decision = o.decision, .name = o.limit_name, .window = o.window,
-                       .degraded = o.degraded};
+    RateLimitInfo info{
+        .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
     AddRateLimitHeaders(dialect, info, r.headers);
   } else if (o.degraded) {
     r.Add("X-RateLimit-Degraded", "true");
@@ -36,8 +36,8 @@ Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view 
   Reply r;
   r.status = 429;
   r.content_type = kProblemContentType;
-  RateLimitInfo info{.decision = o.decision, .name = o.limit_name, .window = o.window,
-                     .degraded = o.degraded};
+  RateLimitInfo info{
+      .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
   r.body = QuotaExceededBody(info, path);
   AddRateLimitHeaders(dialect, info, r.headers);
   return r;
@@ -46,7 +46,11 @@ Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view 
 }  // namespace
 
 Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo)
-    : policies_(policies), enforcer_(enforcer), decision_api_(enforcer), gateway_(gateway), demo_(demo) {}
+    : policies_(policies),
+      enforcer_(enforcer),
+      decision_api_(enforcer),
+      gateway_(gateway),
+      demo_(demo) {}
 
 void Router::Handle(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
                     std::function<void(Reply)> done) {
@@ -65,7 +69,8 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
       }
       return decision_api_.Batch(std::move(policy), req.body(), path, std::move(done));
     }
-    if (path == "/v1/auth") return Rules(req, peer, peer_text, std::move(policy), true, std::move(done));
+    if (path == "/v1/auth")
+      return Rules(req, peer, peer_text, std::move(policy), true, std::move(done));
   }
   if (demo_ && (req.method() == http::verb::get || req.method() == http::verb::head) &&
       (path == "/" || path == "/index.html")) {
@@ -84,11 +89,12 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
     auto m = req.find("X-Original-Method");
     auto u = req.find("X-Original-URI");
     if (m == req.end() || u == req.end()) {
-      return done(ProblemReply(400,
-                               std::string(m == req.end() ? "X-Original-Method" : "X-Original-URI") +
-                                   " header is required (nginx: proxy_set_header X-Original-URI "
-                                   "$request_uri; proxy_set_header X-Original-Method $request_method;)",
-                               "/v1/auth"));
+      return done(
+          ProblemReply(400,
+                       std::string(m == req.end() ? "X-Original-Method" : "X-Original-URI") +
+                           " header is required (nginx: proxy_set_header X-Original-URI "
+                           "$request_uri; proxy_set_header X-Original-Method $request_method;)",
+                       "/v1/auth"));
     }
     method = m->value();
     target = u->value();
@@ -134,15 +140,15 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
         }
         if (o.status != 200) return done(Blocked(o, dialect, path));
         if (gateway_ != nullptr) {
-          gateway_->Forward(req, peer_text, [o = std::move(o), dialect,
-                                             done = std::move(done)](Reply r) mutable {
-            AddInfoHeaders(o, dialect, r);
-            done(std::move(r));
-          });
+          gateway_->Forward(req, peer_text,
+                            [o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
+                              AddInfoHeaders(o, dialect, r);
+                              done(std::move(r));
+                            });
           return;
         }
-        Reply r = demo_ && path == "/api/ping" ? Pong()
-                                               : ProblemReply(404, "no route for " + path, path);
+        Reply r =
+            demo_ && path == "/api/ping" ? Pong() : ProblemReply(404, "no route for " + path, path);
         AddInfoHeaders(o, dialect, r);
         done(std::move(r));
       });

@@ -37,7 +37,8 @@ class Router {
 
  private:
   void Rules(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
-             std::shared_ptr<const policy::Policy> policy, bool auth, std::function<void(Reply)> done);
+             std::shared_ptr<const policy::Policy> policy, bool auth,
+             std::function<void(Reply)> done);
 
   PolicyHolder& policies_;
   Enforcer& enforcer_;

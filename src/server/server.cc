@@ -78,7 +78,8 @@ Status Server::Start() {
                        .max_body_bytes = sc.max_body_bytes,
                        .read_timeout = sc.read_timeout,
                        .idle_timeout = sc.idle_timeout};
-  s.listener = std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, sc.max_connections);
+  s.listener =
+      std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, sc.max_connections);
   if (Status st = s.listener->Open(); !st.ok()) return st;
   const tcp::endpoint bound = s.listener->local_endpoint();
   std::string addr = bound.address().to_string();
@@ -87,7 +88,8 @@ Status Server::Start() {
   Log(Level::kInfo, "listening",
       {{"addr", addr},
        {"config", s.start_config.source},
-       {"store", s.start_config.store.type == policy::StoreConfig::Type::kMemory ? "memory" : "redis"},
+       {"store",
+        s.start_config.store.type == policy::StoreConfig::Type::kMemory ? "memory" : "redis"},
        {"upstream", sc.upstream},
        {"demo", sc.demo}});
   return Status::Ok();
@@ -101,8 +103,8 @@ void Server::Impl::WaitForSignal() {
       WaitForSignal();
       return;
     }
-    Log(Level::kInfo, "draining", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
-                                   {"connections", registry.size()}});
+    Log(Level::kInfo, "draining",
+        {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"connections", registry.size()}});
     Drain();
   });
 }

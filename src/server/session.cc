@@ -63,12 +63,12 @@ void Session::WaitForRequest() {
   if (buffer_.size() > 0) return ReadHeader();  // a pipelined request is already here
   // Between requests: wait up to idle_timeout for the first byte.
   stream_.expires_after(limits_.idle_timeout);
-  stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](
-                                                     beast::error_code ec, size_t n) {
-    if (ec) return self->Close();
-    self->buffer_.commit(n);
-    self->ReadHeader();
-  });
+  stream_.async_read_some(buffer_.prepare(4096),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            if (ec) return self->Close();
+                            self->buffer_.commit(n);
+                            self->ReadHeader();
+                          });
 }
 
 void Session::ReadHeader() {
@@ -77,10 +77,9 @@ void Session::ReadHeader() {
   parser_->body_limit(limits_.max_body_bytes);
   // One deadline for the whole request, header and body.
   stream_.expires_after(limits_.read_timeout);
-  http::async_read_header(stream_, buffer_, *parser_,
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
-                            self->OnHeader(ec);
-                          });
+  http::async_read_header(
+      stream_, buffer_, *parser_,
+      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
 }
 
 void Session::OnHeader(beast::error_code ec) {
@@ -88,10 +87,11 @@ void Session::OnHeader(beast::error_code ec) {
   if (parser_->is_done()) return Handle();
   const auto expect = parser_->get()[http::field::expect];
   if (beast::iequals(expect, "100-continue")) {
-    http::async_write(stream_, continue_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->Close();
-      self->ReadBody();
-    });
+    http::async_write(stream_, continue_,
+                      [self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec) return self->Close();
+                        self->ReadBody();
+                      });
     return;
   }
   ReadBody();
@@ -114,10 +114,8 @@ void Session::FailRequest(beast::error_code ec) {
     instance = instance.substr(0, instance.find('?'));
   }
   if (ec == http::error::header_limit) {
-    Reply r = ProblemReply(431,
-                           "request headers exceed " + std::to_string(limits_.max_header_bytes) +
-                               " bytes",
-                           "");
+    Reply r = ProblemReply(
+        431, "request headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes", "");
     r.close = true;
     return Write(std::move(r));
   }
@@ -156,8 +154,7 @@ void Session::Write(Reply reply) {
   for (auto& [name, value] : reply.headers) res_.set(name, value);
   if (!reply.content_type.empty()) res_.set(http::field::content_type, reply.content_type);
   const bool draining = registry_.draining.load(std::memory_order_relaxed);
-  const bool close =
-      reply.close || draining || !have_request || !parser_->get().keep_alive();
+  const bool close = reply.close || draining || !have_request || !parser_->get().keep_alive();
   res_.keep_alive(!close);
   res_.body() = std::move(reply.body);
   if (reply.keep_content_length) {
@@ -170,9 +167,10 @@ void Session::Write(Reply reply) {
     res_.prepare_payload();
   }
   stream_.expires_after(limits_.read_timeout);
-  http::async_write(stream_, res_, [self = shared_from_this(), close](beast::error_code ec, size_t) {
-    self->OnWrite(close, ec);
-  });
+  http::async_write(stream_, res_,
+                    [self = shared_from_this(), close](beast::error_code ec, size_t) {
+                      self->OnWrite(close, ec);
+                    });
 }
 
 void Session::OnWrite(bool close, beast::error_code ec) {

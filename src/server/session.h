@@ -99,7 +99,7 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionRegistry& registry_;
   policy::IpAddress peer_;
   std::string peer_text_;
-  bool busy_ = false;    // a request is being handled or answered
+  bool busy_ = false;  // a request is being handled or answered
   bool closed_ = false;
 };
 

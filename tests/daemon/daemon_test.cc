@@ -1,7 +1,7 @@
 // The decision API contract, the embedded default, the header dialects and
 // the server's bounds, against the real ratelimitd binary.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -22,7 +22,8 @@ HttpResponse Check(int port, const std::string& body) {
   return Http(port, "POST", "/v1/check", {{"Content-Type", "application/json"}}, body);
 }
 
-const char* kBurst = R"({"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5})";
+const char* kBurst =
+    R"({"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5})";
 
 TEST(EmbeddedDefault, SevenPingsThenAnotherKey) {
   Daemon d({});
@@ -74,8 +75,10 @@ TEST(EmbeddedDefault, DemoPage) {
 TEST(DecisionApi, Contract) {
   Daemon d({});
   ASSERT_TRUE(d.started()) << d.Log();
-  HttpResponse r = Check(d.port(), std::string(R"({"key": "user:ada", "cost": 1, "limits": [)") + kBurst +
-                                       R"(, {"name": "daily", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]})");
+  HttpResponse r = Check(
+      d.port(),
+      std::string(R"({"key": "user:ada", "cost": 1, "limits": [)") + kBurst +
+          R"(, {"name": "daily", "algorithm": "fixed_window", "limit": 1000, "window": "1d"}]})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.Header("Content-Type"), "application/json");
   json j = Body(r);
@@ -86,8 +89,12 @@ TEST(DecisionApi, Contract) {
   EXPECT_EQ(j["reset_after_ms"], 200);
   EXPECT_EQ(j["degraded"], false);
   ASSERT_EQ(j["limits"].size(), 2u);
-  EXPECT_EQ(j["limits"][0], json({{"name", "burst"}, {"allowed", true}, {"limit", 10}, {"remaining", 9},
-                                  {"retry_after_ms", 0}, {"reset_after_ms", 200}}));
+  EXPECT_EQ(j["limits"][0], json({{"name", "burst"},
+                                  {"allowed", true},
+                                  {"limit", 10},
+                                  {"remaining", 9},
+                                  {"retry_after_ms", 0},
+                                  {"reset_after_ms", 200}}));
   EXPECT_EQ(j["limits"][1]["name"], "daily");
   EXPECT_EQ(j["limits"][1]["limit"], 1000);
   EXPECT_EQ(j["limits"][1]["remaining"], 999);
@@ -96,14 +103,17 @@ TEST(DecisionApi, Contract) {
   EXPECT_EQ(r.Header("RateLimit-Reset"), "1");
 
   // cost 0 asks without consuming.
-  j = Body(Check(d.port(), std::string(R"({"key": "user:ada", "cost": 0, "limit": )") + kBurst + "}"));
+  j = Body(
+      Check(d.port(), std::string(R"({"key": "user:ada", "cost": 0, "limit": )") + kBurst + "}"));
   EXPECT_EQ(j["allowed"], true);
   EXPECT_EQ(j["remaining"], 9);
-  j = Body(Check(d.port(), std::string(R"({"key": "user:ada", "cost": 0, "limit": )") + kBurst + "}"));
+  j = Body(
+      Check(d.port(), std::string(R"({"key": "user:ada", "cost": 0, "limit": )") + kBurst + "}"));
   EXPECT_EQ(j["remaining"], 9);
 
   // Spend the rest, then a denial: 429, Retry-After, retry_after_ms rounded up.
-  j = Body(Check(d.port(), std::string(R"({"key": "user:ada", "cost": 9, "limit": )") + kBurst + "}"));
+  j = Body(
+      Check(d.port(), std::string(R"({"key": "user:ada", "cost": 9, "limit": )") + kBurst + "}"));
   EXPECT_EQ(j["remaining"], 0);
   r = Check(d.port(), std::string(R"({"key": "user:ada", "limit": )") + kBurst + "}");
   EXPECT_EQ(r.status, 429);
@@ -129,20 +139,23 @@ TEST(DecisionApi, Contract) {
 TEST(DecisionApi, Batch) {
   Daemon d({});
   ASSERT_TRUE(d.started()) << d.Log();
-  HttpResponse r = Http(d.port(), "POST", "/v1/check/batch", {},
-                        std::string(R"({"checks": [{"key": "a", "limit": )") + kBurst +
-                            R"(}, {"key": "a", "cost": 1.5, "limit": "ping"}, {"key": "b", "limits": ["ping"], "cost": 5}]})");
+  HttpResponse r = Http(
+      d.port(), "POST", "/v1/check/batch", {},
+      std::string(R"({"checks": [{"key": "a", "limit": )") + kBurst +
+          R"(}, {"key": "a", "cost": 1.5, "limit": "ping"}, {"key": "b", "limits": ["ping"], "cost": 5}]})");
   ASSERT_EQ(r.status, 200) << r.body;
   json j = Body(r);
   ASSERT_EQ(j["results"].size(), 3u);
   EXPECT_EQ(j["results"][0]["remaining"], 9);
   EXPECT_EQ(j["results"][1]["error"]["status"], 400);
-  EXPECT_EQ(j["results"][1]["error"]["detail"], "checks[1]: field 'cost' must be a non-negative integer");
+  EXPECT_EQ(j["results"][1]["error"]["detail"],
+            "checks[1]: field 'cost' must be a non-negative integer");
   EXPECT_EQ(j["results"][2]["allowed"], true);
   EXPECT_EQ(j["results"][2]["remaining"], 0);
 
   std::string many = R"({"checks": [)";
-  for (int i = 0; i < 101; ++i) many += std::string(i ? "," : "") + R"({"key": "k", "limit": "ping", "cost": 0})";
+  for (int i = 0; i < 101; ++i)
+    many += std::string(i ? "," : "") + R"({"key": "k", "limit": "ping", "cost": 0})";
   r = Http(d.port(), "POST", "/v1/check/batch", {}, many + "]}");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(Body(r)["detail"], "field 'checks' has 101 entries; the maximum is 100");
@@ -158,9 +171,12 @@ TEST(DecisionApi, EveryBadRequestSaysWhy) {
   } cases[] = {
       {"{", "request body is not valid JSON: "},
       {"", "request body is not valid JSON: "},
-      {R"({"key": "k", "cost": 1.5, "limit": )" + tb + "}", "field 'cost' must be a non-negative integer"},
-      {R"({"key": "k", "cost": -1, "limit": )" + tb + "}", "field 'cost' must be a non-negative integer"},
-      {R"({"key": "k", "cost": "1", "limit": )" + tb + "}", "field 'cost' must be a non-negative integer"},
+      {R"({"key": "k", "cost": 1.5, "limit": )" + tb + "}",
+       "field 'cost' must be a non-negative integer"},
+      {R"({"key": "k", "cost": -1, "limit": )" + tb + "}",
+       "field 'cost' must be a non-negative integer"},
+      {R"({"key": "k", "cost": "1", "limit": )" + tb + "}",
+       "field 'cost' must be a non-negative integer"},
       {R"({"key": "k", "cost": 1e400, "limit": )" + tb + "}", "request body is not valid JSON: "},
       {R"({"key": "k", "cost": NaN, "limit": )" + tb + "}", "request body is not valid JSON: "},
       {R"({"key": "k", "cots": 1, "limit": )" + tb + "}", "unknown field 'cots'"},
@@ -207,8 +223,9 @@ TEST(Server, BoundsAnswerAndKeepServing) {
   Daemon d({});
   ASSERT_TRUE(d.started()) << d.Log();
   // Headers over 8 KiB -> 431.
-  HttpResponse r = RawHttp(d.port(), "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-Big: " +
-                                         std::string(9000, 'a') + "\r\n\r\n");
+  HttpResponse r =
+      RawHttp(d.port(),
+              "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n");
   EXPECT_EQ(r.status, 431);
   EXPECT_EQ(Body(r)["detail"], "request headers exceed 8192 bytes");
   // Body over 64 KiB -> 413 (announced by Content-Length).

@@ -12,7 +12,8 @@ namespace {
 using nlohmann::json;
 
 std::string GatewayConfig(int upstream_port, const std::string& extra_server = "") {
-  return "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream_port) + "\n" + extra_server +
+  return "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream_port) + "\n" +
+         extra_server +
          "limits:\n  api: {algorithm: token_bucket, capacity: 3, refill_per_second: 0.01}\n"
          "routes:\n  - name: all\n    path: /\n    match: prefix\n    limits: [api]\n";
 }
@@ -64,7 +65,8 @@ TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) {
   EXPECT_EQ(upstream.requests(), before) << "a denied request must not reach the upstream";
   EXPECT_EQ(json::parse(r.body)["limit"], "api");
   EXPECT_FALSE(r.Header("Retry-After").empty());
-  // Another client (another address: unknown API keys are keyed by IP) is unaffected; a large answer comes through whole.
+  // Another client (another address: unknown API keys are keyed by IP) is unaffected; a large
+  // answer comes through whole.
   r = Http(d.port(), "GET", "/big", {}, "", "127.0.0.5");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body.size(), 100u * 1024);
@@ -125,7 +127,9 @@ TEST(ClientIp, UntrustedPeerCannotSpoofXff) {
   // Missing X-Original-URI -> 400 naming it.
   HttpResponse r = Http(d.port(), "GET", "/v1/auth", {{"X-Original-Method", "GET"}});
   EXPECT_EQ(r.status, 400);
-  EXPECT_EQ(json::parse(r.body)["detail"].get<std::string>().rfind("X-Original-URI header is required", 0), 0u);
+  EXPECT_EQ(json::parse(r.body)["detail"].get<std::string>().rfind(
+                "X-Original-URI header is required", 0),
+            0u);
   // deny_status for nginx.
   r = Http(d.port(), "GET", "/v1/auth?deny_status=403",
            {{"X-Original-Method", "GET"}, {"X-Original-URI", "/api/x"}}, "", "127.0.0.2");

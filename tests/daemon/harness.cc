@@ -197,7 +197,8 @@ Daemon::Daemon(std::vector<std::string> args) {
   dir_ = MakeTempDir();
   log_path_ = dir_ + "/stderr.log";
   bool has_listen = false;
-  for (const auto& a : args) has_listen = has_listen || a == "--listen" || a.rfind("--listen=", 0) == 0;
+  for (const auto& a : args)
+    has_listen = has_listen || a == "--listen" || a.rfind("--listen=", 0) == 0;
   std::vector<std::string> argv_s = {RATELIMITD_PATH};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   if (!has_listen) {
@@ -210,7 +211,8 @@ Daemon::Daemon(std::vector<std::string> args) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 2, log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 1, (dir_ + "/stdout.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, 1, (dir_ + "/stdout.log").c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (posix_spawn(&pid_, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid_ = -1;
   posix_spawn_file_actions_destroy(&fa);
   if (pid_ <= 0) return;
@@ -348,12 +350,17 @@ void TestUpstream::Serve(int fd) {
     buf.erase(0, content_length);
     requests_++;
     if (target.rfind("/slow", 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    nlohmann::json echo = {{"method", method}, {"target", target}, {"headers", headers}, {"body", body}};
-    std::string out_body = target.rfind("/big", 0) == 0 ? std::string(100 * 1024, 'x') : echo.dump();
-    std::string resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                       "Content-Length: " + std::to_string(out_body.size()) + "\r\n"
-                       "X-Upstream: yes\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\n"
-                       "Keep-Alive: timeout=5\r\n\r\n";
+    nlohmann::json echo = {
+        {"method", method}, {"target", target}, {"headers", headers}, {"body", body}};
+    std::string out_body =
+        target.rfind("/big", 0) == 0 ? std::string(100 * 1024, 'x') : echo.dump();
+    std::string resp =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(out_body.size()) +
+        "\r\n"
+        "X-Upstream: yes\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\n"
+        "Keep-Alive: timeout=5\r\n\r\n";
     if (method != "HEAD") resp += out_body;
     if (!SendAll(fd, resp) || close) return;
   }

@@ -26,7 +26,7 @@ namespace rltest {
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 struct HttpResponse {
-  int status = 0;               // 0: no answer (connection failed or closed)
+  int status = 0;  // 0: no answer (connection failed or closed)
   Headers headers;
   std::string body;
   std::string raw_head;
@@ -41,7 +41,8 @@ HttpResponse Http(int port, const std::string& method, const std::string& target
                   const Headers& headers = {}, const std::string& body = "",
                   const std::string& source_ip = "");
 // Sends raw bytes and reads the answer until the server closes (or timeout).
-HttpResponse RawHttp(int port, const std::string& bytes, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+HttpResponse RawHttp(int port, const std::string& bytes,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(5));
 HttpResponse ParseResponse(const std::string& raw);
 
 int FreePort();

@@ -1,6 +1,6 @@
 // SIGHUP reload (good and bad file) and SIGTERM drain, on the real binary.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -46,14 +46,15 @@ TEST(Signals, HupReloadsAGoodFileAndKeepsTheOldOnABadOne) {
   // A change that needs a restart is logged as ignored.
   WriteFile(file, Config(50, "server:\n  max_connections: 7\n"));
   d.Signal(SIGHUP);
-  ASSERT_TRUE(d.WaitForLog("changes that need a restart were ignored", std::chrono::seconds(10))) << d.Log();
+  ASSERT_TRUE(d.WaitForLog("changes that need a restart were ignored", std::chrono::seconds(10)))
+      << d.Log();
 }
 
 TEST(Signals, TermDrainsInFlightRequestsThenExitsZero) {
   TestUpstream upstream;
   std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml",
-            Config(100, "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream.port()) + "\n"));
+  WriteFile(dir + "/c.yaml", Config(100, "server:\n  upstream: http://127.0.0.1:" +
+                                             std::to_string(upstream.port()) + "\n"));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
   const int port = d.port();

@@ -2,8 +2,8 @@
 // against the embedded default draws 5 green (ok) and 5 red (denied) squares.
 #include <unistd.h>
 
-#include <cstdio>
 #include <gtest/gtest.h>
+#include <cstdio>
 
 #include "harness.h"
 
@@ -22,8 +22,9 @@ TEST(DemoBrowser, TenAtOnceShowsFiveAllowedFiveDenied) {
   ASSERT_TRUE(d.started()) << d.Log();
   const std::string dir = MakeTempDir();
   const std::string url = "http://127.0.0.1:" + std::to_string(d.port()) + "/?auto=10&key=browser";
-  const std::string cmd = "/usr/bin/chromium --headless --no-sandbox --disable-gpu --user-data-dir=" +
-                          dir + " --virtual-time-budget=5000 --dump-dom '" + url + "' 2>/dev/null";
+  const std::string cmd =
+      "/usr/bin/chromium --headless --no-sandbox --disable-gpu --user-data-dir=" + dir +
+      " --virtual-time-budget=5000 --dump-dom '" + url + "' 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string dom;

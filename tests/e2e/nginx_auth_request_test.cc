@@ -10,8 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <gtest/gtest.h>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
@@ -43,8 +43,9 @@ class Nginx {
  public:
   Nginx(const std::string& prefix, int port) : port_(port) {
     const std::string conf = prefix + "/nginx.conf";
-    std::vector<std::string> args = {"/usr/sbin/nginx", "-p", prefix, "-e", prefix + "/error.log",
-                                     "-c", conf, "-g", "daemon off;"};
+    std::vector<std::string> args = {"/usr/sbin/nginx",     "-p", prefix, "-e",
+                                     prefix + "/error.log", "-c", conf,   "-g",
+                                     "daemon off;"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -78,7 +79,8 @@ struct Curl {
 };
 
 // curl -s -i [--interface SRC] [-H ...] URL
-Curl RunCurl(const std::string& url, const std::string& source, const std::vector<std::string>& headers = {}) {
+Curl RunCurl(const std::string& url, const std::string& source,
+             const std::vector<std::string>& headers = {}) {
   std::string cmd = "curl -s -i --max-time 10";
   if (!source.empty()) cmd += " --interface " + source;
   for (const auto& h : headers) cmd += " -H '" + h + "'";
@@ -134,7 +136,8 @@ TEST(NginxAuthRequest, LimitsThroughNginx) {
 
   Curl denied = RunCurl(url, "127.0.0.2");
   EXPECT_EQ(denied.status, 429) << denied.response.raw_head;
-  EXPECT_GE(std::atoi(denied.response.Header("Retry-After").c_str()), 1) << denied.response.raw_head;
+  EXPECT_GE(std::atoi(denied.response.Header("Retry-After").c_str()), 1)
+      << denied.response.raw_head;
   EXPECT_EQ(denied.response.Header("Content-Type"), "application/problem+json");
   EXPECT_EQ(denied.response.Header("RateLimit-Remaining"), "0");
   auto problem = nlohmann::json::parse(denied.response.body, nullptr, false);
