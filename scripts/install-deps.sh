@@ -17,7 +17,6 @@ test_pkgs=(
   nginx                      # auth_request and load-balancer tests, and a benchmark peer
   curl wrk openssl           # HTTP client, load generator, test certificates
   chromium                   # the demo page's browser test (headless)
-  nodejs npm                 # playwright-core drives chromium
   prometheus                 # promtool checks the /metrics output
   clang libclang-rt-14-dev clang-format clang-tidy  # fuzzing, format and lint
   procps psmisc iproute2
@@ -26,13 +25,34 @@ test_pkgs=(
 pkgs=("${build_pkgs[@]}")
 [[ "${1:-}" == "--build" ]] || pkgs+=("${test_pkgs[@]}")
 
+# Node.js: any installed node/npm will do (a Node.js build that bundles npm
+# conflicts with Debian's npm package, so only what is missing is installed).
+if [[ "${1:-}" != "--build" ]]; then
+  command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
+  command -v npm >/dev/null 2>&1 || pkgs+=(npm)
+fi
+
 missing=()
 for p in "${pkgs[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
+# The browser test's npm packages (playwright-core, pinned by the lockfile; it
+# drives Debian's chromium and downloads no browser). Run after the Debian
+# packages (node, npm) are in place.
+npm_deps() {
+  [[ "${1:-}" == "--build" ]] && return 0
+  local dir
+  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/browser"
+  if [[ ! -f "$dir/node_modules/playwright-core/package.json" ]]; then
+    echo "install-deps: npm ci in tests/e2e/browser"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+}
+
 if ((${#missing[@]} == 0)); then
+  npm_deps "${1:-}"
   exit 0
 fi
 
@@ -47,3 +67,4 @@ for svc in redis-server nginx prometheus; do
     "${SUDO[@]}" systemctl stop "$svc" || true
   fi
 done
+npm_deps "${1:-}"

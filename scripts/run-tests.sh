@@ -11,29 +11,35 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
 step() { printf '\n==== %s (%s)\n' "$1" "$(date +%T)"; }
 
-configure() {  # dir, extra cmake args...
-  local dir=$1; shift
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DRL_BUILD_BENCH=ON "$@" >/dev/null
+configure() {  # dir, build type, extra cmake args...
+  local dir=$1 type=$2; shift 2
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
 }
+# Sanitizer builds: -O1 keeps them fast to compile and still quick to run.
+SAN_FLAGS=(-DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DRL_BUILD_BENCH=OFF)
+
+step "npm packages (pinned in lockfiles)"
+[[ -d bench/peers/node_modules/rate-limiter-flexible ]] ||
+  npm ci --prefix bench/peers --no-audit --no-fund
 
 step "lint"
 scripts/lint.sh
 
 step "build (RelWithDebInfo)"
-configure build
+configure build RelWithDebInfo -DRL_BUILD_BENCH=ON
 ninja -C build -j "$JOBS"
 step "test (RelWithDebInfo)"
 ctest --test-dir build --output-on-failure -j 2 --timeout 900
 
 step "build (ASan + UBSan)"
-configure build-asan -DRL_SANITIZE=address -DRL_BUILD_BENCH=OFF
+configure build-asan Debug -DRL_SANITIZE=address "${SAN_FLAGS[@]}"
 ninja -C build-asan -j "$JOBS"
 step "test (ASan + UBSan)"
 ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 -LE no-sanitizer
 
 step "build (TSan)"
-configure build-tsan -DRL_SANITIZE=thread -DRL_BUILD_BENCH=OFF
-ninja -C build-tsan -j "$JOBS"
+configure build-tsan Debug -DRL_SANITIZE=thread "${SAN_FLAGS[@]}"
+ninja -C build-tsan -j "$JOBS" concurrency_tests
 step "test (TSan, concurrency tests)"
 ctest --test-dir build-tsan --output-on-failure -j 2 --timeout 900 -L concurrency -LE no-sanitizer
 

@@ -2,6 +2,9 @@
 // Figures are recorded in docs/performance.md.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,63 @@ BENCHMARK(BM_MemoryStoreDecide)->Arg(1)->Arg(100'000)->Threads(1)->UseRealTime()
 // Contended: two threads on ONE key; and two threads on distinct keys.
 BENCHMARK(BM_MemoryStoreDecide)->Arg(1)->Threads(2)->UseRealTime();
 BENCHMARK(BM_MemoryStoreDecide)->Arg(100'000)->Threads(2)->UseRealTime();
+
+// Peer (docs/performance.md, benchmark 5): the floor of an in-process
+// decision, GCRA on ONE std::atomic<int64_t> with a CAS loop plus a
+// steady_clock read: no key lookup, no lock, one limit. Never denies.
+void BM_PeerAtomicGcra(benchmark::State& state) {
+  static std::atomic<int64_t> tat{0};
+  constexpr int64_t kInterval = 1;             // ns per token
+  constexpr int64_t kTau = 1'000'000'000'000;  // burst tolerance
+  for (auto _ : state) {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    int64_t t = tat.load(std::memory_order_relaxed);
+    bool allowed;
+    for (;;) {
+      const int64_t next = std::max(t, now) + kInterval;
+      allowed = next - kTau <= now;
+      if (!allowed || tat.compare_exchange_weak(t, next, std::memory_order_relaxed)) break;
+    }
+    benchmark::DoNotOptimize(allowed);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_PeerAtomicGcra)->Threads(1)->UseRealTime();
+
+// The same with state that persists: a bucket that refills at 1000/s with a
+// huge capacity never denies, yet every decision leaves state that expires
+// only days later, so after the first pass every decision finds its key. (With
+// Bucket() above, the state is back to fresh 1 us after each decision, so the
+// store drops the key whenever a shard grows and most decisions re-insert it:
+// that measures the insert path.) This is the steady state of a real client.
+const Limit& HeldBucket() {
+  static const Limit l = *Limit::TokenBucket("h", 1'000'000'000, 1000);
+  return l;
+}
+void BM_MemoryStoreDecideHeld(benchmark::State& state) {
+  static MemoryStore* store = nullptr;
+  static std::vector<std::string> keys;
+  if (state.thread_index() == 0) {
+    store = new MemoryStore();
+    keys = Keys(static_cast<int>(state.range(0)));
+    for (const std::string& k : keys)
+      benchmark::DoNotOptimize(store->DecideOne(k, HeldBucket(), 1));
+  }
+  size_t i = static_cast<size_t>(state.thread_index()) * 7919;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(store->DecideOne(keys[i % keys.size()], HeldBucket(), 1));
+    ++i;
+  }
+  state.SetItemsProcessed(state.iterations());
+  if (state.thread_index() == 0) {
+    delete store;
+    store = nullptr;
+  }
+}
+BENCHMARK(BM_MemoryStoreDecideHeld)->Arg(100'000)->Threads(1)->UseRealTime();
+BENCHMARK(BM_MemoryStoreDecideHeld)->Arg(100'000)->Threads(2)->UseRealTime();
 
 // The general path (vector result, all-or-nothing over two limits).
 void BM_MemoryStoreTwoLimits(benchmark::State& state) {

@@ -1,0 +1,521 @@
+#!/usr/bin/env bash
+# Benchmarks, side by side with their peers, in one run (`make bench`).
+#
+#   scripts/bench.sh                  release build in build-release, 3 runs of each
+#                                     benchmark (medians), one markdown table on stdout
+#                                     and in bench/results/latest.md (< 15 min on 2 cores)
+#   scripts/bench.sh --smoke --build-dir build
+#                                     about 1 s per benchmark with the binaries of an
+#                                     existing build: checks that the harness measures
+#                                     what it claims (decisions made and answered,
+#                                     errors 0); exit 1 otherwise. ctest `bench_smoke`.
+#
+# Options: --reps N (default 3), --only LIST (comma list of 1..7), --build-dir DIR.
+# Environment: BENCH_JOBS (ninja -j, default nproc), RATELIMITD (a ratelimitd
+# binary to use instead of building one).
+#
+# Everything runs on loopback: its own redis-server and nginx on free ports,
+# the peers (redis-benchmark, rate-limiter-flexible from bench/peers), and
+# ratelimitd if it can be built (else its rows say n/a). Every process started
+# here is stopped by its pid on exit. How each figure is measured:
+# docs/performance.md.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+
+MODE=full
+REPS=3
+ONLY=1,2,3,4,5,6,7
+BUILD_DIR=
+while (($#)); do
+  case $1 in
+    --smoke) MODE=smoke ;;
+    --reps) REPS=$2; shift ;;
+    --only) ONLY=$2; shift ;;
+    --build-dir) BUILD_DIR=$2; shift ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+if [[ $MODE == smoke ]]; then
+  REPS=1
+  BUILD_DIR=${BUILD_DIR:-build}
+  DUR_MS=1000         # per measured run
+  WARM_MS=200
+  MEM_KEYS=50000      # memory per key (full: 1,000,000)
+  SEED_N=10000        # redis-benchmark requests
+  RLF_N=10000         # rate-limiter-flexible decisions
+  MICRO_MIN=0.05      # Google Benchmark --benchmark_min_time
+else
+  BUILD_DIR=${BUILD_DIR:-build-release}
+  DUR_MS=3000
+  WARM_MS=500
+  MEM_KEYS=1000000
+  SEED_N=300000
+  RLF_N=200000
+  MICRO_MIN=0.3
+fi
+DUR_S=$(( (DUR_MS + 999) / 1000 ))
+INFLIGHT=${BENCH_INFLIGHT:-512}
+KEYS=100000
+
+WORK=$(mktemp -d /tmp/rl-bench.XXXXXX)
+PIDS=()
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "FAILED: $*"; exit 1; }
+# Failed checks go to a file: fail() is also called inside $(...) subshells.
+FAILS_FILE=$WORK/fails.txt
+: >"$FAILS_FILE"
+fail() { echo "$*" >>"$FAILS_FILE"; log "CHECK FAILED: $*"; }
+
+free_port() {
+  local p
+  for _ in $(seq 200); do
+    p=$((20000 + RANDOM % 40000))
+    if ! ss -Htln "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+wait_port() {  # port, seconds
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do
+    if ss -Htln "sport = :$1" 2>/dev/null | grep -q .; then return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+# kv KEY LINE: the value of KEY=... in a key=value line.
+kv() { tr ' ' '\n' <<<"$2" | sed -n "s/^$1=//p" | head -1; }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b+0 == 0 || a == "n/a" || b == "n/a") print "n/a"; else printf "%.2f", a/b }'; }
+fmt() { awk -v a="$1" 'BEGIN { if (a == "n/a" || a == "nan") print a; else if (a+0 >= 1000) printf "%.0f", a; else if (a+0 >= 10) printf "%.1f", a; else printf "%.2f", a }'; }
+# pair_ratio "a1 a2 .." "b1 b2 ..": median over runs of a_i / b_i (runs are
+# interleaved, so run i of ours and of the peer saw the same load).
+pair_ratio() {
+  local -a a b r=()
+  read -ra a <<<"$1"; read -ra b <<<"$2"
+  local i
+  for ((i = 0; i < ${#a[@]} && i < ${#b[@]}; i++)); do r+=("$(ratio "${a[i]}" "${b[i]}")"); done
+  local v; v=$(median "${r[@]}")
+  [[ $v == nan ]] && v=n/a
+  awk -v v="$v" 'BEGIN { if (v == "n/a") print v; else printf "%.2f", v }'
+}
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "n/a" && a+0 >= b+0) }'; }
+le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "n/a" && a+0 <= b+0) }'; }
+RAW=$WORK/raw.txt
+raw() { echo "$*" >>"$RAW"; }
+
+# ---------------------------------------------------------------- build
+top_has_macro() { grep -q 'bench/macro' CMakeLists.txt; }
+if [[ $MODE == full ]]; then
+  # (Dependencies: `make bench` runs scripts/install-deps.sh first.)
+  if [[ ! -f $BUILD_DIR/build.ninja ]]; then
+    log "configuring $BUILD_DIR (Release)"
+    extra=()
+    top_has_macro || extra+=("-DCMAKE_PROJECT_INCLUDE=$ROOT/bench/macro/inject.cmake")
+    # -Wno-error=restrict: GCC 12 reports a false -Wrestrict at -O3 in
+    # std::string operator+ (GCC bug 105329); see docs/performance.md.
+    cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRL_BUILD_BENCH=ON \
+      -DCMAKE_CXX_FLAGS="-Wno-error=restrict" "${extra[@]}" >"$WORK/cmake.log" 2>&1 ||
+      { cat "$WORK/cmake.log" >&2; die "cmake"; }
+  fi
+  targets=(redis_decisions_bench http_load memory_store_benchmark)
+  if [[ -z ${RATELIMITD:-} ]] && ninja -C "$BUILD_DIR" -t targets all 2>/dev/null | grep -q '^ratelimitd:'; then
+    targets+=(ratelimitd)
+  fi
+  log "building ${targets[*]} in $BUILD_DIR"
+  ninja -C "$BUILD_DIR" -j "${BENCH_JOBS:-$(nproc)}" "${targets[@]}" >"$WORK/ninja.log" 2>&1 ||
+    { tail -40 "$WORK/ninja.log" >&2; die "build"; }
+fi
+B=$(cd "$BUILD_DIR" && pwd)
+DRIVER=$B/redis_decisions_bench
+HTTP_LOAD=$B/http_load
+MICRO=$B/bench/micro/memory_store_benchmark
+for f in "$DRIVER" "$HTTP_LOAD" "$MICRO"; do [[ -x $f ]] || die "missing $f (build it first)"; done
+RLD=${RATELIMITD:-}
+if [[ -z $RLD && -x $B/ratelimitd ]]; then RLD=$B/ratelimitd; fi
+if [[ -n $RLD && ! -x $RLD ]]; then die "RATELIMITD=$RLD is not executable"; fi
+RLD_NOTE="not built"
+[[ -n $RLD ]] && RLD_NOTE=$RLD
+
+# ---------------------------------------------------------------- peers
+if want 1 && [[ ! -d bench/peers/node_modules/rate-limiter-flexible ]]; then
+  if [[ $MODE == smoke ]]; then
+    die "bench/peers/node_modules is missing: run 'npm ci --prefix bench/peers' (scripts/run-tests.sh does)"
+  fi
+  log "npm ci (bench/peers)"
+  npm ci --prefix bench/peers --no-audit --no-fund >"$WORK/npm.log" 2>&1 || { cat "$WORK/npm.log" >&2; die "npm ci"; }
+fi
+
+# ---------------------------------------------------------------- redis
+REDIS_PORT=$(free_port)
+mkdir -p "$WORK/redis"
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+  --dir "$WORK/redis" --logfile "$WORK/redis/redis.log" --daemonize no &
+REDIS_PID=$!
+PIDS+=("$REDIS_PID")
+wait_port "$REDIS_PORT" 10 || die "redis-server did not start"
+# CPU time (ms) redis-server has used so far: the cost per decision inside
+# Redis is much less sensitive to other load on the machine than a rate is.
+redis_cpu_ms() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) * 1000 / hz }' "/proc/$REDIS_PID/stat"; }
+per_us() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { if (n > 0) printf "%.2f", (b - a) * 1000 / n; else print "n/a" }'; }
+rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
+REDIS_URL=redis://127.0.0.1:$REDIS_PORT
+SEED_SHA=$(rcli SCRIPT LOAD "$(cat bench/peers/seed-token-bucket.lua)")
+used_memory() { rcli INFO memory | tr -d '\r' | sed -n 's/^used_memory://p'; }
+dbsize() { rcli DBSIZE | tr -d '\r'; }
+cmdstat_calls() {  # total calls of the named commands (INFO commandstats)
+  local info total=0 c n
+  info=$(rcli INFO commandstats | tr -d '\r')
+  for c in "$@"; do
+    n=$(sed -n "s/^cmdstat_$c:calls=\([0-9]*\),.*/\1/p" <<<"$info")
+    total=$((total + ${n:-0}))
+  done
+  echo "$total"
+}
+
+# Table rows: "num|benchmark|ours|peer name|peer figure|ratio|target|result"
+ROWS=()
+row() { ROWS+=("$1|$2|$3|$4|$5|$6|$7|$8"); }
+passmiss() { if "$@"; then echo PASS; else echo MISS; fi; }
+
+# ---------------------------------------------------------------- 1. Redis decisions/s
+if want 1; then
+  log "1: Redis-backed decisions/s (library vs seeds' design vs rate-limiter-flexible), $REPS runs"
+  ours=() ours_p50=() ours_p99=() ours_p999=() seed=() rlf=() rlf_p99=() ocpu=() scpu=() rcpu=()
+  for ((r = 1; r <= REPS; r++)); do
+    rcli FLUSHALL >/dev/null
+    c0=$(redis_cpu_ms)
+    out=$("$DRIVER" --url="$REDIS_URL" --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" \
+      --inflight="$INFLIGHT" --keys="$KEYS" --stores="${BENCH_STORES:-1}" \
+      --connections="${BENCH_CONNECTIONS:-2}" --max-batch="${BENCH_MAX_BATCH:-64}" \
+      --max-calls-in-flight="${BENCH_CALLS:-4}" 2>"$WORK/driver.err") ||
+      fail "1: redis_decisions_bench: $out $(head -3 "$WORK/driver.err")"
+    ocpu+=("$(per_us "$c0" "$(redis_cpu_ms)" "$(( $(kv answered_total "$out") + 21 ))")")
+    raw "1 ours run $r: $out redis_cpu_us_per_decision=${ocpu[-1]}"
+    [[ $(kv verify "$out") == ok && $(kv errors "$out") == 0 ]] || fail "1: driver verify: $out"
+    ours+=("$(kv rate "$out")"); ours_p50+=("$(kv p50_us "$out")")
+    ours_p99+=("$(kv p99_us "$out")"); ours_p999+=("$(kv p999_us "$out")")
+    last_ours=$out
+
+    rcli FLUSHALL >/dev/null
+    c0=$(redis_cpu_ms)
+    sout=$(timeout 120 redis-benchmark -p "$REDIS_PORT" -c 50 -n "$SEED_N" -r 1000000 -P 16 --csv \
+      evalsha "$SEED_SHA" 1 'rl:__rand_int__' 10 5 1 2>&1 | tail -1)
+    scpu+=("$(per_us "$c0" "$(redis_cpu_ms)" "$SEED_N")")
+    raw "1 seed run $r: $sout redis_cpu_us_per_decision=${scpu[-1]}"
+    srate=$(awk -F'","' '{print $2}' <<<"$sout" | tr -d '"')
+    [[ $srate =~ ^[0-9.]+$ ]] || { fail "1: redis-benchmark: $sout"; srate=0; }
+    [[ $(dbsize) -gt 0 ]] || fail "1: seed script wrote no keys"
+    seed+=("$srate")
+
+    rcli FLUSHALL >/dev/null
+    c0=$(redis_cpu_ms)
+    rout=$(cd bench/peers && REDIS_PORT=$REDIS_PORT N=$RLF_N CONC=256 KEYS=$KEYS timeout 120 \
+      node rate-limiter-flexible-bench.js 2>&1) || fail "1: rate-limiter-flexible: $rout"
+    rcpu+=("$(per_us "$c0" "$(redis_cpu_ms)" "$RLF_N")")
+    raw "1 rlf run $r: $rout redis_cpu_us_per_decision=${rcpu[-1]}"
+    rrate=$(sed -n 's/.* rate=\([0-9]*\)\/s.*/\1/p' <<<"$rout")
+    [[ -n $rrate && $(kv decisions "$rout") == "$RLF_N" ]] || { fail "1: rlf output: $rout"; rrate=0; }
+    rlf+=("$rrate"); rlf_p99+=("$(sed -n 's/.* p99=\([0-9.]*\)ms.*/\1/p' <<<"$rout")")
+  done
+  m=$(median "${ours[@]}"); ms=$(median "${seed[@]}"); mr=$(median "${rlf[@]}")
+  note="p50 $(median "${ours_p50[@]}") us, p99 $(median "${ours_p99[@]}") us, p99.9 $(median "${ours_p999[@]}") us; allowed $(kv allowed "$last_ours"), denied $(kv denied "$last_ours"), errors $(kv errors "$last_ours") (last run)"
+  mo=$(median "${ocpu[@]}"); mso=$(median "${scpu[@]}"); mro=$(median "${rcpu[@]}")
+  row 1c "Redis CPU per decision (us; redis-server utime+stime / decisions, same runs)" "$mo" \
+    "seeds' design / rate-limiter-flexible" "$mso / $mro" "$(ratio "$mso" "$mo")x / $(ratio "$mro" "$mo")x less" "(info)" "—"
+  r1a=$(pair_ratio "${ours[*]}" "${seed[*]}"); r1b=$(pair_ratio "${ours[*]}" "${rlf[*]}")
+  row 1a "Redis decisions/s via RedisStore ($INFLIGHT in flight, 100k keys; $note)" "$(fmt "$m")" \
+    "seeds' design (redis-benchmark -c50 -P16, 1 EVALSHA/decision)" "$(fmt "$ms")" "$r1a" "≥ 2x" \
+    "$(passmiss ge "$r1a" 2)"
+  row 1b "Redis decisions/s via RedisStore (same runs)" "$(fmt "$m")" \
+    "rate-limiter-flexible 11 + ioredis 5 (256 in flight, 100k keys; p99 $(median "${rlf_p99[@]}") ms)" "$(fmt "$mr")" \
+    "$r1b" "≥ 2.5x" "$(passmiss ge "$r1b" 2.5)"
+fi
+
+# ---------------------------------------------------------------- 5. in-memory decision
+if want 5; then
+  log "5: in-memory decision (Google Benchmark, $((REPS < 3 ? 3 : REPS)) repetitions, medians)"
+  "$MICRO" --benchmark_filter='BM_MemoryStoreDecide/100000|BM_MemoryStoreDecideHeld/100000|BM_PeerAtomicGcra' \
+    --benchmark_repetitions=$((REPS < 3 ? 3 : REPS)) --benchmark_report_aggregates_only=true \
+    --benchmark_min_time="$MICRO_MIN" --benchmark_format=csv >"$WORK/micro.csv" 2>"$WORK/micro.err" ||
+    fail "5: memory_store_benchmark: $(head -3 "$WORK/micro.err")"
+  # CSV columns: name,iterations,real_time,cpu_time,time_unit,bytes_per_second,items_per_second,...
+  q() {
+    local col
+    case $2 in real_time) col=3 ;; cpu_time) col=4 ;; items_per_second) col=7 ;; esac
+    awk -F, -v n="\"$1_median\"" -v c="$col" '$1 == n { print $c + 0 }' "$WORK/micro.csv"
+  }
+  held=BM_MemoryStoreDecideHeld/100000/real_time
+  churn=BM_MemoryStoreDecide/100000/real_time
+  one_ns=$(q "$held/threads:1" real_time); one_cpu=$(q "$held/threads:1" cpu_time)
+  one_ips=$(q "$held/threads:1" items_per_second); two_ips=$(q "$held/threads:2" items_per_second)
+  ch_ns=$(q "$churn/threads:1" real_time); ch_cpu=$(q "$churn/threads:1" cpu_time)
+  ch_one=$(q "$churn/threads:1" items_per_second); ch_two=$(q "$churn/threads:2" items_per_second)
+  peer_ns=$(q 'BM_PeerAtomicGcra/real_time/threads:1' real_time)
+  raw "5: held one_ns=$one_ns cpu=$one_cpu one_ips=$one_ips two_ips=$two_ips; churn one_ns=$ch_ns cpu=$ch_cpu one_ips=$ch_one two_ips=$ch_two; peer_ns=$peer_ns"
+  if [[ -z $one_ns || -z $two_ips || -z $peer_ns || -z $ch_ns ]]; then
+    fail "5: missing benchmark results"; one_ns=n/a; two_ips=n/a; peer_ns=n/a; ch_ns=n/a
+  fi
+  row 5a "In-memory decision, 1 thread, 100k held keys, incl. clock read (ns/decision, wall; CPU $(fmt "$one_cpu") ns)" \
+    "$(fmt "$one_ns")" "GCRA on one std::atomic + steady_clock (no lookup)" "$(fmt "$peer_ns")" \
+    "$(ratio "$one_ns" "$peer_ns")" "≤ 60 ns" "$(passmiss le "$one_ns" 60)"
+  row 5b "In-memory decision, keys re-inserted (state expires at once: BM_MemoryStoreDecide; CPU $(fmt "$ch_cpu") ns)" \
+    "$(fmt "$ch_ns")" "GCRA on one std::atomic + steady_clock" "$(fmt "$peer_ns")" \
+    "$(ratio "$ch_ns" "$peer_ns")" "≤ 60 ns" "$(passmiss le "$ch_ns" 60)"
+  sc=$(ratio "$two_ips" "$one_ips")
+  row 5c "In-memory decisions/s, 2 threads on distinct held keys (re-inserted: $(ratio "$ch_two" "$ch_one")x)" \
+    "$(fmt "$two_ips")" "the same, 1 thread" "$(fmt "$one_ips")" "$sc" "≥ 1.6x" "$(passmiss ge "$sc" 1.6)"
+fi
+
+# ---------------------------------------------------------------- 6. memory per key
+if want 6; then
+  log "6: memory per key at $MEM_KEYS keys"
+  mout=$("$DRIVER" --store=memory --keys="$MEM_KEYS" --capacity=100 --refill=0.01 2>&1) ||
+    fail "6: memory store: $mout"
+  raw "6 memory store: $mout"
+  mem_usage=$(kv usage_per_key "$mout"); mem_rss=$(kv rss_delta_per_key "$mout")
+  row 6a "Memory store bytes/key at $MEM_KEYS keys (MemoryUsage(); RSS delta $(fmt "$mem_rss") B)" \
+    "$(fmt "$mem_usage")" "—" "n/a" "n/a" "≤ 64 B" "$(passmiss le "$mem_usage" 64)"
+
+  rcli FLUSHALL >/dev/null; sleep 0.2
+  m0=$(used_memory)
+  # Slow refill: the keys must not expire while we count them (TTL ~ 10000 s).
+  # Client keys u0..u999999: Redis keys rl:{u0}b .., the same strings as the seed's below.
+  rout=$("$DRIVER" --url="$REDIS_URL" --sequential --run-id=u --keys="$MEM_KEYS" --capacity=100 --refill=0.01 \
+    --inflight=256 --max-batch=64 --deadline-ms=1000 2>&1) || fail "6: redis fill: $rout"
+  m1=$(used_memory); n=$(dbsize)
+  ttl=$(rcli PTTL "$(rcli RANDOMKEY)")
+  raw "6 redis: $rout used_memory $m0 -> $m1 dbsize $n pttl_sample $ttl"
+  (( n >= MEM_KEYS )) || fail "6: only $n keys in Redis"
+  (( ttl > 0 )) || fail "6: keys carry no TTL ($ttl)"
+  ours_b=$(awk -v a="$m0" -v b="$m1" -v n="$n" 'BEGIN { printf "%.1f", (b-a)/n }')
+
+  rcli FLUSHALL >/dev/null; sleep 0.2
+  s0=$(used_memory)
+  awk -v n="$MEM_KEYS" -v sha="$SEED_SHA" 'BEGIN {
+      for (i = 0; i < n; i++) {
+        k = "rl:{u" i "}b"
+        printf "*7\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n$1\r\n1\r\n$%d\r\n%s\r\n$3\r\n100\r\n$4\r\n0.01\r\n$1\r\n1\r\n", sha, length(k), k
+      } }' | rcli --pipe >"$WORK/pipe.log" 2>&1 || fail "6: redis-cli --pipe: $(tail -2 "$WORK/pipe.log")"
+  s1=$(used_memory); sn=$(dbsize)
+  raw "6 seed: used_memory $s0 -> $s1 dbsize $sn"
+  seed_b=$(awk -v a="$s0" -v b="$s1" -v n="$sn" 'BEGIN { if (n == 0) print "n/a"; else printf "%.1f", (b-a)/n }')
+  row 6b "Redis bytes/key at $MEM_KEYS keys (used_memory delta, TTL incl.)" "$(fmt "$ours_b")" \
+    "seeds' design (2-field hash + PEXPIRE)" "$(fmt "$seed_b")" "$(ratio "$ours_b" "$seed_b")" "≤ 120 B" \
+    "$(passmiss le "$ours_b" 120)"
+  rcli FLUSHALL >/dev/null
+fi
+
+# ---------------------------------------------------------------- 7. abuse
+if want 7; then
+  log "7: abuse: one key flooded, ~90% denied"
+  # flood_row ID RATE REFILL: one key, capacity 10, refilled REFILL/s, flooded at
+  # RATE/s (open loop) for 2 s: RATE = 10 x REFILL, so about 90% is denied.
+  flood_row() {
+    local id=$1 rate=$2 refill=$3 fout calls answered denied_pct cpd scalls scpd
+    rcli FLUSHALL >/dev/null; rcli CONFIG RESETSTAT >/dev/null
+    # --inflight only bounds the store's queue here (max_pending = inflight + 1024).
+    fout=$("$DRIVER" --url="$REDIS_URL" --keys=1 --rate="$rate" --capacity=10 --refill="$refill" \
+      --inflight=20000 --duration-ms=$((DUR_MS < 2000 ? DUR_MS : 2000)) --deadline-ms=1000 2>&1) ||
+      fail "7: flood $rate/s: $fout"
+    calls=$(cmdstat_calls evalsha eval script)
+    answered=$(( $(kv answered_total "$fout") + 2 * 10 + 1 ))  # + probe + warm-up check
+    raw "7 ours $rate/s on $refill/s: $fout round_trips=$calls answered=$answered"
+    denied_pct=$(awk -v d="$(kv denied "$fout")" -v a="$(kv allowed "$fout")" 'BEGIN { if (a+d) printf "%.0f", 100*d/(a+d); else print "n/a" }')
+    cpd=$(awk -v c="$calls" -v n="$answered" 'BEGIN { printf "%.3f", c/n }')
+    rcli FLUSHALL >/dev/null; rcli CONFIG RESETSTAT >/dev/null
+    redis-benchmark -p "$REDIS_PORT" -c 50 -n 20000 -P 16 -q evalsha "$SEED_SHA" 1 rl:flood 10 "$refill" 1 \
+      >/dev/null 2>&1 || fail "7: redis-benchmark"
+    scalls=$(cmdstat_calls evalsha eval script)
+    scpd=$(awk -v c="$scalls" 'BEGIN { printf "%.3f", c/20000 }')
+    raw "7 seed: round_trips=$scalls for 20000"
+    row "$id" "Abuse: Redis round trips per decision, 1 key at ${rate}/s on a ${refill}/s limit, ${denied_pct}% denied (INFO commandstats)" \
+      "$cpd" "seeds' design, one key" "$scpd" "$(ratio "$cpd" "$scpd")" "≤ 0.1" "$(passmiss le "$cpd" 0.1)"
+    [[ $(kv errors "$fout") == 0 ]] || fail "7: errors in the flood at $rate/s"
+  }
+  # Denials are cached only when they ask to wait >= 10 ms (over_limit_cache_min_retry):
+  # at 20/s a denial waits up to 50 ms, at 100/s up to 10 ms, at 1000/s up to 1 ms.
+  flood_row 7a 200 20
+  flood_row 7b 1000 100
+  flood_row 7c 10000 1000
+fi
+
+# ---------------------------------------------------------------- 2-4. HTTP
+HTTP_ROWS=0
+for n in 2 3 4; do want $n && HTTP_ROWS=1; done
+if ((HTTP_ROWS)) && [[ -z $RLD ]]; then
+  log "2-4: ratelimitd not built: n/a"
+  want 2 && row 2 "Decision API (memory store) req/s, 1 thread vs nginx return 200, 1 worker" "n/a (ratelimitd not built)" "nginx return 200" "n/a" "n/a" "≥ 0.8x, p99 < 1 ms at half load" "n/a"
+  want 3 && row 3 "Decision API, Redis store vs memory store" "n/a (ratelimitd not built)" "ratelimitd memory store" "n/a" "n/a" "≥ 0.6x, p99 < 2 ms at half load" "n/a"
+  want 4 && row 4 "Gateway (memory store) in front of a trivial upstream" "n/a (ratelimitd not built)" "nginx limit_req + proxy_pass" "n/a" "n/a" "≥ 1.0x" "n/a"
+elif ((HTTP_ROWS)); then
+  P_RET=$(free_port); P_PROXY=$(free_port); P_LIMRET=$(free_port)
+  mkdir -p "$WORK/nginx"
+  sed -e "s|__DIR__|$WORK/nginx|g" -e "s|__RET__|$P_RET|g" -e "s|__PROXY__|$P_PROXY|g" \
+    -e "s|__LIMRET__|$P_LIMRET|g" bench/peers/nginx.conf.in >"$WORK/nginx/nginx.conf"
+  nginx -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' &
+  PIDS+=($!)
+  wait_port "$P_PROXY" 10 || die "nginx did not start: $(cat "$WORK/nginx/error.log")"
+  sed -e "s|__UPSTREAM_PORT__|$P_RET|g" bench/configs/gateway.yaml.in >"$WORK/gateway.yaml"
+
+  CHECK_BODY='{"key":"k1","limits":[{"name":"b","algorithm":"token_bucket","capacity":10,"refill_per_second":5}]}'
+  start_rld() {  # name, args...: starts ratelimitd, sets RLD_PORT and RLD_PID
+    local name=$1; shift
+    RLD_PORT=$(free_port)
+    "$RLD" --listen "127.0.0.1:$RLD_PORT" "$@" >"$WORK/rld-$name.log" 2>&1 &
+    RLD_PID=$!
+    PIDS+=("$RLD_PID")
+    if ! wait_port "$RLD_PORT" 10; then
+      fail "ratelimitd ($name) did not start: $(tail -3 "$WORK/rld-$name.log" | tr '\n' ' ')"
+      return 1
+    fi
+  }
+  stop_rld() { kill "$RLD_PID" 2>/dev/null || true; wait "$RLD_PID" 2>/dev/null || true; }
+  # wrk: max throughput (closed loop, keep-alive, 1 thread, 64 connections);
+  # requests come from bench/macro/wrk-requests.lua for every target alike.
+  wrk_rate() {  # port kind -> prints req/s
+    local out
+    out=$(KIND=$2 KEYS=$KEYS wrk -t1 -c64 -d"${DUR_S}s" -s bench/macro/wrk-requests.lua \
+      "http://127.0.0.1:$1/" 2>&1) || { fail "wrk $1 $2: $out"; echo 0; return; }
+    raw "wrk $2 :$1 $(tr '\n' ' ' <<<"$out")"
+    if grep -q 'Socket errors' <<<"$out"; then fail "wrk $2: socket errors: $(grep 'Socket errors' <<<"$out")"; fi
+    local chk; chk=$(grep '^bench:' <<<"$out")
+    [[ $(kv degraded "$chk") == 0 && $(kv other "$chk") == 0 ]] || fail "wrk $2 :$1: unexpected answers: ${chk:-no summary}"
+    sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' <<<"$out"
+  }
+  half_load() {  # port kind rate -> key=value line of http_load
+    local out
+    out=$("$HTTP_LOAD" --port="$1" --kind="$2" --rate="$3" --connections=64 --keys="$KEYS" \
+      --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" 2>&1) || fail "http_load $2 at $3/s: $out"
+    raw "http_load $2 :$1 $out"
+    echo "$out"
+  }
+  ms_() { awk -v u="$1" 'BEGIN { if (u == "n/a") print u; else printf "%.2f", u/1000 }'; }
+
+  # Every server is started first and stays up (idle ones cost nothing), so the
+  # runs can be interleaved: run r of every target, then run r+1. Load from
+  # elsewhere on the machine then hits ours and the peers alike.
+  declare -A PORT KIND RATES P50S P99S P999S LAST UNSENT
+  T=()
+  add_target() { T+=("$1"); PORT[$1]=$2; KIND[$1]=$3; RATES[$1]=""; P50S[$1]=""; P99S[$1]=""; P999S[$1]=""; UNSENT[$1]=0; }
+  if want 2 || want 3; then
+    add_target nginx_ret "$P_RET" get
+    if start_rld memory --config bench/configs/decision-memory.yaml; then
+      code=$(curl -s -o "$WORK/check.json" -w '%{http_code}' "http://127.0.0.1:$RLD_PORT/v1/check" -d "$CHECK_BODY")
+      [[ $code == 200 ]] && grep -q '"allowed":true' "$WORK/check.json" || fail "2: /v1/check answered $code $(head -c 200 "$WORK/check.json")"
+      add_target rld_memory "$RLD_PORT" check
+    fi
+  fi
+  if want 3; then
+    rcli FLUSHALL >/dev/null
+    if start_rld redis --config bench/configs/decision-memory.yaml --redis "$REDIS_URL"; then
+      code=$(curl -s -o "$WORK/check.json" -w '%{http_code}' "http://127.0.0.1:$RLD_PORT/v1/check" -d "$CHECK_BODY")
+      [[ $code == 200 ]] && grep -q '"degraded":false' "$WORK/check.json" || fail "3: /v1/check (redis) answered $code $(head -c 200 "$WORK/check.json")"
+      add_target rld_redis "$RLD_PORT" check
+    fi
+  fi
+  if want 4; then
+    add_target nginx_proxy "$P_PROXY" gateway
+    if start_rld gateway --config "$WORK/gateway.yaml"; then
+      code=$(curl -s -o /dev/null -w '%{http_code}' -H 'X-API-Key: k1' "http://127.0.0.1:$RLD_PORT/api/x")
+      [[ $code == 200 ]] || fail "4: gateway answered $code"
+      add_target rld_gateway "$RLD_PORT" gateway
+    fi
+  fi
+  log "2-4: max throughput (wrk), $REPS interleaved runs of: ${T[*]}"
+  for ((r = 1; r <= REPS; r++)); do
+    for t in "${T[@]}"; do RATES[$t]+=" $(wrk_rate "${PORT[$t]}" "${KIND[$t]}")"; done
+  done
+  declare -A RATE HALF
+  for t in "${T[@]}"; do
+    # shellcheck disable=SC2086
+    RATE[$t]=$(median ${RATES[$t]})
+    HALF[$t]=$(awk -v a="${RATE[$t]}" 'BEGIN { printf "%d", a/2 }')
+  done
+  log "2-4: latency at half of each one's max (http_load, open loop), $REPS interleaved runs"
+  for ((r = 1; r <= REPS; r++)); do
+    for t in "${T[@]}"; do
+      o=$(half_load "${PORT[$t]}" "${KIND[$t]}" "${HALF[$t]}")
+      P50S[$t]+=" $(kv p50_us "$o")"; P99S[$t]+=" $(kv p99_us "$o")"; P999S[$t]+=" $(kv p999_us "$o")"
+      LAST[$t]=$o
+      UNSENT[$t]=$(( ${UNSENT[$t]} + $(kv never_sent "$o") ))
+      if [[ $(kv errors "$o") != 0 || $(kv other "$o") != 0 || $(kv degraded "$o") != 0 || $(kv requests "$o") == 0 ]]; then
+        fail "$t: http_load answers (errors, other statuses or degraded answers): $o"
+      fi
+    done
+  done
+  declare -A P99
+  for t in "${T[@]}"; do
+    # shellcheck disable=SC2086
+    P99[$t]=$(median ${P99S[$t]})
+    # shellcheck disable=SC2086
+    log "  $t: $(fmt "${RATE[$t]}") req/s; at ${HALF[$t]}/s p50 $(median ${P50S[$t]}) us, p99 ${P99[$t]} us, p99.9 $(median ${P999S[$t]}) us; unsent ${UNSENT[$t]}"
+  done
+  get() { local -n arr=$1; echo "${arr[$2]:-n/a}"; }
+  unsent_note() { [[ $(get UNSENT "$1") == 0 || $(get UNSENT "$1") == n/a ]] || echo "; $(get UNSENT "$1") requests could not be sent at that rate"; }
+  if want 2; then
+    ng=$(get RATE nginx_ret); mem=$(get RATE rld_memory); p=$(get P99 rld_memory)
+    r2=$(pair_ratio "${RATES[rld_memory]:-}" "${RATES[nginx_ret]:-}")
+    res=MISS; ge "$r2" 0.8 && awk -v p="$p" 'BEGIN { exit !(p < 1000) }' && res=PASS
+    [[ $mem == n/a ]] && res="n/a (ratelimitd failed)"
+    ld=""; [[ -n ${LAST[rld_memory]:-} ]] && ld="; last run $(kv s2xx "${LAST[rld_memory]}") allowed / $(kv s429 "${LAST[rld_memory]}") denied"
+    row 2 "Decision API (memory store) req/s; p99 at half load $(ms_ "$p") ms (nginx: $(ms_ "$(get P99 nginx_ret)") ms)$ld$(unsent_note rld_memory)" \
+      "$(fmt "$mem")" "nginx return 200, 1 worker (wrk -t1 -c64)" "$(fmt "$ng")" "$r2" \
+      "≥ 0.8x, p99 < 1 ms at half load" "$res"
+  fi
+  if want 3; then
+    red=$(get RATE rld_redis); mem=$(get RATE rld_memory); p=$(get P99 rld_redis)
+    (( $(cmdstat_calls evalsha eval) > 0 )) || fail "3: the redis-backed daemon never called Redis"
+    r3=$(pair_ratio "${RATES[rld_redis]:-}" "${RATES[rld_memory]:-}")
+    res=MISS; ge "$r3" 0.6 && awk -v p="$p" 'BEGIN { exit !(p < 2000) }' && res=PASS
+    [[ $red == n/a ]] && res="n/a (ratelimitd failed)"
+    row 3 "Decision API, Redis store req/s; p99 at half load $(ms_ "$p") ms$(unsent_note rld_redis)" "$(fmt "$red")" \
+      "the same, memory store" "$(fmt "$mem")" "$r3" "≥ 0.6x, p99 < 2 ms at half load" "$res"
+  fi
+  if want 4; then
+    gw=$(get RATE rld_gateway); ngp=$(get RATE nginx_proxy)
+    r4=$(pair_ratio "${RATES[rld_gateway]:-}" "${RATES[nginx_proxy]:-}")
+    res=$(passmiss ge "$r4" 1.0); [[ $gw == n/a ]] && res="n/a (ratelimitd failed)"
+    row 4 "Gateway (memory store) req/s; p99 at half load $(ms_ "$(get P99 rld_gateway)") ms (nginx: $(ms_ "$(get P99 nginx_proxy)") ms)$(unsent_note rld_gateway)" \
+      "$(fmt "$gw")" "nginx limit_req + proxy_pass keep-alive, 1 worker" "$(fmt "$ngp")" "$r4" "≥ 1.0x" "$res"
+  fi
+fi
+
+# ---------------------------------------------------------------- table
+rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+dirty=$(git status --porcelain 2>/dev/null | grep -q . && echo "+uncommitted" || true)
+{
+  echo "## Benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%MZ))"
+  echo
+  echo "Commit $rev$dirty; $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')); load average at end: $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Build: $BUILD_DIR ($(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$B/CMakeCache.txt")); ratelimitd: $RLD_NOTE."
+  echo "Medians of $REPS runs of ${DUR_MS} ms each (Google Benchmark: medians of ≥ 3 repetitions). Figures are medians; ratio = median over the interleaved runs of ours / peer (rows 1-4), else ours / peer."
+  echo
+  echo "| # | benchmark | ours | peer | peer figure | ratio | target | result |"
+  echo "|---|---|---|---|---|---|---|---|"
+  for r in "${ROWS[@]}"; do echo "| ${r//|/ | } |"; done | sort -V
+  if [[ -s $FAILS_FILE ]]; then
+    echo
+    echo "Harness checks that FAILED (figures above may be meaningless):"
+    sed 's/^/- /' "$FAILS_FILE"
+  fi
+} >"$WORK/table.md"
+cat "$WORK/table.md"
+if [[ $MODE == full ]]; then
+  mkdir -p bench/results
+  cp "$WORK/table.md" bench/results/latest.md
+  cp "$RAW" bench/results/latest.raw
+  log "written bench/results/latest.md (raw runs: bench/results/latest.raw)"
+fi
+[[ ! -s $FAILS_FILE ]] || exit 1
