@@ -8,7 +8,9 @@ CMAKE ?= cmake
 GEN   := -G Ninja
 ARGS  ?=
 
-.PHONY: all build deps build-deps run test test-unit test-asan test-tsan lint format bench clean
+.PHONY: all build deps build-deps run test chaos lint format bench fuzz clean
+
+FUZZ_SECONDS ?= 30
 
 all: build
 
@@ -34,6 +36,10 @@ run: build-deps build/build.ninja
 test: deps
 	scripts/run-tests.sh
 
+# Redis killed / frozen / flushed under load (tests/chaos), one at a time.
+chaos: deps build
+	ctest --test-dir build --output-on-failure -L chaos
+
 lint:
 	scripts/lint.sh
 
@@ -43,5 +49,9 @@ format:
 bench: deps
 	scripts/bench.sh
 
+# Every libFuzzer target (fuzz/) for FUZZ_SECONDS each, under ASan+UBSan.
+fuzz: deps
+	scripts/fuzz.sh $(FUZZ_SECONDS)
+
 clean:
-	rm -rf build build-asan build-tsan build-release
+	rm -rf build build-asan build-tsan build-release build-fuzz

@@ -373,7 +373,7 @@ elif ((HTTP_ROWS)); then
   start_rld() {  # name, args...: starts ratelimitd, sets RLD_PORT and RLD_PID
     local name=$1; shift
     RLD_PORT=$(free_port)
-    "$RLD" --listen "127.0.0.1:$RLD_PORT" "$@" >"$WORK/rld-$name.log" 2>&1 &
+    "$RLD" --listen "127.0.0.1:$RLD_PORT" --admin-listen "" "$@" >"$WORK/rld-$name.log" 2>&1 &
     RLD_PID=$!
     PIDS+=("$RLD_PID")
     if ! wait_port "$RLD_PORT" 10; then

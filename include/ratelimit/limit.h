@@ -74,15 +74,14 @@ class Limit {
   // "token_bucket(capacity=10, refill_per_second=5)"
   std::string ToString() const;
 
+  // A 64-bit hash of the name and algorithm (the limit's identity in a
+  // store), computed once when the limit is built.
+  uint64_t identity_hash() const { return identity_hash_; }
+
   friend bool operator==(const Limit&, const Limit&) = default;
 
  private:
-  Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, int64_t interval_us)
-      : name_(std::move(name)),
-        algorithm_(a),
-        limit_(limit),
-        window_us_(window_us),
-        interval_us_(interval_us) {}
+  Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, int64_t interval_us);
   static StatusOr<Limit> Window(std::string name, Algorithm a, int64_t limit,
                                 std::chrono::microseconds window);
 
@@ -91,6 +90,7 @@ class Limit {
   int64_t limit_;
   int64_t window_us_;
   int64_t interval_us_;
+  uint64_t identity_hash_;
 };
 
 // Names are 1..64 characters of [A-Za-z0-9_.-]; they become part of store keys.

@@ -57,6 +57,9 @@ class RedisStore final : public Store {
     // Consecutive failures open the breaker; while open, checks fail at once
     // with BreakerOpenStatus and the caller's failure mode decides.
     CircuitBreaker::Options breaker;
+    // The longest wait between reconnect attempts (with jitter): keeps
+    // recovery after Redis returns within about a second.
+    std::chrono::milliseconds reconnect_max_backoff{250};
     // Denials of cost-1 requests are remembered until their retry time and
     // answered locally (see src/store/over_limit_cache.h). 0 entries: off.
     size_t over_limit_cache_entries = 100'000;

@@ -13,6 +13,17 @@ std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 }  // namespace
 
+Limit::Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, int64_t interval_us)
+    : name_(std::move(name)),
+      algorithm_(a),
+      limit_(limit),
+      window_us_(window_us),
+      interval_us_(interval_us) {
+  uint64_t h = 0xcbf29ce484222325ULL ^ static_cast<uint64_t>(a);  // FNV-1a
+  for (unsigned char c : name_) h = (h ^ c) * 0x100000001b3ULL;
+  identity_hash_ = h;
+}
+
 std::string_view AlgorithmName(Algorithm a) {
   switch (a) {
     case Algorithm::kTokenBucket: return "token_bucket";

@@ -307,7 +307,8 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
   RL_RETURN_IF_ERROR(
       CheckMap(n, "store",
                {"type", "url", "deadline", "key_prefix", "time_source", "failure_mode",
-                "closed_status", "expected_instances", "max_keys", "max_key_length"}));
+                "closed_status", "expected_instances", "max_keys", "max_key_length", "connections",
+                "max_pending", "breaker", "local_max_keys"}));
   RL_RETURN_IF_ERROR(Enum<StoreConfig::Type>(
       n, "type", {{"memory", StoreConfig::Type::kMemory}, {"redis", StoreConfig::Type::kRedis}},
       &s->type));
@@ -348,6 +349,24 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
   RL_RETURN_IF_ERROR(IntIn(n, "expected_instances", 1, 10'000, &s->expected_instances));
   RL_RETURN_IF_ERROR(IntIn(n, "max_keys", 1, int64_t{1} << 40, &s->max_keys));
   RL_RETURN_IF_ERROR(IntIn(n, "max_key_length", 64, 65'536, &s->max_key_length));
+  RL_RETURN_IF_ERROR(IntIn(n, "connections", 1, 64, &s->connections));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_pending", 1, 10'000'000, &s->max_pending));
+  RL_RETURN_IF_ERROR(IntIn(n, "local_max_keys", 1, int64_t{1} << 40, &s->local_max_keys));
+  if (YAML::Node b = Get(n, "breaker"); b.IsDefined() && !b.IsNull()) {
+    RL_RETURN_IF_ERROR(CheckMap(b, "breaker", {"failures", "open_for", "max_open_for"}));
+    StoreConfig::Breaker& br = s->breaker;
+    RL_RETURN_IF_ERROR(IntIn(b, "failures", 1, 1'000'000, &br.failures));
+    RL_RETURN_IF_ERROR(Millis(b, "open_for", &br.open_for));
+    RL_RETURN_IF_ERROR(Millis(b, "max_open_for", &br.max_open_for));
+    if (br.open_for.count() < 1) {
+      return Error(Get(b, "open_for"), "breaker 'open_for' must be at least 1ms");
+    }
+    if (br.max_open_for < br.open_for) {
+      YAML::Node at = Get(b, "max_open_for").IsDefined() ? Get(b, "max_open_for") : b;
+      return Error(at, "breaker 'max_open_for' must be at least 'open_for' (" +
+                           std::to_string(br.open_for.count()) + "ms)");
+    }
+  }
   return Status::Ok();
 }
 
@@ -583,6 +602,13 @@ Status Loader::Route(const YAML::Node& n, RouteClass* r) {
   StatusOr<std::string> canonical = CanonicalRoutePath(raw, r->match);
   if (!canonical.ok()) {
     return Error(path, "path " + Quote(raw) + " of " + what + " " + canonical.status().message());
+  }
+  // A route path is decoded once, like request paths; what is left must be
+  // plain (no '%', no space), so that compiling it again changes nothing.
+  if (canonical->find_first_of("% ") != std::string::npos) {
+    return Error(path,
+                 "path " + Quote(raw) + " of " + what +
+                     " decodes to a '%' or a space; route paths must be plain after decoding");
   }
   r->path = *canonical;
   RL_RETURN_IF_ERROR(Enum<RouteClass::KeyBy>(

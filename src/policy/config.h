@@ -43,8 +43,20 @@ struct StoreConfig {
   FailureMode failure_mode = FailureMode::kOpen;
   int closed_status = 503;       // 503 or 429 when failure_mode is closed
   int expected_instances = 1;    // for kLocal: each instance gets limit / this
-  size_t max_keys = 10'000'000;  // memory store (and local fallback) bound
+  size_t max_keys = 10'000'000;  // memory store bound
   size_t max_key_length = 512;
+  // Redis only: connections, the bound on checks queued or in flight (beyond
+  // it a check fails at once and the failure mode decides), and the circuit
+  // breaker (`failures` consecutive failures open it for `open_for`, doubling
+  // on each failed probe up to `max_open_for`).
+  int connections = 2;
+  size_t max_pending = 10'000;
+  struct Breaker {
+    int failures = 5;
+    std::chrono::milliseconds open_for{100};
+    std::chrono::milliseconds max_open_for{500};
+  } breaker;
+  size_t local_max_keys = 100'000;  // the `local` failure mode's in-memory bound
 };
 
 struct ClientConfig {

@@ -99,6 +99,14 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "expected_instances" << YAML::Value << st.expected_instances;
   out << YAML::Key << "max_keys" << YAML::Value << st.max_keys;
   out << YAML::Key << "max_key_length" << YAML::Value << st.max_key_length;
+  out << YAML::Key << "connections" << YAML::Value << st.connections;
+  out << YAML::Key << "max_pending" << YAML::Value << st.max_pending;
+  out << YAML::Key << "breaker" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  out << YAML::Key << "failures" << YAML::Value << st.breaker.failures;
+  out << YAML::Key << "open_for" << YAML::Value << Millis(st.breaker.open_for);
+  out << YAML::Key << "max_open_for" << YAML::Value << Millis(st.breaker.max_open_for);
+  out << YAML::EndMap;
+  out << YAML::Key << "local_max_keys" << YAML::Value << st.local_max_keys;
   out << YAML::EndMap;
 
   const ClientConfig& cl = c.clients;

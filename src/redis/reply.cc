@@ -72,8 +72,36 @@ Reply FromHiredis(const redisReply* r) {
   return out;
 }
 
+namespace {
+
+// hiredis 0.14 allocates 8 bytes per announced array element as soon as it
+// reads an array header, so a 12-byte reply "*2147483647\r\n" would cost
+// 16 GiB. Arrays longer than this are refused: the reader then fails with
+// its out-of-memory error, which Next() reports as a protocol error.
+constexpr int kMaxArrayElements = 1 << 20;
+
+void* (*g_create_array)(const redisReadTask*, int) = nullptr;
+
+void* BoundedCreateArray(const redisReadTask* task, int elements) {
+  if (elements < 0 || elements > kMaxArrayElements) return nullptr;
+  return g_create_array(task, elements);
+}
+
+redisReplyObjectFunctions* BoundedFunctions(const redisReplyObjectFunctions* defaults) {
+  static redisReplyObjectFunctions fns = [&] {
+    redisReplyObjectFunctions f = *defaults;
+    g_create_array = f.createArray;
+    f.createArray = BoundedCreateArray;
+    return f;
+  }();
+  return &fns;
+}
+
+}  // namespace
+
 ReplyReader::ReplyReader() : reader_(redisReaderCreate()) {
   if (reader_ == nullptr) throw std::bad_alloc();
+  reader_->fn = BoundedFunctions(reader_->fn);
 }
 
 ReplyReader::~ReplyReader() { redisReaderFree(reader_); }
@@ -88,7 +116,9 @@ Status ReplyReader::Feed(std::string_view bytes) {
 StatusOr<std::optional<Reply>> ReplyReader::Next() {
   void* raw = nullptr;
   if (redisReaderGetReply(reader_, &raw) != REDIS_OK) {
-    return Internal(std::string("protocol error: ") + reader_->errstr);
+    return Internal(
+        std::string("protocol error: ") + reader_->errstr +
+        (reader_->err == REDIS_ERR_OOM ? " (or an array longer than 1048576 elements)" : ""));
   }
   if (raw == nullptr) return std::optional<Reply>();
   Reply reply = FromHiredis(static_cast<const redisReply*>(raw));

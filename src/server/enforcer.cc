@@ -4,9 +4,54 @@
 #include <cmath>
 #include <utility>
 
+#include "ratelimit/circuit_breaker.h"
+
 namespace ratelimit::server {
 
 using policy::FailureMode;
+
+namespace {
+
+int64_t UnixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One count per limit of the group.
+void CountDecisions(Face face, std::string_view route, bool shadow,
+                    std::span<const LimitCheck> checks, const GroupOutcome& g) {
+  Metrics& m = Metrics::Global();
+  for (size_t i = 0; i < checks.size(); ++i) {
+    DecisionOutcome o = DecisionOutcome::kAllowed;
+    if (g.degraded) {
+      o = DecisionOutcome::kDegraded;
+    } else if (i < g.result.decisions.size() && !g.result.decisions[i].allowed) {
+      o = shadow ? DecisionOutcome::kShadowDenied : DecisionOutcome::kDenied;
+    }
+    m.Decisions(route, checks[i].limit->name()).At(face, o).Inc();
+  }
+}
+
+}  // namespace
+
+void Enforcer::RecordDenial(std::string_view key, std::string_view limit, std::string_view path,
+                            std::string_view route, bool shadow) {
+  denial_record_.Record(DenialEntry{.unix_ms = UnixMillis(),
+                                    .key = std::string(key),
+                                    .route = std::string(route),
+                                    .limit = std::string(limit),
+                                    .path = std::string(path),
+                                    .shadow = shadow});
+  int64_t suppressed = 0;
+  if (!denial_log_.Admit(suppressed)) {
+    Metrics::Global().denial_log_suppressed.Inc();
+    return;
+  }
+  if (suppressed > 0) Log(Level::kWarn, "denials suppressed", {{"count", suppressed}});
+  const std::string shown_limit = shadow ? "shadow:" + std::string(limit) : std::string(limit);
+  Log(Level::kInfo, "denied", {{"key", RedactKey(key)}, {"limit", shown_limit}, {"path", path}});
+}
 
 Enforcer::Enforcer(std::shared_ptr<Store> store, size_t local_max_keys)
     : store_(std::move(store)),
@@ -62,10 +107,21 @@ void Enforcer::DecideLocal(std::string_view key, std::span<const LimitCheck> che
 
 void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> checks,
                            FailureMode mode, const policy::StoreConfig& store_config,
-                           std::function<void(GroupOutcome)> done) {
+                           std::function<void(GroupOutcome)> inner_done, Face face,
+                           std::string_view route, bool shadow) {
   const int instances = store_config.expected_instances;
-  store_->Check({key, checks}, [this, key, checks, mode, instances,
+  const auto started = std::chrono::steady_clock::now();
+  // Counts the group's decisions on the way out.
+  auto done = [inner_done = std::move(inner_done), face, route, shadow,
+               checks](GroupOutcome g) mutable {
+    if (g.error.ok()) CountDecisions(face, route, shadow, checks, g);
+    inner_done(std::move(g));
+  };
+  store_->Check({key, checks}, [this, key, checks, mode, instances, started,
                                 done = std::move(done)](StatusOr<CheckResult> r) mutable {
+    Metrics& metrics = Metrics::Global();
+    metrics.store_latency.Observe(std::chrono::duration_cast<std::chrono::microseconds>(
+        std::chrono::steady_clock::now() - started));
     if (r.ok()) {
       done(GroupOutcome{.result = std::move(*r)});
       return;
@@ -74,6 +130,7 @@ void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> che
       done(GroupOutcome{.error = r.status()});
       return;
     }
+    metrics.Degraded(CauseOf(r.status())).Inc();
     int64_t suppressed = 0;
     if (degraded_log_.Admit(suppressed)) {
       if (suppressed > 0) Log(Level::kWarn, "store errors suppressed", {{"count", suppressed}});
@@ -111,7 +168,12 @@ struct Enforcer::Op {
   std::vector<Decision> decisions;   // every non-shadow decision so far
   std::vector<const Limit*> limits;  // parallel to decisions
   bool degraded = false;
+  Face face = Face::kGateway;
   std::function<void(Outcome)> done;
+
+  std::string_view route() const {
+    return plan.route != nullptr ? std::string_view(plan.route->name) : std::string_view();
+  }
 
   void Finish(unsigned status, std::string error = {}) {
     Outcome o;
@@ -135,8 +197,9 @@ struct Enforcer::Op {
 };
 
 void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::RequestPlan plan,
-                       std::string path, std::function<void(Outcome)> done) {
+                       std::string path, Face face, std::function<void(Outcome)> done) {
   auto op = std::make_shared<Op>();
+  op->face = face;
   op->policy = std::move(policy);
   op->plan = std::move(plan);
   op->path = std::move(path);
@@ -151,46 +214,48 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
   }
   const policy::CheckGroup& group = op->plan.groups[op->next++];
   const policy::StoreConfig& store_config = op->policy->config().store;
-  DecideGroup(group.key, group.checks, group.failure_mode, store_config,
-              [this, op, &group](GroupOutcome g) {
-                if (!g.error.ok()) {
-                  op->Finish(400, g.error.message());
-                  return;
-                }
-                op->degraded = op->degraded || g.degraded;
-                const std::vector<Decision>& ds = g.result.decisions;
-                if (group.shadow) {
-                  if (!g.result.overall.allowed) {
-                    denials_.Record(group.key, "shadow:" + group.checks.front().limit->name(),
-                                    op->path);
-                  }
-                  Step(op);
-                  return;
-                }
-                for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
-                  op->decisions.push_back(ds[i]);
-                  op->limits.push_back(group.checks[i].limit);
-                }
-                if (g.failed_closed) {
-                  op->Finish(static_cast<unsigned>(op->policy->config().store.closed_status),
-                             "the rate limit store is unavailable");
-                  return;
-                }
-                if (!g.result.overall.allowed) {
-                  // Name the limit that denied in the log line.
-                  std::string_view name = group.checks.front().limit->name();
-                  for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
-                    if (!ds[i].allowed) {
-                      name = group.checks[i].limit->name();
-                      break;
-                    }
-                  }
-                  denials_.Record(group.key, name, op->path);
-                  op->Finish(429);
-                  return;
-                }
-                Step(op);
-              });
+  DecideGroup(
+      group.key, group.checks, group.failure_mode, store_config,
+      [this, op, &group](GroupOutcome g) {
+        if (!g.error.ok()) {
+          op->Finish(400, g.error.message());
+          return;
+        }
+        op->degraded = op->degraded || g.degraded;
+        const std::vector<Decision>& ds = g.result.decisions;
+        if (group.shadow) {
+          if (!g.result.overall.allowed) {
+            RecordDenial(group.key, group.checks.front().limit->name(), op->path, op->route(),
+                         /*shadow=*/true);
+          }
+          Step(op);
+          return;
+        }
+        for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
+          op->decisions.push_back(ds[i]);
+          op->limits.push_back(group.checks[i].limit);
+        }
+        if (g.failed_closed) {
+          op->Finish(static_cast<unsigned>(op->policy->config().store.closed_status),
+                     "the rate limit store is unavailable");
+          return;
+        }
+        if (!g.result.overall.allowed) {
+          // Name the limit that denied in the log line.
+          std::string_view name = group.checks.front().limit->name();
+          for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
+            if (!ds[i].allowed) {
+              name = group.checks[i].limit->name();
+              break;
+            }
+          }
+          RecordDenial(group.key, name, op->path, op->route());
+          op->Finish(429);
+          return;
+        }
+        Step(op);
+      },
+      op->face, op->route(), group.shadow);
 }
 
 }  // namespace ratelimit::server

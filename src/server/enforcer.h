@@ -18,6 +18,10 @@
 // non-shadow group that denies ends the request (later groups consume
 // nothing). Shadow groups are decided and counted but never block.
 //
+// Every decision is counted in Metrics::Global() (by face, route class, limit
+// and outcome; degraded ones by cause; store latency), and every denial goes
+// to the sampled "denied" log line and to denials(), the admin API's record.
+//
 // Thread-safety: all methods may be called from any thread. Callbacks run on
 // whatever thread the store completes on (possibly inside the call).
 #pragma once
@@ -32,7 +36,9 @@
 #include "policy/policy.h"
 #include "ratelimit/memory_store.h"
 #include "ratelimit/store.h"
+#include "server/admin_denials.h"
 #include "server/json_log.h"
+#include "server/metrics.h"
 
 namespace ratelimit::server {
 
@@ -59,24 +65,33 @@ class Enforcer {
  public:
   Enforcer(std::shared_ptr<Store> store, size_t local_max_keys);
 
-  // Decides one group. `key` and `checks` must stay valid until `done` runs.
+  // Decides one group. `key`, `checks` and `route` must stay valid until
+  // `done` runs. `face`, `route` (the route class, "" if none) and `shadow`
+  // only label the metrics.
   void DecideGroup(std::string_view key, std::span<const LimitCheck> checks,
                    policy::FailureMode mode, const policy::StoreConfig& store_config,
-                   std::function<void(GroupOutcome)> done);
+                   std::function<void(GroupOutcome)> done, Face face = Face::kDecisionApi,
+                   std::string_view route = {}, bool shadow = false);
 
   // Decides a whole request plan. `policy` keeps the plan's limits alive.
   void Enforce(std::shared_ptr<const policy::Policy> policy, policy::RequestPlan plan,
-               std::string path, std::function<void(Outcome)> done);
+               std::string path, Face face, std::function<void(Outcome)> done);
 
   // The limit of a token bucket or window divided among `instances` (for local).
   static Limit Scaled(const Limit& limit, int instances);
 
-  // One sampled "denied" log line (the decision API's denials).
-  void RecordDenial(std::string_view key, std::string_view limit, std::string_view path) {
-    denials_.Record(key, limit, path);
-  }
+  // A denial: the sampled "denied" log line and the admin record. Called for
+  // the decision API's denials; Enforce records its own.
+  void RecordDenial(std::string_view key, std::string_view limit, std::string_view path,
+                    std::string_view route = {}, bool shadow = false);
 
   Store& store() { return *store_; }
+  AdminDenials& denials() { return denial_record_; }
+  // Gives up the enforcer's reference to the store, so that its owner can
+  // destroy the store (and let it complete its pending calls, whose callbacks
+  // reach this enforcer) while the enforcer still exists. Afterwards no new
+  // request may be enforced.
+  std::shared_ptr<Store> ReleaseStore() { return std::move(store_); }
   MemoryStore& local_store() { return *local_; }
 
  private:
@@ -87,7 +102,8 @@ class Enforcer {
 
   std::shared_ptr<Store> store_;
   std::unique_ptr<MemoryStore> local_;
-  DenialLog denials_;
+  LogSampler denial_log_{20};
+  AdminDenials denial_record_;
   LogSampler degraded_log_{10};
 };
 

@@ -3,6 +3,7 @@
 #include <optional>
 #include <string>
 
+#include "server/admin.h"
 #include "server/auth_request.h"
 #include "server/demo.h"
 #include "server/gateway.h"
@@ -43,18 +44,54 @@ Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view 
   return r;
 }
 
+// How the policy sees a request: the header lookup joins repeated
+// X-Forwarded-For lines (into `xff`, which must outlive the view).
+policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
+                             const policy::IpAddress& peer, std::string& xff) {
+  return policy::RequestView{
+      .method = method,
+      .target = target,
+      .peer = peer,
+      .header = [&req, &xff](std::string_view name) -> std::optional<std::string_view> {
+        if (EqualsIgnoreCase(name, "X-Forwarded-For")) {
+          auto range = req.equal_range("X-Forwarded-For");
+          if (range.first == range.second) return std::nullopt;
+          auto next = range.first;
+          if (++next == range.second) return range.first->value();
+          xff.clear();
+          for (auto it = range.first; it != range.second; ++it) {
+            if (!xff.empty()) xff += ", ";
+            xff.append(it->value());
+          }
+          return std::string_view(xff);
+        }
+        auto it = req.find(name);
+        if (it == req.end()) return std::nullopt;
+        return it->value();
+      }};
+}
+
 }  // namespace
 
-Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo)
+Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
+               AdminApi* admin)
     : policies_(policies),
       enforcer_(enforcer),
       decision_api_(enforcer),
       gateway_(gateway),
-      demo_(demo) {}
+      demo_(demo),
+      admin_(admin) {}
+
+std::unique_ptr<Router> Router::Admin(PolicyHolder& policies, Enforcer& enforcer, AdminApi& admin) {
+  auto r = std::make_unique<Router>(policies, enforcer, nullptr, false, &admin);
+  r->admin_listener_ = true;
+  return r;
+}
 
 void Router::Handle(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
                     std::function<void(Reply)> done) {
   std::shared_ptr<const policy::Policy> policy = policies_.Get();
+  if (admin_listener_) return admin_->Handle(req, std::move(policy), std::move(done));
   const std::string_view target = req.target();
   const std::string_view path = target.substr(0, target.find('?'));
   if (path.starts_with("/v1/")) {
@@ -75,6 +112,18 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
   if (demo_ && (req.method() == http::verb::get || req.method() == http::verb::head) &&
       (path == "/" || path == "/index.html")) {
     return done(DemoPage());
+  }
+  if (demo_ && admin_ != nullptr && path == "/demo/state") {
+    if (req.method() != http::verb::get) {
+      Reply r = ProblemReply(405, "use GET for /demo/state", path);
+      r.Add("Allow", "GET");
+      return done(std::move(r));
+    }
+    // The caller's own identity, formed exactly as for its /api/ping requests.
+    std::string xff;
+    const policy::Identity who =
+        policy->Identify(MakeView(req, req.method_string(), req.target(), peer, xff));
+    return admin_->DemoState(std::move(policy), who, std::move(done));
   }
   Rules(req, peer, peer_text, std::move(policy), false, std::move(done));
 }
@@ -105,33 +154,17 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
     deny_status = *s;
   }
   std::string xff;  // repeated X-Forwarded-For headers, joined
-  policy::RequestView view{
-      .method = method,
-      .target = target,
-      .peer = peer,
-      .header = [&req, &xff](std::string_view name) -> std::optional<std::string_view> {
-        if (EqualsIgnoreCase(name, "X-Forwarded-For")) {
-          auto range = req.equal_range("X-Forwarded-For");
-          if (range.first == range.second) return std::nullopt;
-          auto next = range.first;
-          if (++next == range.second) return range.first->value();
-          for (auto it = range.first; it != range.second; ++it) {
-            if (!xff.empty()) xff += ", ";
-            xff.append(it->value());
-          }
-          return std::string_view(xff);
-        }
-        auto it = req.find(name);
-        if (it == req.end()) return std::nullopt;
-        return it->value();
-      }};
+  const policy::RequestView view = MakeView(req, method, target, peer, xff);
   const std::string path(target.substr(0, target.find('?')));
   StatusOr<policy::RequestPlan> plan = policy->Resolve(view);
   if (!plan.ok()) return done(ProblemReply(400, plan.status().message(), path));
 
   const policy::HeaderDialect dialect = policy->config().server.headers;
+  const Face face = auth                              ? Face::kAuthRequest
+                    : (gateway_ != nullptr || !demo_) ? Face::kGateway
+                                                      : Face::kDemo;
   enforcer_.Enforce(
-      std::move(policy), std::move(*plan), path,
+      std::move(policy), std::move(*plan), path, face,
       [this, &req, peer_text, auth, deny_status, dialect, path, target,
        done = std::move(done)](Outcome o) mutable {
         if (auth) {

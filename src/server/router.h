@@ -4,9 +4,13 @@
 //   POST /v1/check, /v1/check/batch    decision API (other methods: 405)
 //   /v1/auth (any method)              nginx auth_request
 //   GET / (server.demo)                the demo page (not limited)
+//   GET /demo/state (server.demo)      the CALLER's own bucket state (not limited)
 //   anything else                      the configured rules (Policy::Resolve ->
 //                                      Enforcer), then: the upstream (gateway),
 //                                      /api/ping (demo), or 404
+//
+// The admin listener has a Router of its own (Router::Admin) that hands every
+// request to the AdminApi: admin paths never reach the public listener.
 //
 // Thread-safety: Handle may be called from any thread; `done` may run on any
 // thread. The request must stay alive and unchanged until `done` runs.
@@ -25,12 +29,17 @@
 
 namespace ratelimit::server {
 
+class AdminApi;
 class Gateway;
 
 class Router {
  public:
-  // `gateway` may be null (no upstream). `demo`: serve the demo page and /api/ping.
-  Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo);
+  // The public listener's router. `gateway` may be null (no upstream).
+  // `demo`: serve the demo page, /api/ping and (with `admin`) /demo/state.
+  Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
+         AdminApi* admin = nullptr);
+  // The admin listener's router: everything goes to `admin`.
+  static std::unique_ptr<Router> Admin(PolicyHolder& policies, Enforcer& enforcer, AdminApi& admin);
 
   void Handle(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
               std::function<void(Reply)> done);
@@ -45,6 +54,8 @@ class Router {
   DecisionApi decision_api_;
   Gateway* gateway_;
   bool demo_;
+  AdminApi* admin_;              // may be null
+  bool admin_listener_ = false;  // this router serves the admin listener
 };
 
 }  // namespace ratelimit::server

@@ -5,11 +5,13 @@
 #include <vector>
 
 #include "ratelimit/memory_store.h"
+#include "server/admin.h"
 #include "server/enforcer.h"
 #include "server/gateway.h"
 #include "server/http.h"
 #include "server/json_log.h"
 #include "server/listener.h"
+#include "server/metrics.h"
 #include "server/policy_holder.h"
 #include "server/router.h"
 #include "server/session.h"
@@ -22,10 +24,22 @@ struct Server::Impl {
         start_config(p->config()),
         policies(std::move(p)),
         store(std::move(s)),
-        enforcer(store, start_config.store.max_keys),
+        enforcer(store, start_config.store.local_max_keys),
         signals(ioc, SIGINT, SIGTERM, SIGHUP),
         sweep_timer(ioc),
         drain_timer(ioc) {}
+
+  // The store goes first. A RedisStore's destructor closes its client and
+  // completes the calls still pending, on its own I/O thread; their callbacks
+  // run through the enforcer into sessions, the router and the io_context. So
+  // it must run while all of those exist (the io_context is stopped by then:
+  // what the callbacks post to it is dropped with it). Destroyed in member
+  // order instead, the last reference (here) would go after all of them.
+  ~Impl() {
+    std::shared_ptr<Store> last = enforcer.ReleaseStore();
+    last.reset();
+    store.reset();  // the last reference: a RedisStore closes and drains here
+  }
 
   void WaitForSignal();
   void Reload();
@@ -41,6 +55,7 @@ struct Server::Impl {
   PolicyHolder policies;
   std::shared_ptr<Store> store;
   Enforcer enforcer;
+  std::unique_ptr<AdminApi> admin;  // the admin API (and the demo's /demo/state)
   // Gateway operations still queued at exit refer to it. Its idle pool is
   // emptied (CloseIdle) at the end of Run, while the io_context still exists.
   std::unique_ptr<Gateway> gateway;
@@ -48,6 +63,8 @@ struct Server::Impl {
   // Declared after the io_context: they own sockets and timers on it.
   std::unique_ptr<Router> router;
   std::shared_ptr<Listener> listener;
+  std::unique_ptr<Router> admin_router;
+  std::shared_ptr<Listener> admin_listener;  // null when server.admin_listen is ""
   net::signal_set signals;
   net::steady_timer sweep_timer;
   net::steady_timer drain_timer;
@@ -71,7 +88,16 @@ Status Server::Start() {
     if (!g.ok()) return g.status();
     s.gateway = std::move(*g);
   }
-  s.router = std::make_unique<Router>(s.policies, s.enforcer, s.gateway.get(), sc.demo);
+  std::string token;
+  if (!sc.admin_token_file.empty()) {
+    StatusOr<std::string> t = AdminApi::ReadTokenFile(sc.admin_token_file);
+    if (!t.ok()) return t.status();
+    token = std::move(*t);
+  }
+  const bool have_token = !token.empty();
+  s.admin = std::make_unique<AdminApi>(s.enforcer, std::move(token));
+  s.router =
+      std::make_unique<Router>(s.policies, s.enforcer, s.gateway.get(), sc.demo, s.admin.get());
   StatusOr<tcp::endpoint> ep = ResolveListenAddress(s.ioc, sc.listen);
   if (!ep.ok()) return ep.status();
   SessionLimits limits{.max_header_bytes = sc.max_header_bytes,
@@ -85,8 +111,26 @@ Status Server::Start() {
   std::string addr = bound.address().to_string();
   if (bound.address().is_v6()) addr = "[" + addr + "]";
   addr += ":" + std::to_string(bound.port());
+  std::string admin_addr;
+  if (!sc.admin_listen.empty()) {
+    StatusOr<tcp::endpoint> aep = ResolveListenAddress(s.ioc, sc.admin_listen);
+    if (!aep.ok()) return aep.status();
+    s.admin_router = Router::Admin(s.policies, s.enforcer, *s.admin);
+    s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
+                                                  sc.max_connections);
+    if (Status st = s.admin_listener->Open(); !st.ok()) return st;
+    const tcp::endpoint abound = s.admin_listener->local_endpoint();
+    admin_addr = abound.address().to_string();
+    if (abound.address().is_v6()) admin_addr = "[" + admin_addr + "]";
+    admin_addr += ":" + std::to_string(abound.port());
+    if (!abound.address().is_loopback() && !have_token) {
+      Log(Level::kWarn, "the admin API listens beyond loopback without a token",
+          {{"admin", admin_addr}, {"hint", "set server.admin_token_file"}});
+    }
+  }
   Log(Level::kInfo, "listening",
       {{"addr", addr},
+       {"admin", admin_addr},
        {"config", s.start_config.source},
        {"store",
         s.start_config.store.type == policy::StoreConfig::Type::kMemory ? "memory" : "redis"},
@@ -116,6 +160,7 @@ void Server::Impl::Reload() {
   }
   StatusOr<policy::Config> c = policy::LoadConfigFile(options.config_path);
   if (!c.ok()) {
+    Metrics::Global().reloads_failed.Inc();
     Log(Level::kError, "reload failed: keeping the old config",
         {{"file", options.config_path}, {"error", c.status().message()}});
     return;
@@ -136,10 +181,15 @@ void Server::Impl::Reload() {
   note(a.key_prefix != b.key_prefix, "store.key_prefix");
   note(a.time_source != b.time_source, "store.time_source");
   note(a.max_keys != b.max_keys, "store.max_keys");
+  note(a.connections != b.connections || a.max_pending != b.max_pending ||
+           a.breaker.failures != b.breaker.failures || a.breaker.open_for != b.breaker.open_for ||
+           a.breaker.max_open_for != b.breaker.max_open_for || a.local_max_keys != b.local_max_keys,
+       "store connections, max_pending, breaker, local_max_keys");
   const policy::ServerConfig& x = start_config.server;
   const policy::ServerConfig& y = c->server;
   note(x.listen != y.listen, "server.listen");
   note(x.admin_listen != y.admin_listen, "server.admin_listen");
+  note(x.admin_token_file != y.admin_token_file, "server.admin_token_file");
   note(x.upstream != y.upstream, "server.upstream");
   note(x.demo != y.demo, "server.demo");
   note(x.threads != y.threads, "server.threads");
@@ -149,11 +199,13 @@ void Server::Impl::Reload() {
        "server limits");
   StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(std::move(*c));
   if (!p.ok()) {
+    Metrics::Global().reloads_failed.Inc();
     Log(Level::kError, "reload failed: keeping the old config",
         {{"file", options.config_path}, {"error", p.status().message()}});
     return;
   }
   policies.Set(std::move(*p));
+  Metrics::Global().reloads_ok.Inc();
   if (!ignored.empty()) {
     Log(Level::kWarn, "reload: changes that need a restart were ignored", {{"settings", ignored}});
   }
@@ -165,6 +217,7 @@ void Server::Impl::Drain() {
   draining = true;
   registry.draining.store(true);
   listener->Stop();
+  if (admin_listener) admin_listener->Stop();
   beast::error_code ignored;
   signals.cancel(ignored);
   sweep_timer.cancel();
@@ -203,6 +256,7 @@ void Server::Impl::ScheduleSweep() {
 int Server::Run() {
   Impl& s = *impl_;
   s.listener->Run();
+  if (s.admin_listener) s.admin_listener->Run();
   s.WaitForSignal();
   s.ScheduleSweep();
   int n = s.start_config.server.threads;

@@ -2,6 +2,7 @@
 
 #include <boost/beast/core/string.hpp>
 
+#include "server/metrics.h"
 #include "server/problem.h"
 #include "server/router.h"
 
@@ -137,7 +138,9 @@ void Session::FailRequest(beast::error_code ec) {
 void Session::Handle() {
   busy_ = true;
   stream_.expires_never();  // the handler bounds its own waits (store deadline, upstream timeout)
+  Metrics::Global().in_flight.Add(1);
   router_.Handle(parser_->get(), peer_, peer_text_, [self = shared_from_this()](Reply r) {
+    Metrics::Global().in_flight.Add(-1);
     net::dispatch(self->stream_.get_executor(),
                   [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
   });

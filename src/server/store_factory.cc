@@ -2,6 +2,7 @@
 
 #include "ratelimit/memory_store.h"
 #include "ratelimit/redis_store.h"
+#include "server/json_log.h"
 
 namespace ratelimit::server {
 
@@ -24,6 +25,20 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
                           ? RedisStore::TimeSource::kRedis
                           : RedisStore::TimeSource::kLocal;
       o.max_key_length = config.max_key_length;
+      o.connections = config.connections;
+      o.max_pending = config.max_pending;
+      o.breaker.failure_threshold = config.breaker.failures;
+      o.breaker.open_for = config.breaker.open_for;
+      o.breaker.max_open_for = config.breaker.max_open_for;
+      // Every state change is one log line (a cluster has a breaker per node;
+      // each logs its own changes). Runs under the breaker's lock: one write(2).
+      o.breaker.on_change = [](CircuitBreaker::State from, CircuitBreaker::State to) {
+        Log(to == CircuitBreaker::State::kOpen ? Level::kWarn : Level::kInfo,
+            "redis circuit breaker",
+            {{"from", BreakerStateName(from)}, {"to", BreakerStateName(to)}});
+      };
+      // NOTE: redis::Options::reconnect_max_backoff (1 s by default) is not
+      // reachable from RedisStore::Options yet; see docs/reliability.md.
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();
       return std::shared_ptr<Store>(std::move(*s));

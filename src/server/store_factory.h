@@ -3,7 +3,9 @@
 //   StatusOr<std::shared_ptr<Store>> s = MakeStore(config.store);
 //
 // memory -> MemoryStore (max_keys, max_key_length from the config).
-// redis  -> RedisStore (url, deadline, key_prefix, time_source, max_key_length).
+// redis  -> RedisStore (url, deadline, key_prefix, time_source, max_key_length,
+//           connections, max_pending, breaker); breaker state changes are
+//           logged ("redis circuit breaker", from, to).
 //           HOOK (lead): wrap it in the ResilientStore when that exists.
 //
 // Thread-safety: pure function; the store it returns is thread-safe.

@@ -134,8 +134,7 @@ struct MemoryStore::Impl {
   std::atomic<int64_t> last_full_sweep{0};
 
   uint64_t Fingerprint(uint64_t key_hash, const Limit& limit) const {
-    uint64_t fp = Mix(key_hash ^ Hash64(limit.name(), seed),
-                      0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(limit.algorithm()));
+    uint64_t fp = Mix(key_hash, limit.identity_hash() ^ 0x9E3779B97F4A7C15ULL);
     return fp == 0 ? 1 : fp;
   }
   Shard& ShardFor(uint64_t fp) { return shards[fp & shard_mask]; }
@@ -280,7 +279,7 @@ StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& lim
     LimitCheck c{&limit, cost};
     return ValidateRequest({key, {&c, 1}}, m.opts.max_key_length);
   }
-  if (Status s = limit.ValidateCost(cost); !s.ok()) return s;
+  if (cost < 0 || cost > limit.limit()) return limit.ValidateCost(cost);
   if (limit.algorithm() == Algorithm::kSlidingLog) {
     LimitCheck c{&limit, cost};
     StatusOr<CheckResult> r = m.Run({key, {&c, 1}}, false);

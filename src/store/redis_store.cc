@@ -281,6 +281,7 @@ StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(Options options) {
   ro->command_timeout = options.deadline;
   ro->connections = std::max(1, options.connections);
   ro->max_pending = options.max_pending;
+  ro->reconnect_max_backoff = options.reconnect_max_backoff;
   auto impl = std::make_unique<Impl>();
   static_cast<Options&>(impl->opts) = std::move(options);
   impl->clock = impl->opts.clock != nullptr ? impl->opts.clock : &Clock::System();

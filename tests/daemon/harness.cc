@@ -196,13 +196,19 @@ std::string ReadFile(const std::string& path) {
 Daemon::Daemon(std::vector<std::string> args) {
   dir_ = MakeTempDir();
   log_path_ = dir_ + "/stderr.log";
-  bool has_listen = false;
-  for (const auto& a : args)
+  bool has_listen = false, has_admin = false;
+  for (const auto& a : args) {
     has_listen = has_listen || a == "--listen" || a.rfind("--listen=", 0) == 0;
+    has_admin = has_admin || a == "--admin-listen" || a.rfind("--admin-listen=", 0) == 0;
+  }
   std::vector<std::string> argv_s = {RATELIMITD_PATH};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   if (!has_listen) {
     argv_s.push_back("--listen");
+    argv_s.push_back("127.0.0.1:0");
+  }
+  if (!has_admin) {  // never the default 9090: tests run in parallel
+    argv_s.push_back("--admin-listen");
     argv_s.push_back("127.0.0.1:0");
   }
   std::vector<char*> argv;
@@ -225,6 +231,8 @@ Daemon::Daemon(std::vector<std::string> args) {
       if (j.is_discarded() || !j.is_object() || j.value("msg", "") != "listening") continue;
       const std::string addr = j.value("addr", "");
       port_ = std::atoi(addr.substr(addr.rfind(':') + 1).c_str());
+      const std::string admin = j.value("admin", "");
+      if (!admin.empty()) admin_port_ = std::atoi(admin.substr(admin.rfind(':') + 1).c_str());
       return;
     }
     int status = 0;

@@ -52,10 +52,12 @@ std::string ReadFile(const std::string& path);
 
 class Daemon {
  public:
-  // Starts RATELIMITD_PATH with `args`; --listen 127.0.0.1:0 is added unless given.
+  // Starts RATELIMITD_PATH with `args`; --listen 127.0.0.1:0 and
+  // --admin-listen 127.0.0.1:0 are added unless given.
   explicit Daemon(std::vector<std::string> args);
   ~Daemon();
   int port() const { return port_; }
+  int admin_port() const { return admin_port_; }  // 0: the admin API is off
   pid_t pid() const { return pid_; }
   bool started() const { return port_ > 0; }
   void Signal(int sig);
@@ -68,6 +70,7 @@ class Daemon {
  private:
   pid_t pid_ = -1;
   int port_ = 0;
+  int admin_port_ = 0;
   bool exited_ = false;
   std::string dir_;
   std::string log_path_;

@@ -7,6 +7,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "harness.h"
 
 extern char** environ;
@@ -79,6 +84,39 @@ TEST(Redis, TwoDaemonsShareOneLimit) {
   for (int i = 0; i < 3; ++i) codes.push_back(Ping(b.port(), "shared"));
   EXPECT_EQ(codes, (std::vector<int>{200, 200, 200, 200, 200, 429})) << a.Log() << b.Log();
   EXPECT_EQ(Ping(a.port(), "someone-else"), 200);
+}
+
+// 200 concurrent requests spread over two daemons sharing one Redis: exactly
+// the capacity is allowed (the decision is atomic inside Redis).
+TEST(Redis, TwoHundredConcurrentRequestsOverTwoDaemonsAllowExactlyTheCapacity) {
+  RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  Daemon a({"--redis", redis.url()});
+  Daemon b({"--redis", redis.url()});
+  ASSERT_TRUE(a.started()) << a.Log();
+  ASSERT_TRUE(b.started()) << b.Log();
+  const std::string body =
+      R"({"key": "race", "limits": [{"name": "burst", "algorithm": "token_bucket",)"
+      R"( "capacity": 10, "refill_per_second": 0.001}]})";
+  std::atomic<int> allowed{0}, denied{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 200; ++i) {
+    threads.emplace_back([&, i] {
+      const int port = i % 2 == 0 ? a.port() : b.port();
+      HttpResponse r =
+          Http(port, "POST", "/v1/check", {{"Content-Type", "application/json"}}, body);
+      if (r.status == 200)
+        allowed.fetch_add(1);
+      else if (r.status == 429)
+        denied.fetch_add(1);
+      else
+        other.fetch_add(1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(allowed.load(), 10);
+  EXPECT_EQ(denied.load(), 190);
+  EXPECT_EQ(other.load(), 0) << a.Log() << b.Log();
 }
 
 TEST(Redis, FailureModesWhenRedisIsDown) {

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan + UBSan, in build-fuzz/) and runs
+# each one for SECONDS (default 30). Fails (non-zero) if any target crashes,
+# leaks, times out (5 s per input) or exceeds 2 GB.
+#
+#   scripts/fuzz.sh [SECONDS]
+#
+# Each run starts from a COPY of fuzz/corpus/<target>/ and fuzz/regressions/<target>/
+# in build-fuzz/fuzz-run/<target>/, so runs never modify the repository; what a
+# run found (new corpus entries, crash-* files, the log) stays there. A crash:
+# minimize it (<target>_fuzzer -minimize_crash=1 -runs=10000 crash-...),
+# put it in fuzz/regressions/<target>/ and fix the bug; tests/fuzz_regressions
+# replays it on every build from then on.
+#
+# Environment: JOBS (ninja parallelism, and how many targets fuzz at once;
+# default nproc), FUZZ_TARGETS (space-separated subset, default all),
+# FUZZ_BUILD_DIR (default build-fuzz), FUZZ_SOURCE_DIR (the CMake source
+# folder, default the repository). Called by `make fuzz` and by
+# scripts/run-tests.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+SECONDS_PER_TARGET=${1:-30}
+JOBS=${JOBS:-$(nproc)}
+BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
+SOURCE=${FUZZ_SOURCE_DIR:-$REPO}
+ALL_TARGETS="config path client_ip duration redis_reply redis_url decision_api http"
+TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
+
+if ! [[ $SECONDS_PER_TARGET =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: scripts/fuzz.sh [SECONDS]  (a positive number of seconds per target)" >&2
+  exit 2
+fi
+for tool in clang clang++ cmake ninja; do
+  command -v "$tool" >/dev/null || { echo "fuzz.sh: $tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
+done
+
+if [[ ! -f $BUILD/build.ninja ]]; then
+  CC=clang CXX=clang++ cmake -S "$SOURCE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DRL_FUZZ=ON -DRL_SANITIZE=address -DRL_BUILD_TESTS=OFF -DRL_BUILD_BENCH=OFF >/dev/null
+fi
+targets=()
+for t in $TARGETS; do targets+=("${t}_fuzzer"); done
+ninja -C "$BUILD" -j "$JOBS" "${targets[@]}"
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+# run_one TARGET: fuzzes for SECONDS_PER_TARGET; writes the fuzzer's exit status to status.
+run_one() {
+  local t=$1 work=$BUILD/fuzz-run/$1
+  local dict=()
+  if [[ -f $REPO/fuzz/dict/$t.dict ]]; then dict=(-dict="$REPO/fuzz/dict/$t.dict"); fi
+  local status=0
+  "$BUILD/fuzz/${t}_fuzzer" -max_total_time="$SECONDS_PER_TARGET" -timeout=5 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$work/" "${dict[@]}" "$work/corpus" >"$work/log" 2>&1 ||
+    status=$?
+  echo "$status" >"$work/status"
+}
+
+report() {  # TARGET
+  local t=$1 work=$BUILD/fuzz-run/$1
+  local status runs
+  status=$(cat "$work/status" 2>/dev/null || echo "?")
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$' || true)
+  if [[ $status == 0 ]]; then
+    printf '  %-13s ok      %s runs in %s s\n' "$t" "${runs:-?}" "$SECONDS_PER_TARGET"
+    return 0
+  fi
+  printf '  %-13s FAILED  (exit %s) log: %s\n' "$t" "$status" "$work/log"
+  grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz invariant failed)|runtime error' "$work/log" | head -5 |
+    sed 's/^/      /' || true
+  for a in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*; do
+    if [[ -e $a ]]; then echo "      input: $a  (replay: $BUILD/fuzz/${t}_fuzzer $a)"; fi
+  done
+  return 1
+}
+
+echo "fuzzing ${SECONDS_PER_TARGET} s per target, ${JOBS} at a time: $TARGETS"
+running=0
+for t in $TARGETS; do
+  work=$BUILD/fuzz-run/$t
+  rm -rf "$work"
+  mkdir -p "$work/corpus"
+  cp -R "$REPO/fuzz/corpus/$t/." "$work/corpus/"
+  if [[ -d $REPO/fuzz/regressions/$t ]]; then cp -R "$REPO/fuzz/regressions/$t/." "$work/corpus/"; fi
+  if (( running >= JOBS )); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+  run_one "$t" &
+  running=$((running + 1))
+done
+wait || true
+
+failed=0
+for t in $TARGETS; do report "$t" || failed=1; done
+
+if (( failed )); then
+  echo "fuzz.sh: a fuzz target failed; put the minimized input in fuzz/regressions/<target>/" >&2
+  exit 1
+fi
+echo "fuzz.sh: all targets ran clean"

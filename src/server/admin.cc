@@ -1,0 +1,524 @@
+#include "server/admin.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "policy/config.h"
+#include "ratelimit/redis_store.h"
+#include "server/json_log.h"
+#include "server/metrics.h"
+#include "server/problem.h"
+
+namespace ratelimit::server {
+namespace {
+
+using json = nlohmann::json;
+
+// Longest client text accepted ("k:" + a 200-byte header value, with room).
+constexpr size_t kMaxClientText = 256;
+constexpr size_t kMaxTopN = 100;
+
+Reply JsonReply(unsigned status, const json& body) {
+  Reply r;
+  r.status = status;
+  r.content_type = "application/json";
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  r.Add("Cache-Control", "no-store");
+  return r;
+}
+
+Reply MethodNotAllowed(std::string_view path, std::string_view allow) {
+  Reply r = ProblemReply(405, "use " + std::string(allow) + " for " + std::string(path), path);
+  r.Add("Allow", std::string(allow));
+  return r;
+}
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Percent-decodes (and '+' -> ' ' in queries). Malformed escapes: error.
+StatusOr<std::string> Decode(std::string_view s, bool query) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%') {
+      if (i + 2 >= s.size() || HexValue(s[i + 1]) < 0 || HexValue(s[i + 2]) < 0) {
+        return InvalidArgument("malformed percent-escape");
+      }
+      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
+      i += 2;
+    } else if (query && s[i] == '+') {
+      out.push_back(' ');
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
+// name -> value; a repeated name is an error.
+StatusOr<std::map<std::string, std::string>> ParseQuery(std::string_view q) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    const size_t amp = q.find('&');
+    std::string_view part = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (part.empty()) continue;
+    const size_t eq = part.find('=');
+    StatusOr<std::string> name = Decode(part.substr(0, eq), true);
+    StatusOr<std::string> value =
+        Decode(eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1), true);
+    if (!name.ok() || !value.ok()) return InvalidArgument("malformed query string");
+    if (!out.emplace(*name, *value).second) {
+      return InvalidArgument("query parameter '" + *name + "' given twice");
+    }
+  }
+  return out;
+}
+
+// A client text that could be an identity: 1..256 visible ASCII characters.
+Status ValidateClientText(std::string_view client) {
+  if (client.empty()) return InvalidArgument("the client is empty");
+  if (client.size() > kMaxClientText) {
+    return InvalidArgument("the client is longer than " + std::to_string(kMaxClientText) +
+                           " bytes");
+  }
+  for (unsigned char c : client) {
+    if (c <= 0x20 || c >= 0x7f) {
+      return InvalidArgument("the client may hold only visible ASCII characters");
+    }
+  }
+  return Status::Ok();
+}
+
+// The identity the policy forms for `client` ("k:..", "u:..", "ip:.."):
+// kInvalidArgument when malformed, kNotFound when no request could have it.
+StatusOr<policy::Identity> IdentityOf(const policy::Policy& policy, std::string_view client) {
+  if (Status s = ValidateClientText(client); !s.ok()) return s;
+  const policy::ClientConfig& cc = policy.config().clients;
+  std::string header_name;
+  std::string_view header_value;
+  policy::IpAddress peer = policy::IpAddress::FromV4(0);
+  if (client.starts_with("k:")) {
+    if (cc.api_key_header.empty()) return NotFound("API keys are off (clients.api_key_header)");
+    header_name = cc.api_key_header;
+    header_value = client.substr(2);
+  } else if (client.starts_with("u:")) {
+    if (cc.user_header.empty()) return NotFound("user identities are off (clients.user_header)");
+    header_name = cc.user_header;
+    header_value = client.substr(2);
+  } else if (client.starts_with("ip:")) {
+    std::string_view addr = client.substr(3);
+    addr = addr.substr(0, addr.find('/'));
+    StatusOr<policy::IpAddress> ip = policy::IpAddress::Parse(addr);
+    if (!ip.ok()) return InvalidArgument("'" + std::string(addr) + "' is not an IP address");
+    peer = *ip;
+  } else {
+    return InvalidArgument("the client must start with k:, u: or ip:");
+  }
+  policy::RequestView view{.method = "GET",
+                           .target = "/",
+                           .peer = peer,
+                           .header = [&](std::string_view name) -> std::optional<std::string_view> {
+                             if (!header_name.empty() && EqualsIgnoreCase(name, header_name))
+                               return header_value;
+                             return std::nullopt;
+                           }};
+  policy::Identity who = policy.Identify(view);
+  if (who.key != client) {
+    if (client.starts_with("ip:")) {
+      return NotFound("no client '" + std::string(client) + "': this config names that address '" +
+                      who.key + "'");
+    }
+    return NotFound("no client '" + std::string(RedactKey(client)) + "' in this config");
+  }
+  return who;
+}
+
+std::string_view SourceName(policy::IdentitySource s) {
+  switch (s) {
+    case policy::IdentitySource::kApiKey: return "api_key";
+    case policy::IdentitySource::kUser: return "user";
+    case policy::IdentitySource::kIp: return "ip";
+  }
+  return "ip";
+}
+
+int64_t Ms(std::chrono::microseconds d) { return (d.count() + 999) / 1000; }
+
+std::string IsoTime(int64_t unix_ms) {
+  std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(unix_ms % 1000));
+  return buf;
+}
+
+// The groups that hold `who`'s own state: keyed by its identity (and, for
+// the demo's caller, by its IP). Never another key.
+std::vector<policy::CheckGroup> OwnGroups(const policy::Policy& policy, const policy::Identity& who,
+                                          bool include_ip_key) {
+  std::vector<policy::CheckGroup> groups = policy.PeekGroupsFor(who);
+  std::erase_if(groups, [&](const policy::CheckGroup& g) {
+    return !(g.key == who.key || (include_ip_key && g.key == who.ip_key));
+  });
+  return groups;
+}
+
+}  // namespace
+
+AdminApi::AdminApi(Enforcer& enforcer, std::string token)
+    : enforcer_(enforcer), token_(std::move(token)) {}
+
+StatusOr<std::string> AdminApi::ReadTokenFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgument("cannot read server.admin_token_file '" + path + "'");
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string t = s.str();
+  const auto not_space = [](unsigned char c) { return !std::isspace(c); };
+  t.erase(t.begin(), std::find_if(t.begin(), t.end(), not_space));
+  t.erase(std::find_if(t.rbegin(), t.rend(), not_space).base(), t.end());
+  if (t.empty()) return InvalidArgument("server.admin_token_file '" + path + "' is empty");
+  return t;
+}
+
+bool AdminApi::Authorized(const Request& req) const {
+  if (token_.empty()) return true;
+  auto it = req.find(http::field::authorization);
+  if (it == req.end()) return false;
+  std::string_view v = it->value();
+  if (v.size() < 7 || !EqualsIgnoreCase(v.substr(0, 7), "Bearer ")) return false;
+  v = v.substr(7);
+  // Hash both sides so the comparison takes the same time whatever the lengths.
+  unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(v.data()), v.size(), a);
+  SHA256(reinterpret_cast<const unsigned char*>(token_.data()), token_.size(), b);
+  return CRYPTO_memcmp(a, b, sizeof a) == 0;
+}
+
+void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> policy,
+                      std::function<void(Reply)> done) {
+  const std::string_view target = req.target();
+  const size_t qpos = target.find('?');
+  const std::string_view path = target.substr(0, qpos);
+  const std::string_view query =
+      qpos == std::string_view::npos ? std::string_view() : target.substr(qpos + 1);
+  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+
+  if (path == "/healthz") {
+    if (!get) return done(MethodNotAllowed(path, "GET"));
+    return done(JsonReply(200, {{"status", "ok"}}));
+  }
+  if (path == "/readyz") {
+    if (!get) return done(MethodNotAllowed(path, "GET"));
+    return Ready(std::move(policy), std::move(done));
+  }
+  if (!Authorized(req)) {
+    Reply r = ProblemReply(401, "this admin API requires Authorization: Bearer <token>", path);
+    r.Add("WWW-Authenticate", "Bearer realm=\"ratelimitd-admin\"");
+    return done(std::move(r));
+  }
+  StatusOr<std::map<std::string, std::string>> params = ParseQuery(query);
+  if (!params.ok()) return done(ProblemReply(400, params.status().message(), path));
+
+  if (path == "/metrics") {
+    if (!get) return done(MethodNotAllowed(path, "GET"));
+    Reply r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = Metrics::Global().Render(&store());
+    return done(std::move(r));
+  }
+  if (path == "/v1/config") {
+    if (!get) return done(MethodNotAllowed(path, "GET"));
+    Reply r;
+    r.content_type = "application/yaml; charset=utf-8";
+    r.body = policy::DumpRedacted(policy->config());
+    r.Add("Cache-Control", "no-store");
+    return done(std::move(r));
+  }
+  if (path == "/v1/top-denied") {
+    if (!get) return done(MethodNotAllowed(path, "GET"));
+    size_t n = 10;
+    int minutes = 5;
+    std::string window = "5m";
+    for (const auto& [k, v] : *params) {
+      if (k == "n") {
+        if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoul(v) < 1 || std::stoul(v) > kMaxTopN) {
+          return done(ProblemReply(
+              400, "n must be a whole number from 1 to " + std::to_string(kMaxTopN), path));
+        }
+        n = std::stoul(v);
+      } else if (k == "window") {
+        StatusOr<std::chrono::microseconds> d = ParseDuration(v);
+        if (!d.ok() || *d > std::chrono::minutes(AdminDenials::kMinutes)) {
+          return done(ProblemReply(400, "window must be a duration from 1s to 60m, like 5m", path));
+        }
+        minutes = static_cast<int>((d->count() + 59'999'999) / 60'000'000);
+        window = v;
+      } else {
+        return done(
+            ProblemReply(400, "unknown query parameter '" + k + "' (expected n, window)", path));
+      }
+    }
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    uint64_t others = 0;
+    json clients = json::array();
+    for (const TopEntry& e : enforcer_.denials().Top(n, minutes, now_ms, &others)) {
+      clients.push_back({{"client", RedactKey(e.key)}, {"denials", e.denials}});
+    }
+    return done(
+        JsonReply(200, {{"window", window}, {"n", n}, {"clients", clients}, {"others", others}}));
+  }
+  constexpr std::string_view kClients = "/v1/clients/";
+  if (path.starts_with(kClients)) {
+    std::string_view rest = path.substr(kClients.size());
+    const size_t slash = rest.find('/');
+    if (slash == std::string_view::npos) {
+      return done(ProblemReply(404, "no such admin path (see docs/admin.md)", path));
+    }
+    const std::string_view action = rest.substr(slash + 1);
+    StatusOr<std::string> client = Decode(rest.substr(0, slash), false);
+    if (!client.ok()) return done(ProblemReply(400, "the client is malformed", path));
+    // "-" and one of ?api_key=, ?user=, ?ip= forms the identity for the caller.
+    std::string formed;
+    for (const auto& [k, v] : *params) {
+      std::string_view prefix = k == "api_key" ? "k:" : k == "user" ? "u:" : k == "ip" ? "ip:" : "";
+      if (prefix.empty()) {
+        return done(ProblemReply(
+            400, "unknown query parameter '" + k + "' (expected api_key, user or ip)", path));
+      }
+      if (!formed.empty()) {
+        return done(ProblemReply(400, "give only one of api_key, user, ip", path));
+      }
+      formed = std::string(prefix) + v;
+    }
+    if (*client == "-") {
+      if (formed.empty()) {
+        return done(ProblemReply(400, "client '-' needs ?api_key=, ?user= or ?ip=", path));
+      }
+      client = formed;
+    } else if (!formed.empty()) {
+      return done(ProblemReply(400, "name the client in the path or use '-' with a query", path));
+    }
+    StatusOr<policy::Identity> who = IdentityOf(*policy, *client);
+    if (!who.ok()) {
+      const unsigned status = who.status().code() == StatusCode::kNotFound ? 404 : 400;
+      return done(ProblemReply(status, who.status().message(), path));
+    }
+    const std::string instance(path);
+    if (action == "state") {
+      if (req.method() == http::verb::delete_) {
+        return Reset(std::move(policy), *who, instance, std::move(done));
+      }
+      if (!get) return done(MethodNotAllowed(path, "GET, DELETE"));
+      return State(std::move(policy), *who, false, true, instance, std::move(done));
+    }
+    if (action == "reset") {
+      if (req.method() != http::verb::post) return done(MethodNotAllowed(path, "POST"));
+      return Reset(std::move(policy), *who, instance, std::move(done));
+    }
+    if (action == "denials") {
+      if (!get) return done(MethodNotAllowed(path, "GET"));
+      json list = json::array();
+      for (const DenialEntry& e : enforcer_.denials().ForClient(who->key)) {
+        list.push_back({{"time", IsoTime(e.unix_ms)},
+                        {"unix_ms", e.unix_ms},
+                        {"route", e.route},
+                        {"limit", e.limit},
+                        {"path", e.path},
+                        {"shadow", e.shadow}});
+      }
+      return done(JsonReply(
+          200,
+          {{"client", RedactKey(who->key)}, {"denials", list}, {"kept", AdminDenials::kRingSize}}));
+    }
+    return done(ProblemReply(404, "no such admin path (see docs/admin.md)", path));
+  }
+  done(ProblemReply(404, "no such admin path (see docs/admin.md)", path));
+}
+
+struct AdminApi::StateOp {
+  std::shared_ptr<const policy::Policy> policy;
+  policy::Identity who;
+  std::vector<policy::CheckGroup> groups;
+  size_t next = 0;
+  json limits = json::array();
+  bool any_state = false;
+  bool not_found_if_empty = false;
+  std::string instance;
+  std::function<void(Reply)> done;
+};
+
+void AdminApi::DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
+                         std::function<void(Reply)> done) {
+  State(std::move(policy), who, true, false, "/demo/state", std::move(done));
+}
+
+void AdminApi::State(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
+                     bool include_ip_key, bool not_found_if_empty, std::string instance,
+                     std::function<void(Reply)> done) {
+  auto op = std::make_shared<StateOp>();
+  op->groups = OwnGroups(*policy, who, include_ip_key);
+  op->policy = std::move(policy);
+  op->who = who;
+  op->not_found_if_empty = not_found_if_empty;
+  op->instance = std::move(instance);
+  op->done = std::move(done);
+  PeekNext(std::move(op));
+}
+
+void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
+  if (op->next == op->groups.size()) {
+    if (op->not_found_if_empty && !op->any_state) {
+      return op->done(ProblemReply(
+          404,
+          "no state for client '" + RedactKey(op->who.key) + "' (unknown, or every limit full)",
+          op->instance));
+    }
+    return op->done(JsonReply(200, {{"client", RedactKey(op->who.key)},
+                                    {"source", SourceName(op->who.source)},
+                                    {"plan", op->who.plan},
+                                    {"limits", op->limits}}));
+  }
+  const policy::CheckGroup& g = op->groups[op->next++];
+  store().Peek({g.key, g.checks}, [this, op, &g](StatusOr<CheckResult> r) {
+    if (!r.ok()) {
+      Reply reply = ProblemReply(503,
+                                 "the rate limit store could not answer: " +
+                                     std::string(FailureCauseName(CauseOf(r.status()))),
+                                 op->instance);
+      reply.Add("Retry-After", "1");
+      return op->done(std::move(reply));
+    }
+    for (size_t i = 0; i < g.checks.size() && i < r->decisions.size(); ++i) {
+      const Limit& l = *g.checks[i].limit;
+      const Decision& d = r->decisions[i];
+      const bool used = d.remaining < d.limit ||
+                        (l.algorithm() == Algorithm::kTokenBucket && d.reset_after.count() > 0);
+      op->any_state = op->any_state || used;
+      // The wait before one more unit would pass (Peek asks with cost 0).
+      std::chrono::microseconds retry{0};
+      if (d.remaining < 1) {
+        retry = l.algorithm() == Algorithm::kTokenBucket
+                    ? std::max(std::chrono::microseconds(0),
+                               d.reset_after -
+                                   std::chrono::microseconds((l.limit() - 1) * l.interval_micros()))
+                    : d.reset_after;
+      }
+      json entry = {{"name", l.name()},
+                    {"scope", g.key == op->who.key ? "client" : "ip"},
+                    {"algorithm", AlgorithmName(l.algorithm())},
+                    {"limit", d.limit},
+                    {"remaining", d.remaining},
+                    {"reset_after_ms", Ms(d.reset_after)},
+                    {"retry_after_ms", Ms(retry)}};
+      if (l.algorithm() == Algorithm::kTokenBucket) {
+        entry["refill_per_second"] = l.refill_per_second();
+      } else {
+        entry["window_ms"] = Ms(l.window());
+      }
+      op->limits.push_back(std::move(entry));
+    }
+    PeekNext(op);
+  });
+}
+
+struct AdminApi::ResetOp {
+  std::shared_ptr<const policy::Policy> policy;
+  std::vector<policy::CheckGroup> groups;
+  std::vector<std::vector<const Limit*>> limits;  // parallel to groups
+  std::string client, instance;
+  size_t next = 0;
+  json names = json::array();
+  std::function<void(Reply)> done;
+};
+
+void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
+                     std::string instance, std::function<void(Reply)> done) {
+  auto op = std::make_shared<ResetOp>();
+  op->groups = OwnGroups(*policy, who, false);
+  op->policy = std::move(policy);
+  op->client = RedactKey(who.key);
+  op->instance = std::move(instance);
+  op->done = std::move(done);
+  for (const policy::CheckGroup& g : op->groups) {
+    std::vector<const Limit*>& ls = op->limits.emplace_back();
+    for (const LimitCheck& c : g.checks) {
+      ls.push_back(c.limit);
+      op->names.push_back(c.limit->name());
+    }
+  }
+  ResetNext(std::move(op));
+}
+
+void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
+  if (op->next == op->groups.size()) {
+    Log(Level::kInfo, "admin: client reset", {{"key", op->client}});
+    return op->done(JsonReply(200, {{"client", op->client}, {"reset", op->names}}));
+  }
+  const size_t i = op->next++;
+  // The local fallback's state too, so a degraded decision starts full as well.
+  (void)enforcer_.local_store().ResetSync(op->groups[i].key, op->limits[i]);
+  store().Reset(op->groups[i].key, op->limits[i], [this, op](Status s) {
+    if (!s.ok()) {
+      Reply r =
+          ProblemReply(503, "the rate limit store could not reset: " + s.message(), op->instance);
+      r.Add("Retry-After", "1");
+      return op->done(std::move(r));
+    }
+    ResetNext(op);
+  });
+}
+
+void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,
+                     std::function<void(Reply)> done) {
+  const auto* redis = dynamic_cast<const RedisStore*>(&store());
+  if (redis == nullptr) return done(JsonReply(200, {{"ready", true}, {"store", "memory"}}));
+  static const Limit kProbe = *Limit::TokenBucket("readyz", 1, 1.0);
+  static const LimitCheck kCheck[] = {{&kProbe, 0}};
+  const policy::FailureMode mode = policy->config().store.failure_mode;
+  const std::string mode_name = mode == policy::FailureMode::kOpen     ? "open"
+                                : mode == policy::FailureMode::kClosed ? "closed"
+                                                                       : "local";
+  // A Peek never creates state: a cheap round trip that proves Redis answers.
+  store().Peek({"admin:readyz", kCheck}, [redis, mode, mode_name,
+                                          done = std::move(done)](StatusOr<CheckResult> r) {
+    const std::string breaker(BreakerStateName(redis->breaker_state()));
+    if (r.ok()) {
+      return done(JsonReply(
+          200, {{"ready", true}, {"store", "redis"}, {"reachable", true}, {"breaker", breaker}}));
+    }
+    const bool ready = mode != policy::FailureMode::kClosed;
+    Reply reply = JsonReply(ready ? 200 : 503, {{"ready", ready},
+                                                {"store", "redis"},
+                                                {"reachable", false},
+                                                {"cause", FailureCauseName(CauseOf(r.status()))},
+                                                {"breaker", breaker},
+                                                {"failure_mode", mode_name}});
+    done(std::move(reply));
+  });
+}
+
+}  // namespace ratelimit::server

@@ -1,0 +1,78 @@
+// AdminApi: the operators' HTTP API, served only on the admin listener
+// (server.admin_listen, default 127.0.0.1:9090). docs/admin.md is its manual.
+//
+//   GET    /healthz                          the process is up
+//   GET    /readyz                           the store can decide (or the failure mode can)
+//   GET    /metrics                          Prometheus text format 0.0.4 (server/metrics.h)
+//   GET    /v1/config                        the loaded config, secrets redacted
+//   GET    /v1/clients/{client}/state        each limit's remaining/limit/reset/retry (Peek)
+//   GET    /v1/clients/{client}/denials      this instance's recent denials of the client
+//   POST   /v1/clients/{client}/reset        forget the client's state (also DELETE .../state)
+//   GET    /v1/top-denied?n=10&window=5m     the clients denied most lately
+//
+// {client} is the identity the policy forms ("k:<api key>", "u:<user>",
+// "ip:<address>", percent-encoded in the path), or "-" with exactly one of
+// ?api_key=, ?user=, ?ip= to have it formed. Reading never creates state
+// (Store::Peek); a client none of whose limits holds usage answers 404.
+//
+// With server.admin_token_file set, every path but /healthz and /readyz
+// requires `Authorization: Bearer <token>` (compared in constant time; 401
+// otherwise). The token is never logged or shown.
+//
+// DemoState serves the public /demo/state (server.demo): the same view for
+// the CALLER's own identity only.
+//
+// Thread-safety: all methods may be called from any thread; `done` runs on
+// whatever thread the store answers on.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "policy/policy.h"
+#include "ratelimit/status.h"
+#include "ratelimit/store.h"
+#include "server/enforcer.h"
+#include "server/http.h"
+#include "server/reply.h"
+
+namespace ratelimit::server {
+
+class AdminApi {
+ public:
+  // `token`: "" = no token required. The store is the enforcer's (not owned
+  // here: the server decides when the store goes away).
+  AdminApi(Enforcer& enforcer, std::string token);
+
+  void Handle(const Request& request, std::shared_ptr<const policy::Policy> policy,
+              std::function<void(Reply)> done);
+
+  // 200 with the state of `who` (a full bucket when nothing is stored).
+  void DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
+                 std::function<void(Reply)> done);
+
+  // The token in `path` (surrounding white space dropped). An empty or
+  // unreadable file is an error (kInvalidArgument naming the path, never the content).
+  static StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+ private:
+  struct StateOp;
+  void State(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
+             bool include_ip_key, bool not_found_if_empty, std::string instance,
+             std::function<void(Reply)> done);
+  void PeekNext(std::shared_ptr<StateOp> op);
+  struct ResetOp;
+  void Reset(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
+             std::string instance, std::function<void(Reply)> done);
+  void ResetNext(std::shared_ptr<ResetOp> op);
+  void Ready(std::shared_ptr<const policy::Policy> policy, std::function<void(Reply)> done);
+  bool Authorized(const Request& request) const;
+
+  Store& store() { return enforcer_.store(); }
+
+  Enforcer& enforcer_;
+  const std::string token_;
+};
+
+}  // namespace ratelimit::server

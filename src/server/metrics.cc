@@ -1,0 +1,217 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "ratelimit/redis_store.h"
+
+namespace ratelimit::server {
+namespace {
+
+constexpr std::string_view kOther = "~other";
+
+// Label values are route and limit names ([A-Za-z0-9_.-]); escape anyway.
+void AppendLabelValue(std::string& out, std::string_view v) {
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out.push_back('\\');
+      out.push_back(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.push_back(c);
+    }
+  }
+}
+
+void Header(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  out += "# HELP ";
+  out += name;
+  out.push_back(' ');
+  out += help;
+  out += "\n# TYPE ";
+  out += name;
+  out.push_back(' ');
+  out += type;
+  out.push_back('\n');
+}
+
+std::string Seconds(int64_t micros) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", static_cast<double>(micros) / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+std::string_view FaceName(Face f) {
+  switch (f) {
+    case Face::kDecisionApi: return "decision_api";
+    case Face::kGateway: return "gateway";
+    case Face::kAuthRequest: return "auth_request";
+    case Face::kDemo: return "demo";
+  }
+  return "unknown";
+}
+
+std::string_view OutcomeName(DecisionOutcome o) {
+  switch (o) {
+    case DecisionOutcome::kAllowed: return "allowed";
+    case DecisionOutcome::kDenied: return "denied";
+    case DecisionOutcome::kShadowDenied: return "shadow_denied";
+    case DecisionOutcome::kDegraded: return "degraded";
+  }
+  return "unknown";
+}
+
+void Histogram::Observe(std::chrono::microseconds d) {
+  const int64_t us = std::max<int64_t>(0, d.count());
+  const auto it = std::lower_bound(kBoundsMicros.begin(), kBoundsMicros.end(), us);
+  counts_[static_cast<size_t>(it - kBoundsMicros.begin())].fetch_add(1, std::memory_order_relaxed);
+  sum_micros_.fetch_add(static_cast<uint64_t>(us), std::memory_order_relaxed);
+}
+
+void Histogram::Render(std::string_view name, std::string& out) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i <= kBuckets; ++i) {
+    cumulative += counts_[i].load(std::memory_order_relaxed);
+    out += name;
+    out += "_bucket{le=\"";
+    out += i < kBuckets ? Seconds(kBoundsMicros[i]) : std::string("+Inf");
+    out += "\"} ";
+    out += std::to_string(cumulative);
+    out.push_back('\n');
+  }
+  out += name;
+  out += "_sum ";
+  out += Seconds(static_cast<int64_t>(sum_micros_.load(std::memory_order_relaxed)));
+  out += "\n";
+  out += name;
+  out += "_count ";
+  out += std::to_string(cumulative);
+  out.push_back('\n');
+}
+
+size_t Metrics::KeyHash::operator()(const KeyView& k) const {
+  const size_t a = std::hash<std::string_view>{}(k.route);
+  const size_t b = std::hash<std::string_view>{}(k.limit);
+  return a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+}
+
+Metrics::Metrics() = default;
+
+Metrics& Metrics::Global() {
+  static Metrics* m = new Metrics();  // never destroyed: threads may count until exit
+  return *m;
+}
+
+DecisionCells& Metrics::Decisions(std::string_view route, std::string_view limit) {
+  {
+    std::shared_lock lock(mu_);
+    auto it = decisions_.find(KeyView{route, limit});
+    if (it != decisions_.end()) return *it->second;
+  }
+  std::unique_lock lock(mu_);
+  if (decisions_.size() >= kMaxDecisionLabelSets) {
+    route = kOther;
+    limit = kOther;
+  }
+  auto it = decisions_.find(KeyView{route, limit});
+  if (it == decisions_.end()) {
+    it =
+        decisions_
+            .emplace(Key{std::string(route), std::string(limit)}, std::make_unique<DecisionCells>())
+            .first;
+  }
+  return *it->second;
+}
+
+std::string Metrics::Render(const Store* store) const {
+  std::string out;
+  out.reserve(4096);
+
+  Header(out, "ratelimit_decisions_total", "counter",
+         "Limit decisions by face, route class, limit and outcome (one per limit checked).");
+  {
+    std::vector<std::pair<const Key*, const DecisionCells*>> rows;
+    {
+      std::shared_lock lock(mu_);
+      rows.reserve(decisions_.size());
+      for (const auto& [k, v] : decisions_) rows.emplace_back(&k, v.get());
+    }
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+      return std::tie(a.first->route, a.first->limit) < std::tie(b.first->route, b.first->limit);
+    });
+    // Entries are never erased, so the pointers stay valid without the lock.
+    for (const auto& [k, cells] : rows) {
+      for (size_t f = 0; f < kFaceCount; ++f) {
+        for (size_t o = 0; o < kOutcomeCount; ++o) {
+          const uint64_t v =
+              cells->At(static_cast<Face>(f), static_cast<DecisionOutcome>(o)).value();
+          if (v == 0) continue;
+          out += "ratelimit_decisions_total{face=\"";
+          out += FaceName(static_cast<Face>(f));
+          out += "\",route=\"";
+          AppendLabelValue(out, k->route);
+          out += "\",limit=\"";
+          AppendLabelValue(out, k->limit);
+          out += "\",outcome=\"";
+          out += OutcomeName(static_cast<DecisionOutcome>(o));
+          out += "\"} ";
+          out += std::to_string(v);
+          out.push_back('\n');
+        }
+      }
+    }
+  }
+
+  Header(out, "ratelimit_degraded_decisions_total", "counter",
+         "Store calls the failure mode decided, by cause of the store failure.");
+  for (FailureCause c : {FailureCause::kTimeout, FailureCause::kRefused, FailureCause::kBreakerOpen,
+                         FailureCause::kOverload, FailureCause::kError}) {
+    out += "ratelimit_degraded_decisions_total{cause=\"";
+    out += FailureCauseName(c);
+    out += "\"} ";
+    out += std::to_string(degraded_[static_cast<size_t>(c)].value());
+    out.push_back('\n');
+  }
+
+  Header(out, "ratelimit_store_call_duration_seconds", "histogram",
+         "Time from a decision's store call to its answer (or failure).");
+  store_latency.Render("ratelimit_store_call_duration_seconds", out);
+
+  Header(out, "ratelimit_config_reloads_total", "counter",
+         "Config reloads (SIGHUP) by result: ok, or failed (the old config kept serving).");
+  out +=
+      "ratelimit_config_reloads_total{result=\"ok\"} " + std::to_string(reloads_ok.value()) + "\n";
+  out += "ratelimit_config_reloads_total{result=\"failed\"} " +
+         std::to_string(reloads_failed.value()) + "\n";
+
+  Header(out, "ratelimit_http_requests_in_flight", "gauge",
+         "HTTP requests being handled now (both listeners).");
+  out += "ratelimit_http_requests_in_flight " + std::to_string(in_flight.value()) + "\n";
+
+  Header(out, "ratelimit_denial_log_lines_suppressed_total", "counter",
+         "Per-denial log lines dropped by the log sampler.");
+  out += "ratelimit_denial_log_lines_suppressed_total " +
+         std::to_string(denial_log_suppressed.value()) + "\n";
+
+  if (const auto* redis = dynamic_cast<const RedisStore*>(store)) {
+    Header(out, "ratelimit_store_breaker_state", "gauge",
+           "Redis circuit breaker (worst node): 0 closed, 1 open, 2 half-open.");
+    out += "ratelimit_store_breaker_state " +
+           std::to_string(static_cast<int>(redis->breaker_state())) + "\n";
+    const RedisStore::Stats st = redis->stats();
+    Header(out, "ratelimit_over_limit_cache_hits_total", "counter",
+           "Checks answered by the over-limit cache without a Redis call.");
+    out += "ratelimit_over_limit_cache_hits_total " + std::to_string(st.cache_hits) + "\n";
+    Header(out, "ratelimit_store_pending_checks", "gauge", "Redis checks queued or in flight now.");
+    out += "ratelimit_store_pending_checks " + std::to_string(redis->pending()) + "\n";
+  }
+  return out;
+}
+
+}  // namespace ratelimit::server

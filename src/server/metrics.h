@@ -1,0 +1,149 @@
+// Metrics: every Prometheus metric of ratelimitd, declared in this one place
+// and rendered in the text exposition format 0.0.4 at GET /metrics on the
+// admin listener. docs/admin.md lists each one (name, type, labels, meaning).
+//
+//   Metrics& m = Metrics::Global();
+//   DecisionCells& cells = m.Decisions("search", "burst");   // one lookup per (route, limit)
+//   cells.At(Face::kGateway, DecisionOutcome::kDenied).Inc();
+//   m.store_latency.Observe(std::chrono::microseconds(420));
+//   std::string text = m.Render(store);                      // for the scrape
+//
+// Labels are fixed sets: faces and outcomes are enums; route classes and limit
+// names come from the config (bounded: at most kMaxDecisionLabelSets pairs,
+// beyond which they are counted under route="~other",limit="~other"). Client
+// keys never become labels.
+//
+// Increments are relaxed atomic adds. The (route, limit) cells are found in a
+// map under a shared lock without allocating; everything else is a field.
+//
+// Thread-safety: all methods may be called from any thread.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "ratelimit/circuit_breaker.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit::server {
+
+// Which HTTP face asked for a decision.
+enum class Face : uint8_t { kDecisionApi = 0, kGateway, kAuthRequest, kDemo };
+inline constexpr size_t kFaceCount = 4;
+std::string_view FaceName(Face f);  // "decision_api", "gateway", "auth_request", "demo"
+
+// What one limit said for one request.
+enum class DecisionOutcome : uint8_t { kAllowed = 0, kDenied, kShadowDenied, kDegraded };
+inline constexpr size_t kOutcomeCount = 4;
+std::string_view OutcomeName(DecisionOutcome o);  // "allowed", "denied", "shadow_denied", ...
+
+class Counter {
+ public:
+  void Inc(uint64_t n = 1) { v_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> v_{0};
+};
+
+class Gauge {
+ public:
+  void Add(int64_t n) { v_.fetch_add(n, std::memory_order_relaxed); }
+  void Set(int64_t n) { v_.store(n, std::memory_order_relaxed); }
+  int64_t value() const { return v_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> v_{0};
+};
+
+// A histogram in seconds with fixed bucket bounds (kept in microseconds).
+class Histogram {
+ public:
+  static constexpr size_t kBuckets = 13;
+  // 100us, 250us, 500us, 1ms, 2.5ms, 5ms, 10ms, 25ms, 50ms, 100ms, 250ms, 500ms, 1s
+  static constexpr std::array<int64_t, kBuckets> kBoundsMicros = {
+      100,    250,    500,     1'000,   2'500,   5'000,    10'000,
+      25'000, 50'000, 100'000, 250'000, 500'000, 1'000'000};
+
+  void Observe(std::chrono::microseconds d);
+  // Appends the _bucket/_sum/_count lines of `name` (HELP/TYPE not included).
+  void Render(std::string_view name, std::string& out) const;
+
+ private:
+  std::array<std::atomic<uint64_t>, kBuckets + 1> counts_{};  // last: +Inf only
+  std::atomic<uint64_t> sum_micros_{0};
+};
+
+// The decision counters of one (route class, limit) pair: face x outcome.
+class DecisionCells {
+ public:
+  Counter& At(Face f, DecisionOutcome o) {
+    return cells_[static_cast<size_t>(f) * kOutcomeCount + static_cast<size_t>(o)];
+  }
+  const Counter& At(Face f, DecisionOutcome o) const {
+    return cells_[static_cast<size_t>(f) * kOutcomeCount + static_cast<size_t>(o)];
+  }
+
+ private:
+  std::array<Counter, kFaceCount * kOutcomeCount> cells_;
+};
+
+inline constexpr size_t kMaxDecisionLabelSets = 4096;
+
+class Metrics {
+ public:
+  Metrics();
+  // The process's registry.
+  static Metrics& Global();
+
+  // The cells of (route, limit); route "" when no route class applies (the
+  // decision API, plan and global limits).
+  DecisionCells& Decisions(std::string_view route, std::string_view limit);
+  Counter& Degraded(FailureCause c) { return degraded_[static_cast<size_t>(c)]; }
+
+  Histogram store_latency;        // ratelimit_store_call_duration_seconds
+  Counter reloads_ok;             // ratelimit_config_reloads_total{result="ok"}
+  Counter reloads_failed;         // ratelimit_config_reloads_total{result="failed"}
+  Gauge in_flight;                // ratelimit_http_requests_in_flight
+  Counter denial_log_suppressed;  // ratelimit_denial_log_lines_suppressed_total
+
+  // The whole exposition. `store` (may be null) adds what only it knows: the
+  // breaker state and over-limit cache hits of a RedisStore.
+  std::string Render(const Store* store) const;
+
+ private:
+  struct Key {
+    std::string route, limit;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyView {
+    std::string_view route, limit;
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(const KeyView& k) const;
+    size_t operator()(const Key& k) const { return (*this)(KeyView{k.route, k.limit}); }
+  };
+  struct KeyEq {
+    using is_transparent = void;
+    template <typename A, typename B>
+    bool operator()(const A& a, const B& b) const {
+      return std::string_view(a.route) == std::string_view(b.route) &&
+             std::string_view(a.limit) == std::string_view(b.limit);
+    }
+  };
+
+  mutable std::shared_mutex mu_;
+  std::unordered_map<Key, std::unique_ptr<DecisionCells>, KeyHash, KeyEq>
+      decisions_;                    // GUARDED_BY(mu_)
+  std::array<Counter, 5> degraded_;  // by FailureCause
+};
+
+}  // namespace ratelimit::server

@@ -1,0 +1,47 @@
+#include "server/metrics.h"
+
+#include <gtest/gtest.h>
+
+namespace ratelimit::server {
+namespace {
+
+TEST(Metrics, CountsDecisionsPerLabelSetAndRendersThem) {
+  Metrics m;
+  DecisionCells& a = m.Decisions("search", "burst");
+  EXPECT_EQ(&a, &m.Decisions("search", "burst"));  // one object per label set
+  a.At(Face::kGateway, DecisionOutcome::kDenied).Inc();
+  a.At(Face::kGateway, DecisionOutcome::kDenied).Inc();
+  m.Decisions("", "daily").At(Face::kDecisionApi, DecisionOutcome::kAllowed).Inc();
+  m.Degraded(FailureCause::kTimeout).Inc();
+  m.store_latency.Observe(std::chrono::microseconds(300));
+  m.store_latency.Observe(std::chrono::seconds(2));
+  const std::string text = m.Render(nullptr);
+  EXPECT_NE(text.find("ratelimit_decisions_total{face=\"gateway\",route=\"search\",limit=\"burst\","
+                      "outcome=\"denied\"} 2\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ratelimit_decisions_total{face=\"decision_api\",route=\"\",limit=\"daily\","
+                      "outcome=\"allowed\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_degraded_decisions_total{cause=\"timeout\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_store_call_duration_seconds_bucket{le=\"0.0005\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_store_call_duration_seconds_bucket{le=\"+Inf\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_store_call_duration_seconds_count 2\n"), std::string::npos);
+  EXPECT_EQ(text.find("ratelimit_store_breaker_state"), std::string::npos);  // Redis only
+}
+
+TEST(Metrics, LabelSetsAreBounded) {
+  Metrics m;
+  for (size_t i = 0; i < kMaxDecisionLabelSets + 10; ++i) {
+    m.Decisions("r", "l" + std::to_string(i)).At(Face::kDemo, DecisionOutcome::kAllowed).Inc();
+  }
+  const std::string text = m.Render(nullptr);
+  EXPECT_NE(text.find("route=\"~other\",limit=\"~other\",outcome=\"allowed\"} 10\n"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace ratelimit::server

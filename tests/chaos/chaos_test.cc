@@ -1,0 +1,506 @@
+// Chaos: the real ratelimitd on a real redis-server, under a steady load
+// (tests/chaos/load.h: 300 requests/s over 4 keep-alive connections), while
+// Redis is killed, frozen, flushed of its scripts, or locks the daemon's user
+// out; and against a fake "Redis" that answers garbage. What must hold:
+// every request is answered; the failure mode decides while Redis cannot;
+// once the breaker is open decisions are fast; Redis coming back makes the
+// decisions exact again within a second; nothing leaks. Each test prints one
+// "CHAOS ..." line of figures (docs/reliability.md collects them).
+//
+// Loopback only; every test is bounded (a few seconds of load). A missing
+// redis-server is a failure, never a skip.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+#include "load.h"
+#include "support/fake_tcp_server.h"
+#include "support/redis_server.h"
+
+namespace rlchaos {
+namespace {
+
+using ratelimit::testing::FakeTcpServer;
+using ratelimit::testing::RedisServer;
+using rltest::Daemon;
+using std::chrono::milliseconds;
+
+constexpr int64_t kMs = 1000;
+constexpr int64_t kDeadlineMs = 100;        // store.deadline in every config below
+constexpr int64_t kExpectedInstances = 50;  // local: each instance gets limit / 50
+constexpr int64_t kLoadLimit = 5000;        // per load key, per hour: Redis never denies
+
+std::string WriteConfig(const std::string& url, const std::string& mode) {
+  const std::string dir = rltest::MakeTempDir();
+  const std::string path = dir + "/ratelimitd.yaml";
+  rltest::WriteFile(path,
+                    "server:\n"
+                    "  admin_listen: \"\"\n"
+                    "store:\n"
+                    "  type: redis\n"
+                    "  url: \"" +
+                        url +
+                        "\"\n"
+                        "  deadline: " +
+                        std::to_string(kDeadlineMs) +
+                        "ms\n"
+                        "  failure_mode: " +
+                        mode +
+                        "\n"
+                        "  expected_instances: " +
+                        std::to_string(kExpectedInstances) +
+                        "\n"
+                        "  breaker: {failures: 5, open_for: 100ms, max_open_for: 500ms}\n"
+                        "  max_pending: 10000\n"
+                        "  local_max_keys: 10000\n");
+  return path;
+}
+
+void SleepUntil(const Load& load, int64_t t_us) {
+  const int64_t now = load.Now();
+  if (t_us > now) std::this_thread::sleep_for(std::chrono::microseconds(t_us - now));
+}
+
+int64_t WallMicros() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000 + ts.tv_nsec / 1000;
+}
+
+// The daemon's "redis circuit breaker" log lines, on the load's clock
+// (`offset_us` = wall clock - load clock; the log has millisecond stamps).
+struct BreakerChange {
+  int64_t t_us;
+  std::string to;
+};
+std::vector<BreakerChange> BreakerChanges(const std::string& log, int64_t offset_us) {
+  std::vector<BreakerChange> out;
+  std::istringstream lines(log);
+  std::string line;
+  while (std::getline(lines, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || j.value("msg", "") != "redis circuit breaker") {
+      continue;
+    }
+    const std::string ts = j.value("ts", "");
+    tm t{};
+    const char* rest = strptime(ts.c_str(), "%Y-%m-%dT%H:%M:%S", &t);
+    if (rest == nullptr) continue;
+    int64_t us = int64_t{timegm(&t)} * 1'000'000;
+    if (*rest == '.') us += std::atoi(rest + 1) * kMs;  // three digits: milliseconds
+    out.push_back({us - offset_us, j.value("to", "")});
+  }
+  return out;
+}
+
+// First change to `to` at or after `from_us`; -1 if none.
+int64_t FirstChange(const std::vector<BreakerChange>& changes, const std::string& to,
+                    int64_t from_us) {
+  for (const BreakerChange& c : changes) {
+    if (c.to == to && c.t_us >= from_us - 2 * kMs) return std::max(c.t_us, from_us);
+  }
+  return -1;
+}
+
+int FdCount(pid_t pid) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e :
+       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+    ++n;
+  }
+  return n;
+}
+
+int64_t RssKb(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::atoll(line.c_str() + 6);
+  }
+  return -1;
+}
+
+bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// A fresh key on a token bucket of `capacity`: how many of capacity + 2
+// requests are allowed, and how many answers were degraded or not 200/429.
+struct FreshCount {
+  int allowed = 0, denied = 0, degraded = 0, other = 0;
+};
+FreshCount CountFresh(int port, const std::string& key, int capacity) {
+  Connection c(port);
+  FreshCount f;
+  for (int i = 0; i < capacity + 2; ++i) {
+    bool degraded = false;
+    const int status = c.Post("/v1/check", CapacityBody(key, capacity), &degraded);
+    if (degraded) ++f.degraded;
+    if (status == 200) {
+      ++f.allowed;
+    } else if (status == 429) {
+      ++f.denied;
+    } else {
+      ++f.other;
+    }
+  }
+  return f;
+}
+
+std::string Ms(int64_t us) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", static_cast<double>(us) / 1000.0);
+  return b;
+}
+
+// ---- 1. Redis killed (SIGKILL) for 3 s, then restarted --------------------------
+
+class KillRedis : public testing::TestWithParam<std::string> {};
+
+TEST_P(KillRedis, EveryRequestAnsweredThenExactWithinOneSecond) {
+  const std::string mode = GetParam();
+  RedisServer redis;
+  Daemon d({"--config", WriteConfig(redis.url(), mode)});
+  ASSERT_TRUE(d.started()) << d.Log();
+  Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
+  const int64_t offset = WallMicros() - load.Now();
+  load.Start();
+  SleepUntil(load, 1500 * kMs);
+  const int64_t t_kill = load.Now();
+  redis.Kill();
+  SleepUntil(load, t_kill + 3000 * kMs);
+  const int64_t t_restart = load.Now();
+  redis.Restart();
+  const int64_t t_back = load.Now();
+  SleepUntil(load, t_back + 1000 * kMs);
+  const FreshCount fresh = CountFresh(d.port(), "fresh-after-kill", 10);
+  SleepUntil(load, t_back + 2000 * kMs);
+  load.Stop();
+  const int64_t t_end = load.Now();
+
+  const std::vector<Sample> s = load.samples();
+  const auto changes = BreakerChanges(d.Log(), offset);
+  const int64_t t_open = FirstChange(changes, "open", t_kill);
+  const int64_t t_closed = FirstChange(changes, "closed", t_back);
+  const int64_t t_recovered = RecoveredAt(s, t_back);
+  const PhaseStats all = Stats(s, 0, t_end);
+  const PhaseStats before = Stats(s, 0, t_kill);
+  const PhaseStats outage = Stats(s, t_kill, t_restart);
+  const PhaseStats breaker_open = Stats(s, t_open < 0 ? t_kill : t_open, t_restart);
+  const PhaseStats after = Stats(s, t_back, t_end);
+
+  std::printf(
+      "CHAOS kill mode=%s restart_ms=%s breaker_open_after_ms=%s breaker_open_ms=%s "
+      "recovered_after_ms=%s fresh_allowed=%d/10\n",
+      mode.c_str(), Ms(t_back - t_restart).c_str(), Ms(t_open - t_kill).c_str(),
+      Ms(t_closed - t_open).c_str(), Ms(t_recovered - t_back).c_str(), fresh.allowed);
+  std::printf("CHAOS kill mode=%s phase=before %s\n", mode.c_str(), before.ToString().c_str());
+  std::printf("CHAOS kill mode=%s phase=outage %s\n", mode.c_str(), outage.ToString().c_str());
+  std::printf("CHAOS kill mode=%s phase=breaker_open %s\n", mode.c_str(),
+              breaker_open.ToString().c_str());
+  std::printf("CHAOS kill mode=%s phase=after %s\n", mode.c_str(), after.ToString().c_str());
+  std::fflush(stdout);
+
+  // Every request got an answer, and no 5xx but a configured closed answer.
+  EXPECT_GT(all.requests, 1500);
+  EXPECT_EQ(all.answered, all.requests);
+  EXPECT_EQ(all.other_5xx, 0);
+  EXPECT_EQ(all.other, 0);
+  if (mode != "closed") {
+    EXPECT_EQ(all.s503, 0);
+  }
+  EXPECT_EQ(before.degraded, 0);
+  // While Redis is dead, the failure mode decides every request.
+  EXPECT_EQ(outage.degraded, outage.requests);
+  if (mode == "open") {
+    EXPECT_EQ(all.ok, all.requests);
+  }
+  if (mode == "closed") {
+    EXPECT_EQ(outage.s503, outage.requests);
+    for (const Sample& x : s) {
+      if (x.degraded) {
+        EXPECT_EQ(x.status, 503) << "at " << x.sent_us;
+      }
+    }
+  }
+  if (mode == "local") {
+    // Each key: at most limit / expected_instances allowed while degraded.
+    std::map<int, int> allowed, denied;
+    for (const Sample& x : s) {
+      if (!x.degraded) continue;
+      (x.status == 200 ? allowed : denied)[x.key]++;
+    }
+    for (const auto& [key, n] : allowed) {
+      EXPECT_LE(n, kLoadLimit / kExpectedInstances) << "load" << key;
+    }
+    EXPECT_GT(outage.denied, 0) << "the local bound was never reached: the test proves nothing";
+  }
+  // The breaker opened, and then decisions are fast.
+  ASSERT_GE(t_open, 0) << "the breaker never opened\n" << d.Log();
+  EXPECT_LT(t_open - t_kill, 500 * kMs);
+  EXPECT_LT(breaker_open.p99_us, 5 * kMs);
+  // Within 1 s of Redis answering again, decisions are exact.
+  ASSERT_GE(t_recovered, 0) << "never recovered\n" << d.Log();
+  EXPECT_LE(t_recovered - t_back, 1000 * kMs);
+  EXPECT_EQ(fresh.allowed, 10);
+  EXPECT_EQ(fresh.denied, 2);
+  EXPECT_EQ(fresh.degraded, 0);
+  EXPECT_TRUE(Alive(d.pid()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, KillRedis, testing::Values("open", "closed", "local"));
+
+// ---- 2. Redis frozen (SIGSTOP) ------------------------------------------------
+
+TEST(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
+  RedisServer redis;
+  Daemon d({"--config", WriteConfig(redis.url(), "open")});
+  ASSERT_TRUE(d.started()) << d.Log();
+  Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
+  const int64_t offset = WallMicros() - load.Now();
+  load.Start();
+  SleepUntil(load, 1000 * kMs);
+  const int64_t t_stop = load.Now();
+  redis.Pause();
+  SleepUntil(load, t_stop + 2000 * kMs);
+  redis.Resume();
+  const int64_t t_cont = load.Now();
+  SleepUntil(load, t_cont + 1000 * kMs);
+  const FreshCount fresh = CountFresh(d.port(), "fresh-after-freeze", 10);
+  SleepUntil(load, t_cont + 2000 * kMs);
+  load.Stop();
+  const int64_t t_end = load.Now();
+
+  const std::vector<Sample> s = load.samples();
+  const auto changes = BreakerChanges(d.Log(), offset);
+  const int64_t t_open = FirstChange(changes, "open", t_stop);
+  const int64_t t_closed = FirstChange(changes, "closed", t_cont);
+  const int64_t t_recovered = RecoveredAt(s, t_cont);
+  const PhaseStats all = Stats(s, 0, t_end);
+  const PhaseStats frozen = Stats(s, t_stop, t_cont);
+  const PhaseStats breaker_open = Stats(s, t_open < 0 ? t_stop : t_open, t_cont);
+  const PhaseStats after = Stats(s, t_cont, t_end);
+  std::printf(
+      "CHAOS freeze breaker_open_after_ms=%s breaker_open_ms=%s recovered_after_ms=%s "
+      "fresh_allowed=%d/10\n",
+      Ms(t_open - t_stop).c_str(), Ms(t_closed - t_open).c_str(), Ms(t_recovered - t_cont).c_str(),
+      fresh.allowed);
+  std::printf("CHAOS freeze phase=all %s\n", all.ToString().c_str());
+  std::printf("CHAOS freeze phase=frozen %s\n", frozen.ToString().c_str());
+  std::printf("CHAOS freeze phase=breaker_open %s\n", breaker_open.ToString().c_str());
+  std::printf("CHAOS freeze phase=after %s\n", after.ToString().c_str());
+  std::fflush(stdout);
+
+  EXPECT_EQ(all.answered, all.requests);
+  EXPECT_EQ(all.ok, all.requests);  // failure_mode open
+  EXPECT_LE(all.max_us, (kDeadlineMs + 10) * kMs) << "a decision waited past the deadline";
+  ASSERT_GE(t_open, 0) << "the breaker never opened\n" << d.Log();
+  EXPECT_LT(t_open - t_stop, (kDeadlineMs + 100) * kMs);
+  ASSERT_GE(t_recovered, 0) << "never recovered\n" << d.Log();
+  EXPECT_LE(t_recovered - t_cont, 1000 * kMs);
+  EXPECT_EQ(fresh.allowed, 10);
+  EXPECT_EQ(fresh.degraded, 0);
+}
+
+// ---- 3. SCRIPT FLUSH, then the daemon's ACL user gets a wrong password ----------
+
+TEST(RedisAdmin, ScriptFlushAndWrongPasswordThenRecovery) {
+  RedisServer redis;
+  ASSERT_EQ(redis.Cli("ACL", "SETUSER", "rl", "on", ">pw", "~*", "+@all"), "OK");
+  const std::string url = "redis://rl:pw@127.0.0.1:" + std::to_string(redis.port());
+  Daemon d({"--config", WriteConfig(url, "open")});
+  ASSERT_TRUE(d.started()) << d.Log();
+  Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
+  const int64_t offset = WallMicros() - load.Now();
+  load.Start();
+  SleepUntil(load, 1000 * kMs);
+  const int64_t t_flush = load.Now();
+  EXPECT_EQ(redis.Cli("SCRIPT", "FLUSH"), "OK");
+  SleepUntil(load, t_flush + 1000 * kMs);
+  const int64_t t_wrong = load.Now();
+  EXPECT_EQ(redis.Cli("ACL", "SETUSER", "rl", "resetpass", ">wrong"), "OK");
+  redis.Cli("CLIENT", "KILL", "USER", "rl");  // the daemon must log in again
+  SleepUntil(load, t_wrong + 2000 * kMs);
+  const int64_t t_fix = load.Now();
+  EXPECT_EQ(redis.Cli("ACL", "SETUSER", "rl", "resetpass", ">pw"), "OK");
+  SleepUntil(load, t_fix + 2000 * kMs);
+  const FreshCount fresh = CountFresh(d.port(), "fresh-after-auth", 10);
+  load.Stop();
+  const int64_t t_end = load.Now();
+
+  const std::vector<Sample> s = load.samples();
+  const auto changes = BreakerChanges(d.Log(), offset);
+  const int64_t t_open = FirstChange(changes, "open", t_wrong);
+  const int64_t t_recovered = RecoveredAt(s, t_fix);
+  const PhaseStats all = Stats(s, 0, t_end);
+  const PhaseStats flush = Stats(s, t_flush, t_wrong);
+  const PhaseStats locked_out = Stats(s, t_wrong, t_fix);
+  const PhaseStats breaker_open = Stats(s, t_open < 0 ? t_wrong : t_open, t_fix);
+  std::printf("CHAOS auth breaker_open_after_ms=%s recovered_after_ms=%s fresh_allowed=%d/10\n",
+              Ms(t_open - t_wrong).c_str(), Ms(t_recovered - t_fix).c_str(), fresh.allowed);
+  std::printf("CHAOS auth phase=script_flush %s\n", flush.ToString().c_str());
+  std::printf("CHAOS auth phase=wrong_password %s\n", locked_out.ToString().c_str());
+  std::printf("CHAOS auth phase=breaker_open %s\n", breaker_open.ToString().c_str());
+  std::printf("CHAOS auth phase=all %s\n", all.ToString().c_str());
+  std::fflush(stdout);
+
+  EXPECT_EQ(all.answered, all.requests);
+  EXPECT_EQ(all.ok, all.requests);  // failure_mode open: never a 5xx
+  // SCRIPT FLUSH: the client reloads the script on NOSCRIPT; nothing degrades.
+  EXPECT_EQ(flush.degraded, 0);
+  // A wrong password: degraded (the connections cannot log in), then the breaker.
+  EXPECT_GT(locked_out.degraded, locked_out.requests / 2);
+  ASSERT_GE(t_open, 0) << d.Log();
+  EXPECT_LT(breaker_open.p99_us, 5 * kMs);
+  ASSERT_GE(t_recovered, 0) << "never recovered\n" << d.Log();
+  EXPECT_LE(t_recovered - t_fix, 1500 * kMs);
+  EXPECT_EQ(fresh.allowed, 10);
+  EXPECT_EQ(fresh.degraded, 0);
+  EXPECT_TRUE(Alive(d.pid()));
+}
+
+// ---- 4. No leaks: file descriptors and memory after all of the above ----------
+
+TEST(Process, NoFdOrMemoryLeakAfterChaos) {
+  RedisServer redis;
+  Daemon d({"--config", WriteConfig(redis.url(), "local")});
+  ASSERT_TRUE(d.started()) << d.Log();
+  LoadOptions lo{.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit};
+  auto settle = [] { std::this_thread::sleep_for(milliseconds(500)); };
+  {
+    // Warm-up: the same load, and one of each failure, so that what grows
+    // once (allocator arenas, the local fallback's shards) has grown.
+    Load warm(d.port(), lo);
+    warm.Start();
+    SleepUntil(warm, 1000 * kMs);
+    redis.Kill();
+    SleepUntil(warm, 1500 * kMs);
+    redis.Restart();
+    SleepUntil(warm, 2500 * kMs);
+    warm.Stop();
+  }
+  settle();
+  const int fds_before = FdCount(d.pid());
+  const int64_t rss_before = RssKb(d.pid());
+  Load load(d.port(), lo);
+  load.Start();
+  for (int round = 0; round < 2; ++round) {
+    const int64_t t0 = load.Now();
+    redis.Kill();
+    SleepUntil(load, t0 + 1000 * kMs);
+    redis.Restart();
+    SleepUntil(load, t0 + 1500 * kMs);
+    redis.Pause();
+    SleepUntil(load, t0 + 2000 * kMs);
+    redis.Resume();
+    redis.Cli("SCRIPT", "FLUSH");
+    SleepUntil(load, t0 + 3000 * kMs);
+  }
+  load.Stop();
+  settle();
+  const int fds_after = FdCount(d.pid());
+  const int64_t rss_after = RssKb(d.pid());
+  const PhaseStats all = Stats(load.samples(), 0, load.Now());
+  std::printf("CHAOS process fds_before=%d fds_after=%d rss_kb_before=%lld rss_kb_after=%lld %s\n",
+              fds_before, fds_after, static_cast<long long>(rss_before),
+              static_cast<long long>(rss_after), all.ToString().c_str());
+  std::fflush(stdout);
+  EXPECT_EQ(all.answered, all.requests);
+  EXPECT_LE(std::abs(fds_after - fds_before), std::max(1, fds_before / 10));
+  EXPECT_LE(std::llabs(rss_after - rss_before), rss_before / 10);
+  EXPECT_TRUE(Alive(d.pid()));
+}
+
+// ---- 5. A fake "Redis" that answers garbage or closes mid-reply ----------------
+
+struct FakeCase {
+  const char* name;
+  FakeTcpServer::Handler handler;
+};
+
+TEST(FakeRedis, GarbageAndTruncatedRepliesDegradeWithoutACrash) {
+  const std::vector<FakeCase> cases = {
+      {"garbage",
+       [](int fd) {
+         if (FakeTcpServer::ReadSome(fd, milliseconds(300)).empty()) return;
+         FakeTcpServer::WriteAll(fd, std::string("!!! not RESP \x00\xff\r\n", 18));
+         FakeTcpServer::WaitForClose(fd, milliseconds(300));
+       }},
+      {"closed_mid_reply",
+       [](int fd) {
+         if (FakeTcpServer::ReadSome(fd, milliseconds(300)).empty()) return;
+         FakeTcpServer::WriteAll(fd, "*8\r\n:1\r\n:9\r\n$10\r\nabc");
+       }},
+      {"wrong_reply_type",
+       [](int fd) {
+         // Every read is answered with one integer: valid RESP, wrong shape.
+         for (int i = 0; i < 50; ++i) {
+           if (FakeTcpServer::ReadSome(fd, milliseconds(100)).empty()) return;
+           FakeTcpServer::WriteAll(fd, ":1\r\n");
+         }
+       }},
+      {"huge_bulk_length",
+       [](int fd) {
+         if (FakeTcpServer::ReadSome(fd, milliseconds(300)).empty()) return;
+         FakeTcpServer::WriteAll(fd, "$2147483647\r\nabc");
+         FakeTcpServer::WaitForClose(fd, milliseconds(300));
+       }},
+  };
+  for (const FakeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    FakeTcpServer fake(c.handler);
+    Daemon d({"--config", WriteConfig("redis://127.0.0.1:" + std::to_string(fake.port()), "open")});
+    ASSERT_TRUE(d.started()) << d.Log();
+    Load load(d.port(), {.rate = 200, .connections = 4, .keys = 4, .limit = kLoadLimit});
+    load.Start();
+    SleepUntil(load, 1500 * kMs);
+    load.Stop();
+    const PhaseStats all = Stats(load.samples(), 0, load.Now());
+    std::printf("CHAOS fake case=%s accepted=%d rss_kb=%lld %s\n", c.name, fake.accepted(),
+                static_cast<long long>(RssKb(d.pid())), all.ToString().c_str());
+    std::fflush(stdout);
+    EXPECT_GT(fake.accepted(), 0);
+    EXPECT_GT(all.requests, 200);
+    EXPECT_EQ(all.answered, all.requests);
+    EXPECT_EQ(all.ok, all.requests);
+    EXPECT_EQ(all.degraded, all.requests);
+    EXPECT_LE(all.max_us, (kDeadlineMs + 10) * kMs);
+    EXPECT_TRUE(Alive(d.pid())) << d.Log();
+    EXPECT_LT(RssKb(d.pid()), 200 * 1024) << "a reply's length must not size an allocation";
+  }
+}
+
+// ---- Shutdown while Redis is frozen: store callbacks must not outlive the server -
+
+TEST(Shutdown, SigtermWhileRedisIsFrozenExitsCleanly) {
+  RedisServer redis;
+  Daemon d({"--config", WriteConfig(redis.url(), "closed")});
+  ASSERT_TRUE(d.started()) << d.Log();
+  Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
+  load.Start();
+  SleepUntil(load, 500 * kMs);
+  redis.Pause();
+  SleepUntil(load, 550 * kMs);  // checks are in flight on a frozen Redis
+  d.Signal(SIGTERM);
+  const int code = d.Wait(milliseconds(5000));
+  load.Stop();
+  redis.Resume();
+  EXPECT_EQ(code, 0) << d.Log();
+  EXPECT_NE(d.Log().find("\"stopped\""), std::string::npos) << d.Log();
+}
+
+}  // namespace
+}  // namespace rlchaos

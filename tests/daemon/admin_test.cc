@@ -1,0 +1,335 @@
+// The admin API and /metrics against the real ratelimitd: state that matches
+// the next decision, reset, denials, top-denied, the bearer token, bad input,
+// readiness, the admin paths absent from the public port, and `promtool
+// check metrics` on the scraped exposition. A missing promtool is a failure.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <csignal>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "harness.h"
+
+namespace rltest {
+namespace {
+
+using json = nlohmann::json;
+
+// A slow refill (1 token per 1000 s) so the numbers cannot move during a test.
+constexpr const char* kConfig = R"(server: {demo: true}
+clients: {accept_unknown_api_keys: true}
+limits: {ping: {algorithm: token_bucket, capacity: 5, refill_per_second: 0.001}}
+routes:
+  - {name: ping, methods: [GET], path: /api/ping, match: exact, limits: [ping]}
+)";
+
+std::string WriteConfig(const std::string& extra = "") {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", std::string(kConfig) + extra);
+  return dir + "/rl.yaml";
+}
+
+HttpResponse Ping(const Daemon& d, const std::string& key) {
+  return Http(d.port(), "GET", "/api/ping", {{"X-API-Key", key}});
+}
+
+HttpResponse Admin(const Daemon& d, const std::string& method, const std::string& target,
+                   const Headers& headers = {}) {
+  return Http(d.admin_port(), method, target, headers);
+}
+
+json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
+
+class AdminApi : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(d_.started() && d_.admin_port() > 0) << d_.Log(); }
+  Daemon d_{{"--config", WriteConfig()}};
+};
+
+TEST_F(AdminApi, StateMatchesTheNextDecision) {
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Ping(d_, "ada").status, 200);
+  HttpResponse s = Admin(d_, "GET", "/v1/clients/k:ada/state");
+  ASSERT_EQ(s.status, 200) << s.body;
+  json j = Body(s);
+  EXPECT_EQ(j["client"], "k:ada***");  // API keys are shown shortened
+  EXPECT_EQ(j["source"], "api_key");
+  ASSERT_EQ(j["limits"].size(), 1u) << s.body;
+  const json& l = j["limits"][0];
+  EXPECT_EQ(l["name"], "ping");
+  EXPECT_EQ(l["limit"], 5);
+  EXPECT_EQ(l["remaining"], 2);
+  EXPECT_GT(l["reset_after_ms"].get<int64_t>(), 0);
+  EXPECT_EQ(l["retry_after_ms"], 0);
+  // Reading changed nothing: the next decision is the one the state foretold.
+  HttpResponse next = Ping(d_, "ada");
+  EXPECT_EQ(next.status, 200);
+  EXPECT_EQ(next.Header("RateLimit-Remaining"), "1");
+  // "-" with ?api_key= forms the same identity.
+  j = Body(Admin(d_, "GET", "/v1/clients/-/state?api_key=ada"));
+  EXPECT_EQ(j["limits"][0]["remaining"], 1);
+  // Empty bucket: retry_after_ms says when one more request passes.
+  ASSERT_EQ(Ping(d_, "ada").status, 200);
+  j = Body(Admin(d_, "GET", "/v1/clients/k:ada/state"));
+  EXPECT_EQ(j["limits"][0]["remaining"], 0);
+  EXPECT_GT(j["limits"][0]["retry_after_ms"].get<int64_t>(), 900'000);
+  HttpResponse denied = Ping(d_, "ada");
+  EXPECT_EQ(denied.status, 429);
+  EXPECT_NEAR(std::stoll(denied.Header("Retry-After")),
+              j["limits"][0]["retry_after_ms"].get<int64_t>() / 1000.0, 2.0);
+}
+
+TEST_F(AdminApi, IpClientsToo) {
+  ASSERT_EQ(Http(d_.port(), "GET", "/api/ping").status, 200);  // from 127.0.0.1
+  json j = Body(Admin(d_, "GET", "/v1/clients/ip:127.0.0.1/state"));
+  EXPECT_EQ(j["limits"][0]["remaining"], 4) << j.dump();
+  j = Body(Admin(d_, "GET", "/v1/clients/-/state?ip=127.0.0.1"));
+  EXPECT_EQ(j["limits"][0]["remaining"], 4) << j.dump();
+}
+
+TEST_F(AdminApi, ResetGivesAFullBucket) {
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(Ping(d_, "bob").status, 200);
+  ASSERT_EQ(Ping(d_, "bob").status, 429);
+  HttpResponse r = Admin(d_, "POST", "/v1/clients/k:bob/reset");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["reset"], json::array({"ping"}));
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:bob/state").status, 404);  // nothing stored
+  HttpResponse next = Ping(d_, "bob");
+  EXPECT_EQ(next.status, 200);
+  EXPECT_EQ(next.Header("RateLimit-Remaining"), "4");
+  // DELETE on the state does the same.
+  EXPECT_EQ(Admin(d_, "DELETE", "/v1/clients/k:bob/state").status, 200);
+  EXPECT_EQ(Ping(d_, "bob").Header("RateLimit-Remaining"), "4");
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:bob/reset").status, 405);
+}
+
+TEST_F(AdminApi, UnknownClientsAre404AndReadingCreatesNoState) {
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:nobody/state").status, 404);
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:nobody/state").status, 404);  // still nothing
+  // No prefix matching: "k:carol" has state, "k:car" does not.
+  ASSERT_EQ(Ping(d_, "carol").status, 200);
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:car/state").status, 404);
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:carol/state").status, 200);
+  // user_header is off in this config: no u: client can exist.
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/u:ada/state").status, 404);
+  EXPECT_EQ(Admin(d_, "GET", "/v1/nothing").status, 404);
+}
+
+TEST_F(AdminApi, BadInputIs400) {
+  const std::vector<std::string> bad = {
+      "/v1/clients/k:" + std::string(300, 'a') + "/state",  // too long
+      "/v1/clients/k:a%01b/state",                          // control character
+      "/v1/clients/k:a%20b/state",                          // space
+      "/v1/clients/k:a%zz/state",                           // malformed escape
+      "/v1/clients/x:foo/state",                            // no such identity kind
+      "/v1/clients/ip:not-an-ip/state",
+      "/v1/clients/-/state",                       // "-" needs a query
+      "/v1/clients/-/state?api_key=a&ip=1.2.3.4",  // two identities
+      "/v1/clients/k:a/state?api_key=a",           // path and query
+      "/v1/clients/-/state?bogus=1",
+      "/v1/top-denied?n=101",
+      "/v1/top-denied?n=1000000000",
+      "/v1/top-denied?n=0",
+      "/v1/top-denied?n=-1",
+      "/v1/top-denied?window=2h",
+      "/v1/top-denied?window=soon",
+      "/v1/top-denied?x=1",
+  };
+  for (const std::string& t : bad) {
+    HttpResponse r = Admin(d_, "GET", t);
+    EXPECT_EQ(r.status, 400) << t << " " << r.body;
+    EXPECT_EQ(r.Header("Content-Type"), "application/problem+json") << t;
+  }
+}
+
+TEST_F(AdminApi, DenialsAndTopDenied) {
+  for (int i = 0; i < 7; ++i) Ping(d_, "dave");   // 2 denied
+  for (int i = 0; i < 6; ++i) Ping(d_, "erin");   // 1 denied
+  for (int i = 0; i < 6; ++i) Ping(d_, "davey");  // 1 denied: never shown as dave's
+  HttpResponse r = Admin(d_, "GET", "/v1/clients/k:dave/denials");
+  ASSERT_EQ(r.status, 200) << r.body;
+  json j = Body(r);
+  ASSERT_EQ(j["denials"].size(), 2u) << r.body;
+  EXPECT_EQ(j["denials"][0]["limit"], "ping");
+  EXPECT_EQ(j["denials"][0]["route"], "ping");
+  EXPECT_EQ(j["denials"][0]["path"], "/api/ping");
+  EXPECT_TRUE(j["denials"][0]["time"].is_string());
+  r = Admin(d_, "GET", "/v1/top-denied?n=2&window=5m");
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = Body(r);
+  ASSERT_EQ(j["clients"].size(), 2u) << r.body;
+  EXPECT_EQ(j["clients"][0]["client"], "k:dave***");
+  EXPECT_EQ(j["clients"][0]["denials"], 2);
+  EXPECT_EQ(j["clients"][1]["denials"], 1);
+  EXPECT_EQ(Body(Admin(d_, "GET", "/v1/top-denied?n=100&window=1m"))["clients"].size(), 3u);
+}
+
+TEST_F(AdminApi, ConfigHealthAndReadiness) {
+  HttpResponse c = Admin(d_, "GET", "/v1/config");
+  ASSERT_EQ(c.status, 200);
+  EXPECT_NE(c.body.find("refill_per_second"), std::string::npos) << c.body;
+  EXPECT_EQ(Admin(d_, "GET", "/healthz").status, 200);
+  HttpResponse ready = Admin(d_, "GET", "/readyz");
+  EXPECT_EQ(ready.status, 200);
+  EXPECT_EQ(Body(ready)["store"], "memory");
+}
+
+TEST_F(AdminApi, AdminPathsAreNotOnThePublicPort) {
+  ASSERT_EQ(Ping(d_, "frank").status, 200);
+  for (const std::string t : {"/v1/clients/k:frank/state", "/v1/clients/k:frank/denials",
+                              "/v1/top-denied", "/v1/config", "/metrics", "/healthz", "/readyz"}) {
+    EXPECT_EQ(Http(d_.port(), "GET", t).status, 404) << t;
+  }
+  EXPECT_EQ(Http(d_.port(), "POST", "/v1/clients/k:frank/reset").status, 404);
+  EXPECT_EQ(Ping(d_, "frank").Header("RateLimit-Remaining"), "3");  // nothing was reset
+}
+
+TEST_F(AdminApi, DemoStateShowsOnlyTheCallersOwnBucket) {
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(Ping(d_, "gina").status, 200);
+  HttpResponse mine = Http(d_.port(), "GET", "/demo/state", {{"X-API-Key", "gina"}});
+  ASSERT_EQ(mine.status, 200) << mine.body;
+  EXPECT_EQ(Body(mine)["limits"][0]["remaining"], 3);
+  // Anyone else sees their own (full) bucket, whatever they put in the URL.
+  HttpResponse other =
+      Http(d_.port(), "GET", "/demo/state?api_key=gina&client=k:gina", {{"X-API-Key", "hal"}});
+  ASSERT_EQ(other.status, 200);
+  EXPECT_EQ(Body(other)["limits"][0]["remaining"], 5);
+  EXPECT_EQ(Body(other)["client"], "k:hal***");
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:hal/state").status, 404);  // created nothing
+}
+
+TEST(AdminToken, Enforced) {
+  const std::string dir = MakeTempDir();
+  const std::string secret = "s3cret-admin-token-4f9a";
+  WriteFile(dir + "/token", secret + "\n");
+  WriteFile(dir + "/rl.yaml", "server: {demo: true, admin_token_file: " + dir + "/token}\n" +
+                                  std::string(kConfig).substr(std::string(kConfig).find('\n') + 1));
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  for (const std::string t :
+       {"/metrics", "/v1/config", "/v1/top-denied", "/v1/clients/k:a/state"}) {
+    HttpResponse none = Admin(d, "GET", t);
+    EXPECT_EQ(none.status, 401) << t;
+    EXPECT_EQ(none.Header("Content-Type"), "application/problem+json");
+    EXPECT_NE(none.Header("WWW-Authenticate").find("Bearer"), std::string::npos);
+    EXPECT_EQ(Admin(d, "GET", t, {{"Authorization", "Bearer wrong"}}).status, 401) << t;
+    EXPECT_EQ(Admin(d, "GET", t, {{"Authorization", "Bearer " + secret + "x"}}).status, 401);
+    EXPECT_EQ(Admin(d, "GET", t, {{"Authorization", secret}}).status, 401) << t;
+  }
+  const Headers auth = {{"Authorization", "Bearer " + secret}};
+  EXPECT_EQ(Admin(d, "GET", "/metrics", auth).status, 200);
+  HttpResponse config = Admin(d, "GET", "/v1/config", auth);
+  EXPECT_EQ(config.status, 200);
+  EXPECT_EQ(config.body.find(secret), std::string::npos);
+  EXPECT_EQ(Admin(d, "GET", "/v1/clients/k:a/state", auth).status, 404);
+  EXPECT_EQ(Admin(d, "POST", "/v1/clients/k:a/reset").status, 401);
+  // Probes need no token.
+  EXPECT_EQ(Admin(d, "GET", "/healthz").status, 200);
+  EXPECT_EQ(Admin(d, "GET", "/readyz").status, 200);
+  EXPECT_EQ(d.Log().find(secret), std::string::npos);
+}
+
+TEST(AdminToken, AnEmptyTokenFileIsAStartError) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/token", "\n");
+  WriteFile(dir + "/rl.yaml", "server: {admin_token_file: " + dir + "/token}\n");
+  Daemon d({"--config", dir + "/rl.yaml"});
+  EXPECT_FALSE(d.started());
+  EXPECT_NE(d.Log().find("is empty"), std::string::npos) << d.Log();
+}
+
+TEST(AdminListener, EmptyAddressTurnsItOff) {
+  Daemon d({"--admin-listen", ""});
+  ASSERT_TRUE(d.started()) << d.Log();
+  EXPECT_EQ(d.admin_port(), 0);
+}
+
+TEST(Readiness, RedisDownIsNotReadyOnlyWhenFailingClosed) {
+  const std::string dead = "redis://127.0.0.1:" + std::to_string(FreePort());
+  Daemon closed({"--redis", dead, "--failure-mode", "closed"});
+  ASSERT_TRUE(closed.started()) << closed.Log();
+  HttpResponse r = Admin(closed, "GET", "/readyz");
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(Body(r)["reachable"], false);
+  Daemon open({"--redis", dead, "--failure-mode", "open"});
+  ASSERT_TRUE(open.started()) << open.Log();
+  r = Admin(open, "GET", "/readyz");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["failure_mode"], "open");
+  // A store that cannot answer: the state is 503, not a made-up full bucket.
+  EXPECT_EQ(Admin(open, "GET", "/v1/clients/ip:127.0.0.1/state").status, 503);
+}
+
+// Runs promtool on `text`; returns its exit code and output.
+std::pair<int, std::string> Promtool(const std::string& text) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/metrics.txt", text);
+  const std::string cmd =
+      "/usr/bin/promtool check metrics < " + dir + "/metrics.txt > " + dir + "/out 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(dir + "/out")};
+}
+
+TEST(Metrics, PromtoolAcceptsTheScrapeAndTheCountsAreRight) {
+  ASSERT_EQ(::access("/usr/bin/promtool", X_OK), 0)
+      << "promtool is required (Debian package prometheus)";
+  Daemon d({"--config", WriteConfig()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  for (int i = 0; i < 7; ++i) Ping(d, "metrics");  // 5 allowed, 2 denied
+  Http(d.port(), "POST", "/v1/check", {{"Content-Type", "application/json"}},
+       R"({"key": "m", "limits": ["ping"]})");
+  HttpResponse m = Admin(d, "GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_EQ(m.Header("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  const auto [rc, out] = Promtool(m.body);
+  EXPECT_EQ(rc, 0) << out << "\n" << m.body;
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"demo\",route=\"ping\",limit=\"ping\","
+                        "outcome=\"allowed\"} 5\n"),
+            std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"demo\",route=\"ping\",limit=\"ping\","
+                        "outcome=\"denied\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"decision_api\",route=\"\","
+                        "limit=\"ping\",outcome=\"allowed\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_store_call_duration_seconds_count 8\n"), std::string::npos);
+  // Client keys never become labels.
+  EXPECT_EQ(m.body.find("\"metrics\""), std::string::npos);
+  EXPECT_EQ(m.body.find("k:"), std::string::npos);
+  // A reload is counted.
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", std::chrono::seconds(5))) << d.Log();
+  m = Admin(d, "GET", "/metrics");
+  EXPECT_NE(m.body.find("ratelimit_config_reloads_total{result=\"ok\"} 1\n"), std::string::npos);
+}
+
+TEST(Metrics, PromtoolAcceptsTheRedisScrapeWithDegradedDecisions) {
+  ASSERT_EQ(::access("/usr/bin/promtool", X_OK), 0) << "promtool is required";
+  const std::string dead = "redis://127.0.0.1:" + std::to_string(FreePort());
+  Daemon d({"--redis", dead, "--failure-mode", "open"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(Ping(d, "deg").status, 200);
+  HttpResponse m = Admin(d, "GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  const auto [rc, out] = Promtool(m.body);
+  EXPECT_EQ(rc, 0) << out << "\n" << m.body;
+  EXPECT_NE(m.body.find("outcome=\"degraded\"} 3\n"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("ratelimit_store_breaker_state "), std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_over_limit_cache_hits_total "), std::string::npos);
+  // Each degraded decision is counted under its cause (refused, then breaker_open).
+  int64_t degraded = 0;
+  for (const char* cause : {"timeout", "refused", "breaker_open", "overload", "error"}) {
+    const std::string line =
+        std::string("ratelimit_degraded_decisions_total{cause=\"") + cause + "\"} ";
+    const size_t at = m.body.find(line);
+    ASSERT_NE(at, std::string::npos) << line;
+    degraded += std::stoll(m.body.substr(at + line.size()));
+  }
+  EXPECT_EQ(degraded, 3) << m.body;
+}
+
+}  // namespace
+}  // namespace rltest
