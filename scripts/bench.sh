@@ -81,8 +81,10 @@ fail() { echo "$*" >>"$FAILS_FILE"; log "CHECK FAILED: $*"; }
 free_port() {
   local p
   for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 40000))
-    if ! ss -Htln "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
+    # Below the kernel's ephemeral range (32768-60999): a port there may be the
+    # local end of some outgoing connection, and nginx's bind() then fails.
+    p=$((20000 + RANDOM % 12000))
+    if ! ss -Htan "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
   done
   return 1
 }
