@@ -11,6 +11,11 @@
 // escaped (or hashed when long) so it can neither pick a slot with braces nor
 // collide with another client's key.
 //
+// Redis Cluster (`redis+cluster://host:port,host:port`): each call goes to the
+// master of its slot, following MOVED/ASK and failovers (see
+// src/redis/cluster_client.h); coalesced checks are grouped per slot, and each
+// node has its own circuit breaker.
+//
 // Concurrent checks are coalesced: whatever is queued when the I/O thread gets
 // to it goes out as one script call (at most `max_batch` checks), pipelined
 // with the others on a few connections; nothing is held back by a timer.
@@ -42,8 +47,9 @@ class RedisStore final : public Store {
   enum class TimeSource { kRedis, kLocal };
 
   struct Options {
-    std::string url =
-        "redis://127.0.0.1:6379";             // redis://[user:password@]host:port[/db], rediss://
+    // redis://[user:password@]host:port[/db], rediss://..., or a cluster:
+    // redis+cluster://[user:password@]host:port,host:port (rediss+cluster://).
+    std::string url = "redis://127.0.0.1:6379";
     std::chrono::milliseconds deadline{100};  // per call; a late call fails, never replays
     std::string key_prefix = "rl:";
     TimeSource time_source = TimeSource::kRedis;
@@ -86,6 +92,7 @@ class RedisStore final : public Store {
   std::string KeyFor(std::string_view client_key, const Limit& limit) const;
   // Checks queued or in flight now.
   size_t pending() const;
+  // Cluster: the worst state over the nodes' breakers.
   CircuitBreaker::State breaker_state() const;
   Stats stats() const;
 

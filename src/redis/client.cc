@@ -89,6 +89,15 @@ struct EvalCall {
   std::chrono::milliseconds timeout;
   std::weak_ptr<Connection> connection;  // weak: the call sits in that connection's FIFO
   Callback cb;
+  bool asking;  // send ASKING first (cluster -ASK redirection)
+
+  void Send(Connection& c, Callback done) {
+    if (asking) {
+      c.ExecuteAsking(evalsha, std::move(done), timeout);
+    } else {
+      c.ExecuteEncoded(evalsha, std::move(done), timeout);
+    }
+  }
 };
 
 }  // namespace
@@ -194,6 +203,27 @@ void Client::EvalScript(const Script& script, std::span<const std::string_view> 
 void Client::EvalScript(const Script& script, std::span<const std::string_view> keys,
                         std::span<const std::string_view> args, Callback cb,
                         std::chrono::milliseconds timeout) {
+  Eval(script, keys, args, std::move(cb), timeout, /*asking=*/false);
+}
+
+void Client::EvalScriptAsking(const Script& script, std::span<const std::string_view> keys,
+                              std::span<const std::string_view> args, Callback cb,
+                              std::chrono::milliseconds timeout) {
+  Eval(script, keys, args, std::move(cb), timeout, /*asking=*/true);
+}
+
+void Client::ExecuteAsking(std::span<const std::string_view> args, Callback cb,
+                           std::chrono::milliseconds timeout) {
+  if (!init_status_.ok()) {
+    asio::post(executor_, [cb = std::move(cb), s = init_status_]() mutable { cb(s); });
+    return;
+  }
+  Pick().ExecuteAsking(EncodeCommand(args), std::move(cb), timeout);
+}
+
+void Client::Eval(const Script& script, std::span<const std::string_view> keys,
+                  std::span<const std::string_view> args, Callback cb,
+                  std::chrono::milliseconds timeout, bool asking) {
   if (!init_status_.ok()) {
     asio::post(executor_, [cb = std::move(cb), s = init_status_]() mutable { cb(s); });
     return;
@@ -208,42 +238,40 @@ void Client::EvalScript(const Script& script, std::span<const std::string_view> 
   for (std::string_view a : args) views[n++] = a;
 
   Connection& connection = Pick();
-  auto call = std::make_unique<EvalCall>(EvalCall{&script, EncodeCommand(views.span()), timeout,
-                                                  connection.shared_from_this(), std::move(cb)});
-  const std::string_view evalsha = call->evalsha;
-  connection.ExecuteEncoded(
-      evalsha,
-      [call = std::move(call)](StatusOr<Reply> r) mutable {
-        if (!r.ok() || !r->IsErrorWithPrefix("NOSCRIPT")) {
-          call->cb(std::move(r));
-          return;
-        }
-        // The script cache was emptied (restart, failover, SCRIPT FLUSH): load, retry once.
-        std::shared_ptr<Connection> conn = call->connection.lock();
-        if (!conn) {
-          call->cb(Unavailable("redis client closed"));
-          return;
-        }
-        std::string_view load[] = {"SCRIPT", "LOAD", call->script->source};
-        const std::chrono::milliseconds timeout = call->timeout;
-        conn->Execute(
-            load,
-            [call = std::move(call)](StatusOr<Reply> loaded) mutable {
-              if (!loaded.ok() || loaded->IsError()) {
-                call->cb(std::move(loaded));  // e.g. a Lua compile error reply
-                return;
-              }
-              std::shared_ptr<Connection> conn = call->connection.lock();
-              if (!conn) {
-                call->cb(Unavailable("redis client closed"));
-                return;
-              }
-              const std::string evalsha = std::move(call->evalsha);
-              conn->ExecuteEncoded(evalsha, std::move(call->cb), call->timeout);
-            },
-            timeout);
-      },
-      timeout);
+  auto call =
+      std::make_unique<EvalCall>(EvalCall{&script, EncodeCommand(views.span()), timeout,
+                                          connection.shared_from_this(), std::move(cb), asking});
+  EvalCall& first = *call;
+  first.Send(connection, [call = std::move(call)](StatusOr<Reply> r) mutable {
+    if (!r.ok() || !r->IsErrorWithPrefix("NOSCRIPT")) {
+      call->cb(std::move(r));
+      return;
+    }
+    // The script cache was emptied (restart, failover, SCRIPT FLUSH): load, retry once.
+    std::shared_ptr<Connection> conn = call->connection.lock();
+    if (!conn) {
+      call->cb(Unavailable("redis client closed"));
+      return;
+    }
+    std::string_view load[] = {"SCRIPT", "LOAD", call->script->source};
+    const std::chrono::milliseconds timeout = call->timeout;
+    conn->Execute(
+        load,
+        [call = std::move(call)](StatusOr<Reply> loaded) mutable {
+          if (!loaded.ok() || loaded->IsError()) {
+            call->cb(std::move(loaded));  // e.g. a Lua compile error reply
+            return;
+          }
+          std::shared_ptr<Connection> conn = call->connection.lock();
+          if (!conn) {
+            call->cb(Unavailable("redis client closed"));
+            return;
+          }
+          Callback done = std::move(call->cb);
+          call->Send(*conn, std::move(done));
+        },
+        timeout);
+  });
 }
 
 }  // namespace ratelimit::redis

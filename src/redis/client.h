@@ -82,6 +82,15 @@ class Client {
                   std::span<const std::string_view> args, Callback cb,
                   std::chrono::milliseconds timeout);
 
+  // Redis Cluster, after an -ASK redirection: the same calls, each sent as
+  // ASKING + the command back to back on one connection (a NOSCRIPT retry
+  // sends ASKING again). Used by ClusterClient.
+  void ExecuteAsking(std::span<const std::string_view> args, Callback cb,
+                     std::chrono::milliseconds timeout);
+  void EvalScriptAsking(const Script& script, std::span<const std::string_view> keys,
+                        std::span<const std::string_view> args, Callback cb,
+                        std::chrono::milliseconds timeout);
+
   // Stops reconnecting and fails pending calls with kUnavailable; later calls
   // fail fast. Idempotent.
   void Close();
@@ -93,6 +102,9 @@ class Client {
 
  private:
   Connection& Pick();
+  void Eval(const Script& script, std::span<const std::string_view> keys,
+            std::span<const std::string_view> args, Callback cb, std::chrono::milliseconds timeout,
+            bool asking);
 
   const Options options_;
   Status init_status_;

@@ -101,9 +101,20 @@ void Connection::ExecuteEncoded(std::string_view command, Callback cb,
       command.size(), [&](std::string& out) { out.append(command); }, std::move(cb), timeout);
 }
 
+namespace {
+constexpr std::string_view kAskingCommand = "*1\r\n$6\r\nASKING\r\n";
+}  // namespace
+
+void Connection::ExecuteAsking(std::string_view command, Callback cb,
+                               std::chrono::milliseconds timeout) {
+  Enqueue(
+      command.size(), [&](std::string& out) { out.append(command); }, std::move(cb), timeout,
+      /*asking=*/true);
+}
+
 template <typename AppendFn>
 void Connection::Enqueue(size_t size, AppendFn&& append, Callback cb,
-                         std::chrono::milliseconds timeout) {
+                         std::chrono::milliseconds timeout, bool asking) {
   if (!budget_->TryAcquire()) {
     FailSoon(std::move(cb), ResourceExhausted(describe_ + ": " + std::to_string(budget_->max()) +
                                               " calls already queued or in flight (max_pending)"));
@@ -121,6 +132,12 @@ void Connection::Enqueue(size_t size, AppendFn&& append, Callback cb,
       budget_->Release();
       FailSoon(std::move(cb), Unavailable(describe_ + ": " + why));
       return;
+    }
+    if (asking) {
+      out_.append(kAskingCommand);
+      pending_.push_back(Call{Callback(), deadline, timeout,
+                              static_cast<uint32_t>(kAskingCommand.size()), Kind::kAsking});
+      ++unsent_;
     }
     append(out_);
     pending_.push_back(
@@ -441,7 +458,10 @@ void Connection::OnDeadlineTimer() {
       for (size_t i = first; i < pending_.size(); ++i) {
         Call& call = pending_[i];
         const size_t size = call.size;
-        if (call.cb || call.kind == Kind::kHandshake) {
+        const bool keep =
+            call.cb || call.kind == Kind::kHandshake ||
+            (call.kind == Kind::kAsking && i + 1 < pending_.size() && pending_[i + 1].cb);
+        if (keep) {
           kept.append(out_, offset, size);
           if (write != i) pending_[write] = std::move(call);
           ++write;

@@ -25,7 +25,7 @@
 // Ownership: always held by std::shared_ptr; pending asynchronous operations
 // keep it alive. Close() ends reconnecting and fails pending calls; the
 // executor must keep running until that completes.
-// Thread-safety: Execute, ExecuteEncoded, IsConnected and Close may be called
+// Thread-safety: Execute, ExecuteEncoded, ExecuteAsking, IsConnected and Close may be called
 // from any thread. Callbacks run on the connection's strand (never inline in
 // Execute), and never while an internal lock is held, so a callback may call
 // Execute again.
@@ -99,6 +99,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
                std::chrono::milliseconds timeout);
   // Same with one command already RESP-encoded (exactly one command).
   void ExecuteEncoded(std::string_view command, Callback cb, std::chrono::milliseconds timeout);
+  // Redis Cluster, after an -ASK redirection: writes ASKING and then `command`
+  // (one RESP-encoded command) back to back on this connection, as one unit
+  // (both are sent or neither). `cb` gets the reply to `command`; the +OK of
+  // ASKING is consumed here.
+  void ExecuteAsking(std::string_view command, Callback cb, std::chrono::milliseconds timeout);
 
   // True when calls would currently be accepted (a hint for routing).
   bool IsConnected() const { return connected_.load(std::memory_order_relaxed); }
@@ -109,7 +114,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   struct Session;
   enum class State { kConnecting, kConnected, kDisconnected, kClosed };
-  enum class Kind : uint8_t { kUser, kHandshake };
+  // kAsking: the ASKING sent just before the kUser call that follows it.
+  enum class Kind : uint8_t { kUser, kHandshake, kAsking };
   struct Call {
     Callback cb;  // empty once completed (an abandoned call keeps its FIFO slot)
     Clock::time_point deadline;
@@ -123,8 +129,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
              std::shared_ptr<boost::asio::ssl::context> tls_context,
              std::shared_ptr<PendingBudget> budget);
 
+  // `asking`: ASKING is written first (its bytes are not part of `size`).
   template <typename AppendFn>
-  void Enqueue(size_t size, AppendFn&& append, Callback cb, std::chrono::milliseconds timeout);
+  void Enqueue(size_t size, AppendFn&& append, Callback cb, std::chrono::milliseconds timeout,
+               bool asking = false);
   void FailSoon(Callback cb, Status status);
 
   // All below run on strand_.

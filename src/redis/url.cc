@@ -189,6 +189,65 @@ StatusOr<Options> ParseRedisUrl(std::string_view url) {
   return o;
 }
 
+std::string NodeAddress::ToString() const {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
+bool IsClusterUrl(std::string_view url) {
+  return url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://");
+}
+
+StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url) {
+  std::string_view scheme;
+  std::string_view rest;
+  if (url.starts_with("redis+cluster://")) {
+    scheme = "redis://";
+    rest = url.substr(16);
+  } else if (url.starts_with("rediss+cluster://")) {
+    scheme = "rediss://";
+    rest = url.substr(17);
+  } else {
+    return UrlError("'" + std::string(url.substr(0, url.find("://"))) +
+                    "': scheme must be redis+cluster:// or rediss+cluster://");
+  }
+  // Split like ParseRedisUrl: ?query, /path, userinfo@ (last '@'), then the host list.
+  std::string_view query;
+  if (size_t q = rest.find('?'); q != std::string_view::npos) {
+    query = rest.substr(q);
+    rest = rest.substr(0, q);
+  }
+  if (size_t slash = rest.find('/'); slash != std::string_view::npos) {
+    std::string_view path = rest.substr(slash + 1);
+    if (!path.empty() && path != "0") {
+      return UrlError("a cluster url has no database ('/" + std::string(path) + "')");
+    }
+    rest = rest.substr(0, slash);
+  }
+  std::string_view userinfo;
+  if (size_t at = rest.rfind('@'); at != std::string_view::npos) {
+    userinfo = rest.substr(0, at + 1);
+    rest = rest.substr(at + 1);
+  }
+  ClusterOptions out;
+  bool first = true;
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string_view host = rest.substr(0, comma);
+    if (host.empty()) return UrlError("empty host in the cluster node list");
+    std::string one =
+        std::string(scheme) + std::string(userinfo) + std::string(host) + std::string(query);
+    StatusOr<Options> o = ParseRedisUrl(one);
+    if (!o.ok()) return o.status();
+    out.seeds.push_back(NodeAddress{o->host, o->port});
+    if (first) out.node = *std::move(o);
+    first = false;
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return out;
+}
+
 std::string RedactedUrl(const Options& o) {
   std::string out = o.tls ? "rediss://" : "redis://";
   if (!o.password.empty()) out += o.user + ":***@";

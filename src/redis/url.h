@@ -11,6 +11,12 @@
 // insecure=1 (TLS without certificate verification), tls_ca_file, tls_cert_file,
 // tls_key_file, connect_timeout_ms, command_timeout_ms, connections, max_pending.
 //
+// Redis Cluster: `redis+cluster://[[user]:password@]host:port,host:port[?key=value&...]`
+// (`rediss+cluster://` for TLS) lists seed nodes; user, password, TLS and the
+// query keys above apply to every node of the cluster. No /db (a cluster has only db 0).
+//
+//   StatusOr<ClusterOptions> c = ParseClusterUrl("redis+cluster://10.0.0.1:7000,10.0.0.2:7000");
+//
 // Thread-safety: value type and pure functions.
 #pragma once
 
@@ -18,6 +24,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ratelimit/status.h"
 
@@ -50,5 +57,26 @@ StatusOr<Options> ParseRedisUrl(std::string_view url);
 
 // The URL for logs: scheme, user, host, port and db; the password is shown as ***.
 std::string RedactedUrl(const Options& options);
+
+struct NodeAddress {
+  std::string host;
+  uint16_t port = 0;
+  std::string ToString() const;  // "host:port", IPv6 hosts in brackets
+  friend bool operator==(const NodeAddress&, const NodeAddress&) = default;
+};
+
+struct ClusterOptions {
+  Options node;  // for every node; node.host/port are those of the first seed
+  std::vector<NodeAddress> seeds;
+  std::chrono::milliseconds refresh_interval{10'000};   // periodic slot map refresh
+  std::chrono::milliseconds min_refresh_interval{100};  // between refreshes on errors
+  int max_redirects = 5;  // MOVED/ASK per call before failing with kUnavailable
+};
+
+// True iff `url` starts with redis+cluster:// or rediss+cluster://.
+bool IsClusterUrl(std::string_view url);
+
+// Parses a redis+cluster:// or rediss+cluster:// URL (kInvalidArgument on error).
+StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url);
 
 }  // namespace ratelimit::redis

@@ -37,8 +37,6 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
             "redis circuit breaker",
             {{"from", BreakerStateName(from)}, {"to", BreakerStateName(to)}});
       };
-      // NOTE: redis::Options::reconnect_max_backoff (1 s by default) is not
-      // reachable from RedisStore::Options yet; see docs/reliability.md.
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();
       return std::shared_ptr<Store>(std::move(*s));

@@ -2,14 +2,18 @@
 
 #include <openssl/sha.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <charconv>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "redis/client.h"
+#include "redis/cluster_client.h"
 #include "redis/io_thread.h"
+#include "redis/slot.h"
 #include "store/lua/scripts.h"
 #include "store/over_limit_cache.h"
 
@@ -34,6 +38,8 @@ struct PendingCheck {
   std::optional<uint64_t> cache_fp;  // set when the over-limit cache may keep its denial
   int64_t submitted_at = 0;          // store clock, before Redis evaluated it
   bool peek = false;
+  uint16_t slot = 0;                  // cluster: the slot of every key of the check
+  CircuitBreaker* breaker = nullptr;  // the breaker that let it through
   std::vector<std::string> keys;
   std::vector<std::string> args;  // "c"/"p", n, then 5 per limit
   CheckCallback done;
@@ -77,14 +83,19 @@ struct RedisStore::Impl {
   std::unique_ptr<CircuitBreaker> breaker;
   std::unique_ptr<store::OverLimitCache> cache;  // nullptr: off
   std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_hits{0}, stat_failures{0};
-  redis::IoThread io;  // declared before client: destroyed after it
-  std::unique_ptr<redis::Client> client;
+  redis::IoThread io;                     // declared before the clients: destroyed after them
+  std::unique_ptr<redis::Client> client;  // standalone; or:
+  std::unique_ptr<redis::ClusterClient> cluster;
+  // Cluster: one breaker per node (indexed by node id); `breaker` stands in
+  // while the slot map is unknown.
+  std::mutex breakers_mu;
+  std::vector<std::unique_ptr<CircuitBreaker>> node_breakers;  // GUARDED_BY(breakers_mu)
 
   std::mutex mu;
   std::vector<PendingCheck> queue;   // GUARDED_BY(mu)
   bool flush_scheduled = false;      // GUARDED_BY(mu)
   std::atomic<size_t> in_flight{0};  // checks queued or awaiting a reply
-  size_t calls_in_flight = 0;        // script calls awaiting a reply (I/O thread only)
+  size_t calls_in_flight = 0;        // GUARDED_BY(mu) script calls awaiting a reply
 
   std::string Key(std::string_view client_key, const Limit& limit) const {
     std::string k;
@@ -111,9 +122,14 @@ struct RedisStore::Impl {
       }
     }
     stat_checks.fetch_add(1, std::memory_order_relaxed);
-    if (!breaker->Allow()) {
+    std::string first_key = Key(req.key, *req.checks.front().limit);
+    const uint16_t slot = cluster ? redis::KeySlot(first_key) : 0;
+    CircuitBreaker* node_breaker = BreakerFor(slot);
+    if (!node_breaker->Allow()) {
+      // The node may be gone for good (failover): look for a new owner meanwhile.
+      if (cluster) cluster->RequestRefresh();
       stat_failures.fetch_add(1, std::memory_order_relaxed);
-      return done(BreakerOpenStatus("redis " + opts.url_for_logs));
+      return done(BreakerOpenStatus(BreakerSubject(slot)));
     }
     if (in_flight.fetch_add(1, std::memory_order_relaxed) >= opts.max_pending) {
       in_flight.fetch_sub(1, std::memory_order_relaxed);
@@ -124,6 +140,8 @@ struct RedisStore::Impl {
                    .cache_fp = fp,
                    .submitted_at = now_local,
                    .peek = peek,
+                   .slot = slot,
+                   .breaker = node_breaker,
                    .done = std::move(done)};
     p.keys.reserve(req.checks.size());
     p.args.reserve(2 + 5 * req.checks.size());
@@ -131,7 +149,7 @@ struct RedisStore::Impl {
     p.args.push_back(std::to_string(req.checks.size()));
     for (const LimitCheck& c : req.checks) {
       const Limit& l = *c.limit;
-      p.keys.push_back(Key(req.key, l));
+      p.keys.push_back(p.keys.empty() ? std::move(first_key) : Key(req.key, l));
       p.args.emplace_back(1, AlgorithmCode(l.algorithm()));
       p.args.push_back(std::to_string(l.limit()));
       p.args.push_back(std::to_string(l.window_micros()));
@@ -145,6 +163,24 @@ struct RedisStore::Impl {
       schedule = !std::exchange(flush_scheduled, true);
     }
     if (schedule) boost::asio::post(io.executor(), [this] { Flush(); });
+  }
+
+  // The breaker guarding the node that serves `slot` (the only one standalone).
+  CircuitBreaker* BreakerFor(uint16_t slot) {
+    if (!cluster) return breaker.get();
+    const int node = cluster->NodeForSlot(slot);
+    if (node < 0) return breaker.get();
+    std::lock_guard lock(breakers_mu);
+    if (node_breakers.size() <= static_cast<size_t>(node)) node_breakers.resize(node + 1);
+    auto& b = node_breakers[static_cast<size_t>(node)];
+    if (!b) b = std::make_unique<CircuitBreaker>(opts.breaker);
+    return b.get();
+  }
+
+  std::string BreakerSubject(uint16_t slot) const {
+    if (!cluster) return "redis " + opts.url_for_logs;
+    const int node = cluster->NodeForSlot(slot);
+    return node < 0 ? "redis " + opts.url_for_logs : "redis node " + cluster->NodeName(node);
   }
 
   // On the I/O thread. At most max_calls_in_flight script calls are out at
@@ -161,6 +197,12 @@ struct RedisStore::Impl {
     }
     const size_t per_call = std::max<size_t>(opts.max_batch, 1);
     const auto now = std::chrono::steady_clock::now();
+    // In a cluster a script may only touch keys of one slot: one call per slot.
+    if (cluster) {
+      std::stable_sort(
+          batch.begin(), batch.end(),
+          [](const PendingCheck& a, const PendingCheck& b) { return a.slot < b.slot; });
+    }
     std::vector<PendingCheck> group;
     for (PendingCheck& p : batch) {
       if (p.deadline <= now) {  // waited its whole deadline in the queue: never sent
@@ -169,6 +211,7 @@ struct RedisStore::Impl {
         p.done(DeadlineExceeded("redis store: no reply slot within the deadline (overloaded)"));
         continue;
       }
+      if (!group.empty() && group.front().slot != p.slot) Send(std::exchange(group, {}), now);
       group.push_back(std::move(p));
       if (group.size() == per_call) Send(std::exchange(group, {}), now);
     }
@@ -199,30 +242,39 @@ struct RedisStore::Impl {
       ++calls_in_flight;
     }
     stat_calls.fetch_add(1, std::memory_order_relaxed);
-    client->EvalScript(
-        script, keys, args,
-        [this, shared](StatusOr<redis::Reply> reply) {
-          Complete(*shared, std::move(reply));
-          bool more;
-          {
-            std::lock_guard lock(mu);
-            --calls_in_flight;
-            more = !queue.empty();
-            if (more) flush_scheduled = true;
-          }
-          if (more) Flush();
-        },
-        timeout);
+    redis::Callback on_reply = [this, shared](StatusOr<redis::Reply> reply) {
+      Complete(*shared, std::move(reply));
+      bool more;
+      {
+        std::lock_guard lock(mu);
+        --calls_in_flight;
+        more = !queue.empty();
+        if (more) flush_scheduled = true;
+      }
+      if (more) Flush();
+    };
+    if (cluster) {
+      cluster->EvalScript(script, keys, args, std::move(on_reply), timeout);
+    } else {
+      client->EvalScript(script, keys, args, std::move(on_reply), timeout);
+    }
   }
 
   void Complete(std::vector<PendingCheck>& group, StatusOr<redis::Reply> reply) {
     in_flight.fetch_sub(group.size(), std::memory_order_relaxed);
     // Any reply (even a script error) shows the node is alive; a failed call
     // (refused, timed out, garbage) counts towards opening the breaker.
-    if (reply.ok()) {
-      breaker->OnSuccess();
-    } else if (reply.status().code() != StatusCode::kResourceExhausted) {
-      breaker->OnFailure();
+    // Each breaker that let a check of this call through hears the outcome once.
+    CircuitBreaker* reported[4] = {};
+    size_t n_reported = 0;
+    for (const PendingCheck& p : group) {
+      if (std::find(reported, reported + n_reported, p.breaker) != reported + n_reported) continue;
+      if (reply.ok()) {
+        p.breaker->OnSuccess();
+      } else if (reply.status().code() != StatusCode::kResourceExhausted) {
+        p.breaker->OnFailure();
+      }
+      if (n_reported < std::size(reported)) reported[n_reported++] = p.breaker;
     }
     Status failure;
     if (!reply.ok()) {
@@ -275,17 +327,43 @@ struct RedisStore::Impl {
   }
 };
 
-StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(Options options) {
-  StatusOr<redis::Options> ro = redis::ParseRedisUrl(options.url);
-  if (!ro.ok()) return ro.status();
+namespace {
+
+void ApplyStoreOptions(const RedisStore::Options& options, redis::Options* ro) {
   ro->command_timeout = options.deadline;
   ro->connections = std::max(1, options.connections);
-  ro->max_pending = options.max_pending;
+  ro->max_pending = static_cast<int>(options.max_pending);
   ro->reconnect_max_backoff = options.reconnect_max_backoff;
+}
+
+// "redis+cluster://user:***@h1:p1,h2:p2": the seeds, never the password.
+std::string RedactedClusterUrl(const redis::ClusterOptions& c) {
+  std::string out = c.node.tls ? "rediss+cluster://" : "redis+cluster://";
+  if (!c.node.password.empty()) out += c.node.user + ":***@";
+  for (size_t i = 0; i < c.seeds.size(); ++i) out += (i > 0 ? "," : "") + c.seeds[i].ToString();
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(Options options) {
+  std::optional<redis::Options> ro;
+  std::optional<redis::ClusterOptions> co;
+  if (redis::IsClusterUrl(options.url)) {
+    StatusOr<redis::ClusterOptions> parsed = redis::ParseClusterUrl(options.url);
+    if (!parsed.ok()) return parsed.status();
+    co = *std::move(parsed);
+    ApplyStoreOptions(options, &co->node);
+  } else {
+    StatusOr<redis::Options> parsed = redis::ParseRedisUrl(options.url);
+    if (!parsed.ok()) return parsed.status();
+    ro = *std::move(parsed);
+    ApplyStoreOptions(options, &*ro);
+  }
   auto impl = std::make_unique<Impl>();
   static_cast<Options&>(impl->opts) = std::move(options);
   impl->clock = impl->opts.clock != nullptr ? impl->opts.clock : &Clock::System();
-  impl->opts.url_for_logs = redis::RedactedUrl(*ro);
+  impl->opts.url_for_logs = co ? RedactedClusterUrl(*co) : redis::RedactedUrl(*ro);
   impl->breaker = std::make_unique<CircuitBreaker>(impl->opts.breaker);
   if (impl->opts.over_limit_cache_entries > 0) {
     impl->cache = std::make_unique<store::OverLimitCache>(
@@ -293,16 +371,39 @@ StatusOr<std::unique_ptr<RedisStore>> RedisStore::Create(Options options) {
                                        .min_retry = impl->opts.over_limit_cache_min_retry});
   }
   impl->script = redis::Script::Create(std::string(store::kCheckScript));
-  StatusOr<std::unique_ptr<redis::Client>> client =
-      redis::Client::Create(impl->io.executor(), *std::move(ro));
-  if (!client.ok()) return client.status();
-  impl->client = *std::move(client);
+  if (co) {
+    StatusOr<std::unique_ptr<redis::ClusterClient>> cluster =
+        redis::ClusterClient::Create(impl->io.executor(), *std::move(co));
+    if (!cluster.ok()) return cluster.status();
+    impl->cluster = *std::move(cluster);
+  } else {
+    StatusOr<std::unique_ptr<redis::Client>> client =
+        redis::Client::Create(impl->io.executor(), *std::move(ro));
+    if (!client.ok()) return client.status();
+    impl->client = *std::move(client);
+  }
   return std::unique_ptr<RedisStore>(new RedisStore(std::move(impl)));
 }
 
 RedisStore::RedisStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-RedisStore::~RedisStore() { impl_->client->Close(); }
+RedisStore::~RedisStore() {
+  if (impl_->cluster) {
+    impl_->cluster->Close();
+  } else {
+    impl_->client->Close();
+  }
+  // Closing fails the calls in flight on the I/O thread; their callbacks use
+  // this store, so wait for them (bounded) before the members go away.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < give_up) {
+    {
+      std::lock_guard lock(impl_->mu);
+      if (impl_->calls_in_flight == 0 && !impl_->flush_scheduled) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 void RedisStore::Check(const CheckRequest& request, CheckCallback done) {
   impl_->Submit(request, /*peek=*/false, std::move(done));
@@ -318,11 +419,16 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   if (impl_->cache != nullptr) impl_->cache->Clear();
   std::vector<std::string> args = {"DEL"};
   for (const Limit* l : limits) args.push_back(impl_->Key(key, *l));
-  impl_->client->Execute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+  auto on_reply = [done = std::move(done)](StatusOr<redis::Reply> r) {
     if (!r.ok()) return done(r.status());
     if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
     done(Status::Ok());
-  });
+  };
+  if (impl_->cluster) {
+    impl_->cluster->Execute(args, std::move(on_reply));  // the keys share one slot
+  } else {
+    impl_->client->Execute(args, std::move(on_reply));
+  }
 }
 
 std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) const {
@@ -331,7 +437,18 @@ std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) 
 
 size_t RedisStore::pending() const { return impl_->in_flight.load(std::memory_order_relaxed); }
 
-CircuitBreaker::State RedisStore::breaker_state() const { return impl_->breaker->state(); }
+CircuitBreaker::State RedisStore::breaker_state() const {
+  // In a cluster: the worst state over the nodes (open > half-open > closed).
+  CircuitBreaker::State worst = impl_->breaker->state();
+  auto rank = [](CircuitBreaker::State s) {
+    return s == CircuitBreaker::State::kOpen ? 2 : s == CircuitBreaker::State::kHalfOpen ? 1 : 0;
+  };
+  std::lock_guard lock(impl_->breakers_mu);
+  for (const auto& b : impl_->node_breakers) {
+    if (b && rank(b->state()) > rank(worst)) worst = b->state();
+  }
+  return worst;
+}
 
 RedisStore::Stats RedisStore::stats() const {
   return {.checks = impl_->stat_checks.load(std::memory_order_relaxed),

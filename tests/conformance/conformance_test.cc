@@ -13,6 +13,7 @@
 
 #include "ratelimit/memory_store.h"
 #include "ratelimit/redis_store.h"
+#include "support/redis_cluster.h"
 #include "support/redis_server.h"
 
 namespace ratelimit {
@@ -121,12 +122,19 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   static void TearDownTestSuite() {
     delete redis_;
     redis_ = nullptr;
+    delete cluster_;
+    cluster_ = nullptr;
   }
 
   std::unique_ptr<Store> Make(const Clock* clock) {
     if (GetParam() == "memory")
       return std::make_unique<MemoryStore>(MemoryStore::Options{.clock = clock});
-    auto s = RedisStore::Create({.url = redis_->url(),
+    std::string url = redis_->url();
+    if (GetParam() == "cluster") {
+      if (cluster_ == nullptr) cluster_ = new testing::RedisCluster();  // started on first use
+      url = cluster_->url();
+    }
+    auto s = RedisStore::Create({.url = url,
                                  .deadline = std::chrono::seconds(5),
                                  .time_source = RedisStore::TimeSource::kLocal,
                                  .clock = clock});
@@ -135,8 +143,10 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   }
 
   static testing::RedisServer* redis_;
+  static testing::RedisCluster* cluster_;
 };
 testing::RedisServer* Conformance::redis_ = nullptr;
+testing::RedisCluster* Conformance::cluster_ = nullptr;
 
 TEST_P(Conformance, Table) {
   int scenario_index = 0;
@@ -161,7 +171,7 @@ TEST_P(Conformance, Table) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis", "cluster"),
                          [](const auto& info) { return info.param; });
 
 // Random steps for every algorithm: RedisStore must agree exactly with
@@ -195,7 +205,7 @@ TEST_P(Differential, RedisAgreesWithMemoryOnRandomSteps) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, Differential, ::testing::Values("redis"),
+INSTANTIATE_TEST_SUITE_P(Stores, Differential, ::testing::Values("redis", "cluster"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -82,7 +82,7 @@ RedisServer::RedisServer(RedisServerOptions options) : options_(std::move(option
   dir_ = tmpl;
   log_file_ = dir_ + "/redis.log";
   if (options_.tls) certs_ = MakeTestCertificates(dir_);
-  port_ = PickFreePort();
+  port_ = options_.port != 0 ? options_.port : PickFreePort();
   Start();
 }
 

@@ -34,6 +34,8 @@ struct RedisServerOptions {
   std::vector<std::string> args;
   // Serve TLS only (plain port disabled), with certificates made at start.
   bool tls = false;
+  // 0: a free port picked at start. (Cluster nodes need port + 10000 free too.)
+  uint16_t port = 0;
 };
 
 class RedisServer {

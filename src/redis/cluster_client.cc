@@ -1,0 +1,525 @@
+#include "redis/cluster_client.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+#include "redis/cluster_slots.h"
+#include "redis/slot.h"
+
+namespace ratelimit::redis {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+// One call on its way through redirections and retries.
+struct Call {
+  const Script* script = nullptr;  // nullptr: a plain command
+  std::vector<std::string> words;  // the command, or (script) the keys then the args
+  size_t num_keys = 0;             // script only
+  uint16_t slot = 0;
+  Clock::time_point deadline;
+  int redirects = 0;
+  int retries = 0;
+  Callback cb;
+};
+using CallPtr = std::unique_ptr<Call>;
+
+milliseconds Remaining(Clock::time_point deadline, Clock::time_point now) {
+  return std::max(milliseconds(1), std::chrono::ceil<milliseconds>(deadline - now));
+}
+
+}  // namespace
+
+struct ClusterClient::State : std::enable_shared_from_this<State> {
+  struct Node {
+    NodeAddress address;
+    std::unique_ptr<Client> client;  // created on first use, GUARDED_BY(mu)
+  };
+
+  State(asio::any_io_executor ex, ClusterOptions o)
+      : options(std::move(o)),
+        executor(std::move(ex)),
+        strand(asio::make_strand(executor)),
+        refresh_timer(strand),
+        park_timer(strand) {}
+
+  const ClusterOptions options;
+  Status init_status;
+  asio::any_io_executor executor;
+  asio::strand<asio::any_io_executor> strand;
+
+  mutable std::mutex mu;
+  bool closed = false;                       // GUARDED_BY(mu)
+  std::vector<std::unique_ptr<Node>> nodes;  // GUARDED_BY(mu); append-only, ids are indexes
+  std::vector<int> slot_node = std::vector<int>(kClusterSlots, -1);  // GUARDED_BY(mu)
+  bool has_map = false;                                              // GUARDED_BY(mu)
+  bool refreshing = false;                                           // GUARDED_BY(mu)
+  bool refresh_again = false;                                        // GUARDED_BY(mu)
+  bool refresh_pending = false;    // GUARDED_BY(mu) a requested refresh is scheduled
+  Clock::time_point last_refresh;  // GUARDED_BY(mu)
+  uint64_t refresh_count = 0;      // GUARDED_BY(mu)
+  uint32_t refresh_rotation = 0;   // GUARDED_BY(mu)
+  std::vector<CallPtr> parked;     // GUARDED_BY(mu) calls waiting for the first map
+
+  // Strand-only.
+  asio::steady_timer refresh_timer;
+  Clock::time_point refresh_at = Clock::time_point::max();
+  asio::steady_timer park_timer;
+  Clock::time_point park_at = Clock::time_point::max();
+
+  // ---- nodes ----
+
+  // REQUIRES: mu held.
+  int NodeIndexLocked(const NodeAddress& a) {
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      if (nodes[i]->address == a) return static_cast<int>(i);
+    }
+    nodes.push_back(std::make_unique<Node>(Node{a, nullptr}));
+    return static_cast<int>(nodes.size() - 1);
+  }
+
+  // REQUIRES: mu held; 0 <= id < nodes.size().
+  Client* ClientLocked(int id) {
+    Node& n = *nodes[static_cast<size_t>(id)];
+    if (!n.client) {
+      Options o = options.node;
+      o.host = n.address.host;
+      o.port = n.address.port;
+      n.client = std::make_unique<Client>(executor, std::move(o));
+    }
+    return n.client.get();
+  }
+
+  void FailSoon(CallPtr call, Status status) {
+    asio::post(executor, [call = std::move(call), status = std::move(status)]() mutable {
+      call->cb(std::move(status));
+    });
+  }
+
+  // ---- calls ----
+
+  // Sends `call` to `node` (with ASKING first when `asking`), or to the slot's
+  // owner when node < 0.
+  void Send(CallPtr call, int node, bool asking) {
+    const Clock::time_point now = Clock::now();
+    if (now >= call->deadline) {
+      return FailSoon(std::move(call),
+                      DeadlineExceeded("redis cluster: deadline passed while following "
+                                       "redirections (the command did not run)"));
+    }
+    Client* client = nullptr;
+    std::string node_name;
+    {
+      std::unique_lock lock(mu);
+      if (closed) {
+        lock.unlock();
+        return FailSoon(std::move(call), Unavailable("redis cluster client closed"));
+      }
+      if (node < 0) {
+        if (!has_map) {
+          const Clock::time_point deadline = call->deadline;
+          parked.push_back(std::move(call));
+          lock.unlock();
+          WatchParked(deadline);
+          RequestRefresh();
+          return;
+        }
+        node = slot_node[call->slot];
+      }
+      if (node >= 0) client = ClientLocked(node);
+    }
+    if (client == nullptr) {
+      RequestRefresh();
+      const uint16_t slot = call->slot;
+      return FailSoon(std::move(call), Unavailable("redis cluster: no master serves slot " +
+                                                   std::to_string(slot) + " in the slot map"));
+    }
+    const milliseconds timeout = Remaining(call->deadline, now);
+    std::vector<std::string_view> views(call->words.begin(), call->words.end());
+    Call& c = *call;
+    Callback done = [self = shared_from_this(), call = std::move(call),
+                     node](StatusOr<Reply> r) mutable {
+      self->OnReply(std::move(call), node, std::move(r));
+    };
+    if (c.script != nullptr) {
+      std::span<const std::string_view> all(views);
+      auto keys = all.first(c.num_keys);
+      auto args = all.subspan(c.num_keys);
+      if (asking) {
+        client->EvalScriptAsking(*c.script, keys, args, std::move(done), timeout);
+      } else {
+        client->EvalScript(*c.script, keys, args, std::move(done), timeout);
+      }
+    } else if (asking) {
+      client->ExecuteAsking(views, std::move(done), timeout);
+    } else {
+      client->Execute(views, std::move(done), timeout);
+    }
+  }
+
+  void OnReply(CallPtr call, int node, StatusOr<Reply> r) {
+    if (!r.ok()) {
+      // Outcome unknown (or the node is unreachable): never replayed. The map
+      // may be stale (a failover): look again.
+      if (r.status().code() != StatusCode::kResourceExhausted) RequestRefresh();
+      return call->cb(std::move(r));
+    }
+    if (!r->IsError()) return call->cb(std::move(r));
+    const std::string& e = r->str;
+    if (e.starts_with("MOVED ") || e.starts_with("ASK ")) {
+      std::string asked_host;
+      {
+        std::lock_guard lock(mu);
+        asked_host = nodes[static_cast<size_t>(node)]->address.host;
+      }
+      StatusOr<Redirect> redirect = ParseRedirect(e, asked_host);
+      if (!redirect.ok()) return call->cb(redirect.status());
+      if (++call->redirects > options.max_redirects) {
+        return call->cb(Unavailable(
+            "redis cluster: more than " + std::to_string(options.max_redirects) +
+            " redirections for slot " + std::to_string(call->slot) + " (last: " + e + ")"));
+      }
+      int to = 0;
+      {
+        std::lock_guard lock(mu);
+        to = NodeIndexLocked(redirect->to);
+        if (redirect->kind == Redirect::kMoved) slot_node[redirect->slot] = to;
+      }
+      if (redirect->kind == Redirect::kMoved) RequestRefresh();
+      return Send(std::move(call), to, /*asking=*/redirect->kind == Redirect::kAsk);
+    }
+    const bool tryagain = e.starts_with("TRYAGAIN");
+    if (tryagain || e.starts_with("CLUSTERDOWN")) {
+      if (!tryagain) RequestRefresh();
+      const milliseconds base = tryagain ? milliseconds(5) : milliseconds(25);
+      const milliseconds backoff =
+          std::min(milliseconds(100), base * (1 << std::min(call->retries, 5)));
+      ++call->retries;
+      if (Clock::now() + backoff >= call->deadline) {
+        return call->cb(Unavailable("redis cluster: " + e));
+      }
+      auto timer = std::make_shared<asio::steady_timer>(executor, backoff);
+      timer->async_wait([self = shared_from_this(), timer,
+                         call = std::move(call)](boost::system::error_code) mutable {
+        self->Send(std::move(call), -1, false);
+      });
+      return;
+    }
+    call->cb(std::move(r));  // any other error reply is the caller's answer
+  }
+
+  // ---- calls parked until the first map ----
+
+  void WatchParked(Clock::time_point deadline) {
+    asio::post(strand, [self = shared_from_this(), deadline] {
+      if (deadline >= self->park_at) return;
+      self->park_at = deadline;
+      self->park_timer.expires_at(deadline);
+      self->park_timer.async_wait([self, deadline](boost::system::error_code ec) {
+        if (ec || self->park_at != deadline) return;
+        self->park_at = Clock::time_point::max();
+        self->ExpireParked();
+      });
+    });
+  }
+
+  // On the strand: fails parked calls whose deadline passed, watches the next.
+  void ExpireParked() {
+    const Clock::time_point now = Clock::now();
+    std::vector<CallPtr> expired;
+    Clock::time_point next = Clock::time_point::max();
+    {
+      std::lock_guard lock(mu);
+      auto keep = std::partition(parked.begin(), parked.end(),
+                                 [&](const CallPtr& c) { return c->deadline > now; });
+      for (auto it = keep; it != parked.end(); ++it) expired.push_back(std::move(*it));
+      parked.erase(keep, parked.end());
+      for (const CallPtr& c : parked) next = std::min(next, c->deadline);
+    }
+    for (CallPtr& c : expired) {
+      FailSoon(std::move(c), DeadlineExceeded("redis cluster: no slot map within the deadline"));
+    }
+    if (next != Clock::time_point::max()) WatchParked(next);
+  }
+
+  // ---- slot map refresh ----
+
+  void RequestRefresh() {
+    Clock::duration delay{0};
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      if (refreshing) {
+        refresh_again = true;
+        return;
+      }
+      if (refresh_pending) return;  // cheap when called on every failed call
+      refresh_pending = true;
+      const Clock::time_point earliest = last_refresh + options.min_refresh_interval;
+      const Clock::time_point now = Clock::now();
+      if (earliest > now) delay = earliest - now;
+    }
+    ScheduleRefresh(delay);
+  }
+
+  // Makes sure a refresh starts within `delay`.
+  void ScheduleRefresh(Clock::duration delay) {
+    const Clock::time_point at = Clock::now() + delay;
+    asio::post(strand, [self = shared_from_this(), at] {
+      if (at >= self->refresh_at) return;
+      self->refresh_at = at;
+      self->refresh_timer.expires_at(at);
+      self->refresh_timer.async_wait([self, at](boost::system::error_code ec) {
+        if (ec || self->refresh_at != at) return;
+        self->refresh_at = Clock::time_point::max();
+        self->StartRefresh();
+      });
+    });
+  }
+
+  void StartRefresh() {
+    auto candidates = std::make_shared<std::vector<int>>();
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      refresh_pending = false;
+      if (refreshing) {
+        refresh_again = true;
+        return;
+      }
+      refreshing = true;
+      refresh_again = false;
+      // Masters of the current map first, then every other node (the seeds).
+      std::vector<bool> is_master(nodes.size(), false);
+      for (int n : slot_node) {
+        if (n >= 0) is_master[static_cast<size_t>(n)] = true;
+      }
+      for (int pass = 0; pass < 2; ++pass) {
+        std::vector<int> group;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+          if (is_master[i] == (pass == 0)) group.push_back(static_cast<int>(i));
+        }
+        if (!group.empty()) {
+          std::rotate(group.begin(), group.begin() + refresh_rotation % group.size(), group.end());
+        }
+        candidates->insert(candidates->end(), group.begin(), group.end());
+      }
+      ++refresh_rotation;
+    }
+    TryRefresh(std::move(candidates), 0, "");
+  }
+
+  void TryRefresh(std::shared_ptr<std::vector<int>> candidates, size_t i, std::string errors) {
+    if (i == candidates->size()) {
+      return FinishRefresh(Unavailable("redis cluster: no node gave a slot map (" + errors + ")"));
+    }
+    Client* client;
+    NodeAddress address;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return FinishRefresh(Unavailable("redis cluster client closed"));
+      client = ClientLocked((*candidates)[i]);
+      address = nodes[static_cast<size_t>((*candidates)[i])]->address;
+    }
+    const milliseconds timeout =
+        std::max(options.node.connect_timeout, options.node.command_timeout);
+    std::string_view shards[] = {"CLUSTER", "SHARDS"};
+    client->Execute(
+        shards,
+        [self = shared_from_this(), candidates, i, errors = std::move(errors), client, address,
+         timeout](StatusOr<Reply> r) mutable {
+          auto next = [&](const std::string& why) {
+            if (!errors.empty()) errors += "; ";
+            errors += address.ToString() + ": " + why;
+            self->TryRefresh(std::move(candidates), i + 1, std::move(errors));
+          };
+          if (!r.ok()) return next(r.status().message());
+          if (!r->IsError()) {
+            auto map = ParseClusterShards(*r, self->options.node.tls, address.host);
+            if (map.ok()) return self->FinishRefresh(*std::move(map));
+            return next(map.status().message());
+          }
+          // No CLUSTER SHARDS (before Redis 7.0): CLUSTER SLOTS on the same node.
+          std::string_view slots[] = {"CLUSTER", "SLOTS"};
+          client->Execute(
+              slots,
+              [self, candidates = std::move(candidates), i, errors = std::move(errors),
+               address](StatusOr<Reply> r) mutable {
+                std::string why;
+                if (!r.ok()) {
+                  why = r.status().message();
+                } else if (r->IsError()) {
+                  why = r->str;
+                } else {
+                  auto map = ParseClusterSlots(*r, address.host);
+                  if (map.ok()) return self->FinishRefresh(*std::move(map));
+                  why = map.status().message();
+                }
+                if (!errors.empty()) errors += "; ";
+                errors += address.ToString() + ": " + why;
+                self->TryRefresh(std::move(candidates), i + 1, std::move(errors));
+              },
+              timeout);
+        },
+        timeout);
+  }
+
+  void FinishRefresh(StatusOr<std::vector<SlotRange>> map) {
+    std::vector<CallPtr> waiting;
+    bool again = false;
+    {
+      std::lock_guard lock(mu);
+      refreshing = false;
+      last_refresh = Clock::now();
+      again = refresh_again || !map.ok();
+      refresh_again = false;
+      if (map.ok()) {
+        std::vector<int> fresh(kClusterSlots, -1);
+        for (const SlotRange& r : *map) {
+          const int id = NodeIndexLocked(r.master);
+          std::fill(fresh.begin() + r.first, fresh.begin() + r.last + 1, id);
+        }
+        slot_node.swap(fresh);
+        has_map = true;
+        ++refresh_count;
+      }
+      if (closed) return;  // Close() failed the parked calls
+      if (map.ok() || !has_map) waiting.swap(parked);
+    }
+    for (CallPtr& c : waiting) {
+      if (map.ok()) {
+        Send(std::move(c), -1, false);
+      } else {
+        FailSoon(std::move(c), map.status());
+      }
+    }
+    ScheduleRefresh(options.refresh_interval);
+    if (again) RequestRefresh();
+  }
+
+  void Close() {
+    std::vector<CallPtr> waiting;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      closed = true;
+      waiting.swap(parked);
+      for (auto& n : nodes) {
+        if (n->client) n->client->Close();
+      }
+    }
+    for (CallPtr& c : waiting) FailSoon(std::move(c), Unavailable("redis cluster client closed"));
+    asio::post(strand, [self = shared_from_this()] {
+      self->refresh_at = Clock::time_point::min();  // no timer is armed again
+      self->park_at = Clock::time_point::min();
+      self->refresh_timer.cancel();
+      self->park_timer.cancel();
+    });
+  }
+};
+
+ClusterClient::ClusterClient(asio::any_io_executor executor, ClusterOptions options)
+    : state_(std::make_shared<State>(std::move(executor), std::move(options))) {
+  State& s = *state_;
+  if (s.options.seeds.empty()) {
+    s.init_status = InvalidArgument("redis cluster: no seed nodes");
+    return;
+  }
+  if (s.options.max_redirects < 0 || s.options.min_refresh_interval.count() < 0 ||
+      s.options.refresh_interval.count() <= 0) {
+    s.init_status = InvalidArgument(
+        "redis cluster options: need max_redirects >= 0, min_refresh_interval >= 0, "
+        "refresh_interval > 0");
+    return;
+  }
+  {
+    std::lock_guard lock(s.mu);
+    for (const NodeAddress& seed : s.options.seeds) s.ClientLocked(s.NodeIndexLocked(seed));
+    s.init_status = s.nodes.front()->client->init_status();
+  }
+  if (!s.init_status.ok()) return;
+  s.ScheduleRefresh(Clock::duration::zero());
+}
+
+StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(asio::any_io_executor executor,
+                                                               ClusterOptions options) {
+  auto client = std::make_unique<ClusterClient>(std::move(executor), std::move(options));
+  if (!client->init_status().ok()) return client->init_status();
+  return client;
+}
+
+ClusterClient::~ClusterClient() { Close(); }
+
+void ClusterClient::Close() { state_->Close(); }
+
+void ClusterClient::Execute(std::span<const std::string_view> args, Callback cb,
+                            std::chrono::milliseconds timeout) {
+  auto call = std::make_unique<Call>();
+  call->words.assign(args.begin(), args.end());
+  call->slot = args.size() >= 2 ? KeySlot(args[1]) : 0;
+  call->deadline = Clock::now() + timeout;
+  call->cb = std::move(cb);
+  if (!state_->init_status.ok()) return state_->FailSoon(std::move(call), state_->init_status);
+  state_->Send(std::move(call), -1, false);
+}
+
+void ClusterClient::Execute(const std::vector<std::string>& args, Callback cb) {
+  std::vector<std::string_view> views(args.begin(), args.end());
+  Execute(views, std::move(cb), state_->options.node.command_timeout);
+}
+
+void ClusterClient::EvalScript(const Script& script, std::span<const std::string_view> keys,
+                               std::span<const std::string_view> args, Callback cb,
+                               std::chrono::milliseconds timeout) {
+  auto call = std::make_unique<Call>();
+  call->script = &script;
+  call->words.reserve(keys.size() + args.size());
+  call->words.assign(keys.begin(), keys.end());
+  call->words.insert(call->words.end(), args.begin(), args.end());
+  call->num_keys = keys.size();
+  call->slot = keys.empty() ? 0 : KeySlot(keys[0]);
+  call->deadline = Clock::now() + timeout;
+  call->cb = std::move(cb);
+  if (!state_->init_status.ok()) return state_->FailSoon(std::move(call), state_->init_status);
+  state_->Send(std::move(call), -1, false);
+}
+
+int ClusterClient::NodeForSlot(uint16_t slot) const {
+  std::lock_guard lock(state_->mu);
+  return state_->has_map ? state_->slot_node[slot % kClusterSlots] : -1;
+}
+
+std::string ClusterClient::NodeName(int node) const {
+  std::lock_guard lock(state_->mu);
+  return state_->nodes.at(static_cast<size_t>(node))->address.ToString();
+}
+
+int ClusterClient::node_count() const {
+  std::lock_guard lock(state_->mu);
+  return static_cast<int>(state_->nodes.size());
+}
+
+bool ClusterClient::has_slot_map() const {
+  std::lock_guard lock(state_->mu);
+  return state_->has_map;
+}
+
+void ClusterClient::RequestRefresh() { state_->RequestRefresh(); }
+
+uint64_t ClusterClient::refreshes() const {
+  std::lock_guard lock(state_->mu);
+  return state_->refresh_count;
+}
+
+const ClusterOptions& ClusterClient::options() const { return state_->options; }
+const Status& ClusterClient::init_status() const { return state_->init_status; }
+
+}  // namespace ratelimit::redis
