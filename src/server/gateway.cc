@@ -1,6 +1,8 @@
 #include "server/gateway.h"
 
 #include <boost/beast/core/string.hpp>
+#include <cstdint>
+#include <limits>
 
 #include "server/json_log.h"
 #include "server/problem.h"
@@ -95,7 +97,12 @@ void Gateway::GiveBack(std::unique_ptr<beast::tcp_stream> stream) {
   if (idle_.size() < options_.max_idle) idle_.push_back(std::move(stream));
 }
 
-struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
+// One exchange with the upstream. After the response header arrives, the Op
+// becomes the Reply's BodyStream: the session pulls the body piece by piece,
+// so a response of any size passes through one 64 KiB buffer.
+struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
+  static constexpr size_t kPiece = 64 * 1024;
+
   Gateway& gw;
   Request up;
   std::function<void(Reply)> done;
@@ -103,12 +110,15 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
   bool reused = false;
   bool retried = false;
   bool head = false;
+  bool keep = false;  // the upstream connection can be reused after the body
   beast::flat_buffer buffer;
-  std::optional<http::response_parser<http::string_body>> parser;
+  std::optional<http::response_parser<http::buffer_body>> parser;
+  std::optional<uint64_t> length;
+  std::unique_ptr<char[]> piece;  // allocated when the body is pulled
 
   Op(Gateway& g, Request r, std::function<void(Reply)> d)
       : gw(g), up(std::move(r)), done(std::move(d)) {}
-  ~Op() { gw.active_.fetch_sub(1, std::memory_order_relaxed); }
+  ~Op() override { gw.active_.fetch_sub(1, std::memory_order_relaxed); }
 
   void Start() {
     stream = gw.TakeIdle();
@@ -135,26 +145,23 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
     stream->expires_after(gw.options_.timeout);
     http::async_write(*stream, up, [self = shared_from_this()](beast::error_code ec, size_t) {
       if (ec) return self->RetryOr(502, "upstream write failed: " + ec.message(), ec);
-      self->Read();
+      self->ReadHeader();
     });
   }
 
-  void Read() {
+  void ReadHeader() {
     buffer.clear();
     parser.emplace();
-    parser->body_limit(gw.options_.max_response_body);
+    // Streamed: no size limit, constant memory. (Not boost::none: Boost 1.74
+    // compares a Content-Length against an empty optional as "over the limit".)
+    parser->body_limit(std::numeric_limits<std::uint64_t>::max());
     parser->header_limit(64 * 1024);
     if (head) parser->skip(true);
-    http::async_read(
+    http::async_read_header(
         *stream, buffer, *parser, [self = shared_from_this()](beast::error_code ec, size_t n) {
           if (!ec) return self->Respond();
           if (ec == beast::error::timeout)
             return self->Fail(504, "upstream did not answer in time");
-          if (ec == http::error::body_limit) {
-            return self->Fail(502, "upstream response body exceeds " +
-                                       std::to_string(self->gw.options_.max_response_body) +
-                                       " bytes");
-          }
           if (n == 0)
             return self->RetryOr(502, "upstream closed the connection: " + ec.message(), ec);
           self->Fail(502, "bad upstream response: " + ec.message());
@@ -176,20 +183,57 @@ struct Gateway::Op : std::enable_shared_from_this<Gateway::Op> {
     auto& res = parser->get();
     Reply r;
     r.status = res.result_int();
-    const bool keep = res.keep_alive() && !parser->need_eof();
+    keep = res.keep_alive() && !parser->need_eof();
     RemoveHopByHop(res.base());
     r.headers.reserve(16);
     for (const auto& f : res.base()) {
-      if (f.name() == http::field::content_length && !head) continue;  // recomputed
+      if (f.name() == http::field::content_length && !head) continue;  // the session sets it
       r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     }
     r.keep_content_length = head;
-    r.body = std::move(res.body());
-    if (keep) {
-      stream->expires_never();
-      gw.GiveBack(std::move(stream));
+    if (parser->is_done()) {
+      ReleaseConnection();
+    } else {
+      if (auto n = parser->content_length()) length = *n;
+      r.body_stream = shared_from_this();
     }
     Finish(std::move(r));
+  }
+
+  std::optional<uint64_t> content_length() const override { return length; }
+
+  void Next(Piece next) override {
+    if (stream == nullptr) return next(parser.has_value() && parser->is_done(), {}, true);
+    net::dispatch(
+        stream->get_executor(), [self = shared_from_this(), next = std::move(next)]() mutable {
+          if (!self->piece) self->piece = std::make_unique<char[]>(kPiece);
+          auto& body = self->parser->get().body();
+          body.data = self->piece.get();
+          body.size = kPiece;
+          self->stream->expires_after(self->gw.options_.timeout);
+          http::async_read_some(
+              *self->stream, self->buffer, *self->parser,
+              [self, next = std::move(next)](beast::error_code ec, size_t) mutable {
+                if (ec == http::error::need_buffer) ec = {};  // the piece is full
+                if (ec) {
+                  Log(Level::kWarn, "upstream error",
+                      {{"detail", "response body: " + ec.message()}, {"upstream", self->gw.url_}});
+                  self->stream.reset();  // never reuse a connection mid-message
+                  return next(false, {}, true);
+                }
+                const size_t n = kPiece - self->parser->get().body().size;
+                const bool last = self->parser->is_done();
+                if (last) self->ReleaseConnection();
+                next(true, std::string_view(self->piece.get(), n), last);
+              });
+        });
+  }
+
+  // The response is complete: keep the connection for the next request.
+  void ReleaseConnection() {
+    if (!keep || stream == nullptr) return;
+    stream->expires_never();
+    gw.GiveBack(std::move(stream));
   }
 
   void Fail(unsigned status, std::string detail) {

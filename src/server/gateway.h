@@ -4,9 +4,12 @@
 //   (*g)->Forward(request, "203.0.113.7", [](Reply r) { ... });
 //
 // Keeps a bounded pool of idle keep-alive connections (max_idle); at most
-// max_active upstream connections at once (beyond: 503). Requests and
-// responses are forwarded whole (request body within the server's body
-// limit, response body within max_response_body). Hop-by-hop headers
+// max_active upstream connections at once (beyond: 503). Responses are
+// streamed: `done` gets the status and headers as soon as they arrive, with
+// Reply::body_stream pulling the body piece by piece (64 KiB at a time, any
+// length, chunked or close-delimited upstream bodies re-framed for the
+// client). Request bodies are forwarded whole, within the server's body limit
+// (like nginx's default proxy_request_buffering). Hop-by-hop headers
 // (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade
 // and every header named in Connection) are removed both ways; the peer's
 // address is appended to X-Forwarded-For; Host is passed unchanged.
@@ -35,8 +38,9 @@ namespace ratelimit::server {
 
 struct GatewayOptions {
   std::chrono::milliseconds connect_timeout{5'000};
-  std::chrono::milliseconds timeout{10'000};  // for the whole exchange once connected
-  size_t max_response_body = 8 * 1024 * 1024;
+  // Once connected: for the request and the response header, then for each
+  // piece of the response body (an upstream silent this long is cut off).
+  std::chrono::milliseconds timeout{10'000};
   size_t max_idle = 64;
   size_t max_active = 1024;
 };

@@ -11,12 +11,33 @@
 // Thread-safety: value type.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 namespace ratelimit::server {
+
+// A body that arrives while it is being sent (the gateway's upstream
+// response). The session asks for one piece at a time and writes it before
+// asking for the next, so at most one piece per connection is in memory.
+class BodyStream {
+ public:
+  // ok=false: the source failed mid-body (the client connection is then
+  // closed, as the status is already sent). `piece` stays valid until the
+  // next call of Next; `last` marks the final piece (it may be empty).
+  using Piece = std::function<void(bool ok, std::string_view piece, bool last)>;
+
+  virtual ~BodyStream() = default;
+  // Calls `piece` exactly once, on any thread.
+  virtual void Next(Piece piece) = 0;
+  // The body's length when the source announced it (Content-Length).
+  virtual std::optional<uint64_t> content_length() const = 0;
+};
 
 struct Reply {
   unsigned status = 200;
@@ -25,6 +46,8 @@ struct Reply {
   std::vector<std::pair<std::string, std::string>> headers;
   bool close = false;                // close the connection after writing
   bool keep_content_length = false;  // HEAD via the gateway: headers carry the length
+  // When set, the body is streamed from here and `body` is ignored.
+  std::shared_ptr<BodyStream> body_stream;
 
   void Add(std::string_view name, std::string value) {
     headers.emplace_back(std::string(name), std::move(value));

@@ -158,6 +158,9 @@ void Session::Write(Reply reply) {
   if (!reply.content_type.empty()) res_.set(http::field::content_type, reply.content_type);
   const bool draining = registry_.draining.load(std::memory_order_relaxed);
   const bool close = reply.close || draining || !have_request || !parser_->get().keep_alive();
+  if (reply.body_stream != nullptr && !head) {
+    return WriteStreamed(std::move(reply), res_.version(), close);
+  }
   res_.keep_alive(!close);
   res_.body() = std::move(reply.body);
   if (reply.keep_content_length) {
@@ -174,6 +177,64 @@ void Session::Write(Reply reply) {
                     [self = shared_from_this(), close](beast::error_code ec, size_t) {
                       self->OnWrite(close, ec);
                     });
+}
+
+void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
+  streamed_.emplace();
+  auto& res = *streamed_;
+  res.result(reply.status);
+  res.version(version);
+  for (auto& [name, value] : reply.headers) res.set(name, value);
+  if (!reply.content_type.empty()) res.set(http::field::content_type, reply.content_type);
+  body_stream_ = std::move(reply.body_stream);
+  if (std::optional<uint64_t> n = body_stream_->content_length()) {
+    res.content_length(*n);
+  } else if (version == 11) {
+    res.chunked(true);
+  } else {
+    close = true;  // HTTP/1.0 without a length: the end of the body is the end of the connection
+  }
+  res.keep_alive(!close);
+  res.body().data = nullptr;
+  res.body().more = true;
+  serializer_.emplace(res);
+  stream_.expires_after(limits_.read_timeout);
+  http::async_write_header(stream_, *serializer_,
+                           [self = shared_from_this(), close](beast::error_code ec, size_t) {
+                             if (ec) return self->EndStreamed(true, ec);
+                             self->StreamNext(close);
+                           });
+}
+
+void Session::StreamNext(bool close) {
+  body_stream_->Next(
+      [self = shared_from_this(), close](bool ok, std::string_view piece, bool last) {
+        net::dispatch(self->stream_.get_executor(), [self, close, ok, piece, last] {
+          // The source failed mid-body: the status is sent, so the only honest
+          // signal left is to cut the connection (the client sees a short body).
+          if (!ok) return self->EndStreamed(true, {});
+          if (piece.empty() && !last) return self->StreamNext(close);
+          auto& body = self->streamed_->body();
+          body.data = piece.empty() ? nullptr : const_cast<char*>(piece.data());
+          body.size = piece.size();
+          body.more = !last;
+          self->stream_.expires_after(self->limits_.read_timeout);
+          http::async_write(self->stream_, *self->serializer_,
+                            [self, close, last](beast::error_code ec, size_t) {
+                              if (ec == http::error::need_buffer) ec = {};  // piece written
+                              if (ec) return self->EndStreamed(true, ec);
+                              if (last) return self->EndStreamed(close, {});
+                              self->StreamNext(close);
+                            });
+        });
+      });
+}
+
+void Session::EndStreamed(bool close, beast::error_code ec) {
+  serializer_.reset();
+  streamed_.reset();
+  body_stream_.reset();  // an unfinished upstream exchange closes its connection
+  OnWrite(close, ec);
 }
 
 void Session::OnWrite(bool close, beast::error_code ec) {

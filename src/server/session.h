@@ -5,6 +5,10 @@
 //   -> [100 Continue] -> ReadBody (same deadline, body limit) -> Handle
 //   -> Write -> WaitForRequest ...
 //
+// A reply with a body_stream (the gateway's) is written as its header, then
+// one piece at a time as the source delivers it: Content-Length when the
+// source knows it, else chunked (HTTP/1.1) or ended by closing (HTTP/1.0).
+//
 // Every read is bounded: too-large headers answer 431, a too-large body 413,
 // any other parse error 400; each of these then closes the connection. A
 // client silent for idle_timeout between requests, or slower than
@@ -85,6 +89,10 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnBody(beast::error_code ec);
   void Handle();
   void Write(Reply reply);
+  // Writes a reply whose body comes from reply.body_stream, piece by piece.
+  void WriteStreamed(Reply reply, unsigned version, bool close);
+  void StreamNext(bool close);
+  void EndStreamed(bool close, beast::error_code ec);
   void OnWrite(bool close, beast::error_code ec);
   void FailRequest(beast::error_code ec);
   void Close();
@@ -93,6 +101,10 @@ class Session : public std::enable_shared_from_this<Session> {
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Response res_;
+  // A streamed reply (gateway): its header, serializer and source.
+  std::optional<http::response<http::buffer_body>> streamed_;
+  std::optional<http::response_serializer<http::buffer_body>> serializer_;
+  std::shared_ptr<BodyStream> body_stream_;
   http::response<http::empty_body> continue_;
   Router& router_;
   const SessionLimits limits_;
