@@ -30,6 +30,25 @@ std::string Lower(std::string s) {
   return s;
 }
 
+std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
+  std::string out;
+  char buf[16384];
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+}  // namespace
+
 int Connect(int port, const std::string& source_ip) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
@@ -65,25 +84,6 @@ bool SendAll(int fd, const std::string& s) {
   }
   return true;
 }
-
-std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
-  std::string out;
-  char buf[16384];
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string HttpResponse::Header(const std::string& name) const {
   const std::string l = Lower(name);
@@ -356,6 +356,10 @@ void TestUpstream::Serve(int fd) {
     }
     std::string body = buf.substr(0, content_length);
     buf.erase(0, content_length);
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mu_);
+      arrivals_.push_back({std::chrono::steady_clock::now(), target});
+    }
     requests_++;
     if (target.rfind("/slow", 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     nlohmann::json echo = {
