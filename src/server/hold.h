@@ -2,7 +2,11 @@
 // a thread, on the connection's own executor, and says whether the client is
 // still there when the wait ends.
 //
-//   holder->Hold(std::chrono::milliseconds(400), [](bool client_alive) { ... });
+//   holder->Hold(steady_clock::now() + delay, [](bool client_alive) { ... });
+//
+// The end is a point in time, taken when the decision arrived: the time the
+// hold takes to start (a hop to the connection's strand on a busy box) does
+// not push the request later than its turn.
 //
 // Session implements it: an asio steady_timer on the session's strand, plus a
 // wait for readability on the socket so that a client that disconnects while
@@ -21,9 +25,9 @@ namespace ratelimit::server {
 class Holder {
  public:
   virtual ~Holder() = default;
-  // Calls then(true) after `delay`, or then(false) as soon as the client has
+  // Calls then(true) at `until`, or then(false) as soon as the client has
   // gone (EOF or an error on its connection). One hold at a time.
-  virtual void Hold(std::chrono::microseconds delay,
+  virtual void Hold(std::chrono::steady_clock::time_point until,
                     std::function<void(bool client_alive)> then) = 0;
 };
 

@@ -204,6 +204,7 @@ void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* hold
                         std::string_view path, std::function<void(Reply)> done,
                         std::function<void(std::function<void(Reply)>)> proceed) {
   if (delay.count() <= 0 || holder == nullptr) return proceed(std::move(done));
+  const auto until = std::chrono::steady_clock::now() + delay;  // the decision is just in
   Metrics& m = Metrics::Global();
   if (held_.fetch_add(1, std::memory_order_relaxed) >= max_held) {
     held_.fetch_sub(1, std::memory_order_relaxed);
@@ -216,7 +217,7 @@ void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* hold
   m.held.Add(1);
   m.Delayed(face).Inc();
   m.delay.Observe(delay);
-  holder->Hold(delay, [this, done = std::move(done), proceed = std::move(proceed),
+  holder->Hold(until, [this, done = std::move(done), proceed = std::move(proceed),
                        path = std::string(path)](bool client_alive) mutable {
     held_.fetch_sub(1, std::memory_order_relaxed);
     Metrics::Global().held.Add(-1);

@@ -156,13 +156,13 @@ void Session::Handle() {
       this);  // the callback above keeps the session alive for as long as a hold
 }
 
-void Session::Hold(std::chrono::microseconds delay, std::function<void(bool)> then) {
+void Session::Hold(std::chrono::steady_clock::time_point until, std::function<void(bool)> then) {
   net::dispatch(stream_.get_executor(),
-                [self = shared_from_this(), delay, then = std::move(then)]() mutable {
+                [self = shared_from_this(), until, then = std::move(then)]() mutable {
                   const uint64_t id = ++self->hold_id_;
                   self->hold_then_ = std::move(then);
                   if (self->closed_) return self->EndHold(id, false);
-                  self->hold_timer_.expires_after(delay);
+                  self->hold_timer_.expires_at(until);
                   self->hold_timer_.async_wait([self, id](beast::error_code ec) {
                     if (ec != net::error::operation_aborted) self->EndHold(id, true);
                   });

@@ -81,7 +81,7 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   // Holder: the delay of a shaped request (see hold.h). While held, the
   // request has been read whole and nothing is being written, so the socket
   // is idle: a wait for readability there sees the client leave.
-  void Hold(std::chrono::microseconds delay, std::function<void(bool)> then) override;
+  void Hold(std::chrono::steady_clock::time_point until, std::function<void(bool)> then) override;
 
  private:
   void WaitForRequest();

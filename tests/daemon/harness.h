@@ -83,11 +83,12 @@ class Daemon {
 // A tiny HTTP/1.1 upstream: answers every request with 200 and a JSON echo
 // {"method":..,"target":..,"headers":{lower-case name: [values]},"body":..};
 // /slow waits 1.5 s first; /big answers 100 KiB. Keep-alive supported.
-// Records when each request arrived whole (for shaping tests).
+// Records when each request arrived (for shaping tests): the kernel's receive
+// time of its first byte, on the system clock.
 class TestUpstream {
  public:
   struct Arrival {
-    std::chrono::steady_clock::time_point at;
+    std::chrono::system_clock::time_point at;
     std::string target;
   };
   TestUpstream();
