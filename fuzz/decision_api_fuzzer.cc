@@ -35,6 +35,7 @@ limits:
   daily: {algorithm: fixed_window, limit: 10000, window: 1d}
   login: {algorithm: sliding_log, limit: 5, window: 15m}
   hourly: {algorithm: sliding_window, limit: 600, window: 1h}
+  shape: {algorithm: leaky_bucket, depth: 4, rate_per_second: 2}
 )";
 
 }  // namespace

@@ -7,6 +7,9 @@
 //   retry_after  0 when allowed; when denied, how long until this same request
 //                (same cost) would be allowed if nothing else arrived
 //   reset_after  how long until the limit is back to full if nothing else arrived
+//   delay        leaky bucket only (0 otherwise, and 0 when denied): how long the
+//                allowed request should wait before it proceeds, its place in
+//                the queue
 //
 // A denied request changes no state.
 #pragma once
@@ -23,14 +26,16 @@ struct Decision {
   int64_t remaining = 0;
   std::chrono::microseconds retry_after{0};
   std::chrono::microseconds reset_after{0};
+  std::chrono::microseconds delay{0};
 
   friend bool operator==(const Decision&, const Decision&) = default;
 };
 
 // The overall decision of several limits checked together: allowed only if
 // every one allows. When denied, the numbers are those of the denying limit
-// that asks the longest wait; when allowed, those of the limit with the least
-// room left (ties: the one that resets last).
+// that asks the longest wait (and no delay); when allowed, those of the limit
+// with the least room left (ties: the one that resets last), and the longest
+// delay of all the limits.
 // REQUIRES: !decisions.empty()
 Decision Combine(std::span<const Decision> decisions);
 

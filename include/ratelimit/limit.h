@@ -15,6 +15,13 @@
 //                     (weights in whole milliseconds).
 //   sliding log       exact: one timestamp per unit of cost; memory grows with
 //                     the limit, so it is meant for small limits (login: 5/15m).
+//   leaky bucket      shaping: requests leave at a fixed rate; an early request
+//                     is allowed with a delay (Decision::delay, how long to wait
+//                     before proceeding) while the queue it joins holds fewer
+//                     than `depth` requests, and denied beyond that. The same
+//                     GCRA state and admission as a token bucket of capacity
+//                     `depth` (a burst of 10 at 5/s, depth 10: delays 0, 200ms,
+//                     ..., 1800ms; the 11th is denied).
 //
 // Thread-safety: immutable value type.
 #pragma once
@@ -28,9 +35,9 @@
 
 namespace ratelimit {
 
-enum class Algorithm { kTokenBucket, kFixedWindow, kSlidingWindow, kSlidingLog };
+enum class Algorithm { kTokenBucket, kFixedWindow, kSlidingWindow, kSlidingLog, kLeakyBucket };
 
-// "token_bucket", "fixed_window", "sliding_window", "sliding_log".
+// "token_bucket", "fixed_window", "sliding_window", "sliding_log", "leaky_bucket".
 std::string_view AlgorithmName(Algorithm a);
 StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
 
@@ -49,6 +56,9 @@ class Limit {
   static constexpr size_t kMaxNameLength = 64;
 
   static StatusOr<Limit> TokenBucket(std::string name, int64_t capacity, double refill_per_second);
+  // Requests leave at `rate_per_second`; up to `depth` wait in the queue (the
+  // one leaving now included), so the longest delay is (depth - 1) / rate.
+  static StatusOr<Limit> LeakyBucket(std::string name, int64_t depth, double rate_per_second);
   static StatusOr<Limit> FixedWindow(std::string name, int64_t limit,
                                      std::chrono::microseconds window);
   static StatusOr<Limit> SlidingWindow(std::string name, int64_t limit,
@@ -58,20 +68,25 @@ class Limit {
 
   const std::string& name() const { return name_; }
   Algorithm algorithm() const { return algorithm_; }
-  // Capacity (token bucket) or count per window.
+  // Capacity (token bucket), depth (leaky bucket) or count per window.
   int64_t limit() const { return limit_; }
-  // Token bucket: time to refill completely (capacity * interval). Others: the window.
+  // Token bucket: time to refill completely (capacity * interval); leaky
+  // bucket: time to drain a full queue (depth * interval). Others: the window.
   std::chrono::microseconds window() const { return std::chrono::microseconds(window_us_); }
   int64_t window_micros() const { return window_us_; }
-  // Token bucket only: microseconds per token.
+  // Token and leaky bucket only: microseconds per token (per request leaving).
   int64_t interval_micros() const { return interval_us_; }
+  // Token or leaky bucket: the GCRA algorithms, kept as a theoretical arrival time.
+  bool is_gcra() const {
+    return algorithm_ == Algorithm::kTokenBucket || algorithm_ == Algorithm::kLeakyBucket;
+  }
   double refill_per_second() const { return 1e6 / static_cast<double>(interval_us_); }
 
   // OK iff a request of this cost can ever be allowed. A cost above the limit
   // can never succeed and is an error, not a denial.
   Status ValidateCost(int64_t cost) const;
 
-  // "token_bucket(capacity=10, refill_per_second=5)"
+  // "token_bucket(capacity=10, refill_per_second=5)", "leaky_bucket(depth=10, rate_per_second=5)"
   std::string ToString() const;
 
   // A 64-bit hash of the name and algorithm (the limit's identity in a
@@ -82,6 +97,7 @@ class Limit {
 
  private:
   Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, int64_t interval_us);
+  static StatusOr<Limit> Gcra(std::string name, Algorithm a, int64_t count, double per_second);
   static StatusOr<Limit> Window(std::string name, Algorithm a, int64_t limit,
                                 std::chrono::microseconds window);
 

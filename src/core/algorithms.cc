@@ -32,6 +32,18 @@ Evaluation TokenBucket(const Limit& l, const CompactState& s, int64_t now, int64
   return e;
 }
 
+// Leaky bucket: GCRA with tau = depth * T, so the admission is that of a
+// token bucket of capacity `depth`. An allowed request does not pass at once
+// but takes the next free slots of the queue, starting at max(TAT, now): its
+// delay is that start minus now. A burst of n at time 0 gets delays 0, T, ...,
+// (depth - 1) * T; the request that would start at depth * T is denied.
+Evaluation LeakyBucket(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+  Evaluation e = TokenBucket(l, s, now, cost);
+  if (e.decision.allowed)
+    e.decision.delay = LeakyDelay(l.interval_micros(), e.decision.reset_after, cost);
+  return e;
+}
+
 // Fixed window: windows [k*W, (k+1)*W) aligned to the epoch.
 Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
   const int64_t w = l.window_micros();
@@ -113,15 +125,22 @@ Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, 
     case Algorithm::kTokenBucket: return TokenBucket(limit, state, now, cost);
     case Algorithm::kFixedWindow: return FixedWindow(limit, state, now, cost);
     case Algorithm::kSlidingWindow: return SlidingWindow(limit, state, now, cost);
+    case Algorithm::kLeakyBucket: return LeakyBucket(limit, state, now, cost);
     case Algorithm::kSlidingLog: break;
   }
   assert(false && "sliding log has its own functions");
   return {};
 }
 
+std::chrono::microseconds LeakyDelay(int64_t interval_us, std::chrono::microseconds reset_after,
+                                     int64_t cost) {
+  return std::max(microseconds(0), reset_after - microseconds(cost * interval_us));
+}
+
 int64_t ExpiresAt(const Limit& limit, const CompactState& state) {
   switch (limit.algorithm()) {
-    case Algorithm::kTokenBucket: return state.t;
+    case Algorithm::kTokenBucket:
+    case Algorithm::kLeakyBucket: return state.t;
     case Algorithm::kFixedWindow: return (state.t + 1) * limit.window_micros();
     case Algorithm::kSlidingWindow: return (state.t + 2) * limit.window_micros();
     case Algorithm::kSlidingLog: break;

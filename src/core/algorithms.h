@@ -9,6 +9,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -20,6 +21,7 @@ namespace ratelimit::core {
 
 // 16 bytes per (client, limit):
 //   token bucket:   t = theoretical arrival time (us); n0, n1 unused
+//   leaky bucket:   the same (the time at which the queue is empty)
 //   fixed window:   t = window index; n1 = count in that window
 //   sliding window: t = index of the current window; n0 = count of the
 //                   previous window, n1 = count of the current one
@@ -38,6 +40,12 @@ struct Evaluation {
 
 // REQUIRES: limit.algorithm() != kSlidingLog; 0 <= cost <= limit.limit(); now >= 0.
 Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, int64_t cost);
+
+// Leaky bucket (interval_us per request): the delay of an allowed request from its reset_after (the
+// time until the queue is empty, this request's `cost` slots included). The
+// Redis script returns only reset_after; both stores derive the delay here.
+std::chrono::microseconds LeakyDelay(int64_t interval_us, std::chrono::microseconds reset_after,
+                                     int64_t cost);
 
 // The time (us since the epoch) from which `state` is equivalent to the fresh
 // state and may be forgotten. REQUIRES: not sliding log.

@@ -1,4 +1,4 @@
-// Arithmetic of the four algorithms, on a manual timeline (no clock, no sleeps).
+// Arithmetic of the five algorithms, on a manual timeline (no clock, no sleeps).
 #include "core/algorithms.h"
 
 #include <gtest/gtest.h>
@@ -49,6 +49,7 @@ class Timeline {
 };
 
 Limit Bucket(int64_t capacity, double rate) { return *Limit::TokenBucket("b", capacity, rate); }
+Limit Leaky(int64_t depth, double rate) { return *Limit::LeakyBucket("k", depth, rate); }
 Limit Fixed(int64_t n, int64_t window_us) {
   return *Limit::FixedWindow("f", n, microseconds(window_us));
 }
@@ -130,6 +131,89 @@ TEST(TokenBucket, ExpiresWhenFull) {
   Evaluation stored = Evaluate(tl.limit(), tl.state(), kT0 + 600 * kMs, 10);
   Evaluation fresh = Evaluate(tl.limit(), {}, kT0 + 600 * kMs, 10);
   EXPECT_EQ(stored.decision, fresh.decision);
+}
+
+// ---- leaky bucket ----------------------------------------------------------
+
+TEST(LeakyBucket, BurstOfTenAtFivePerSecondDepthTenIsSpread200msApart) {
+  Timeline tl(Leaky(10, 5));
+  for (int i = 0; i < 10; ++i) {
+    Decision d = tl.At(kT0);
+    ASSERT_TRUE(d.allowed) << i;
+    EXPECT_EQ(d.delay, milliseconds(200 * i)) << i;  // 0, 200, ..., 1800 ms
+    EXPECT_EQ(d.remaining, 9 - i);
+    EXPECT_EQ(d.limit, 10);
+    EXPECT_EQ(d.reset_after, milliseconds(200 * (i + 1)));  // the queue is empty then
+  }
+  // The queue holds 10: the 11th is denied, with no delay, until one has left.
+  Decision denied = tl.At(kT0);
+  EXPECT_FALSE(denied.allowed);
+  EXPECT_EQ(denied.delay, microseconds(0));
+  EXPECT_EQ(denied.retry_after, milliseconds(200));
+  EXPECT_EQ(denied.reset_after, seconds(2));
+  EXPECT_FALSE(tl.At(kT0 + 199 * kMs).allowed);
+  // 200 ms later the first has left: one more joins the back, 1800 ms from then.
+  Decision next = tl.At(kT0 + 200 * kMs);
+  EXPECT_TRUE(next.allowed);
+  EXPECT_EQ(next.delay, milliseconds(1800));
+  EXPECT_EQ(next.remaining, 0);
+  // Once the queue has drained, a request passes at once.
+  Decision idle = tl.At(kT0 + 10 * kS);
+  EXPECT_TRUE(idle.allowed);
+  EXPECT_EQ(idle.delay, microseconds(0));
+  EXPECT_EQ(idle.remaining, 9);
+}
+
+TEST(LeakyBucket, DelayIsTheTimeUntilTheRequestsTurnNotRoundedToSlots) {
+  Timeline tl(Leaky(3, 10));  // 100 ms apart
+  EXPECT_EQ(tl.At(kT0).delay, microseconds(0));
+  EXPECT_EQ(tl.At(kT0 + 30 * kMs).delay, milliseconds(70));
+  EXPECT_EQ(tl.At(kT0 + 50 * kMs).delay, milliseconds(150));
+  // Three in the queue (the first leaves at 100 ms): the fourth waits for room.
+  Decision d = tl.At(kT0 + 60 * kMs);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, milliseconds(40));
+  EXPECT_TRUE(tl.At(kT0 + 100 * kMs).allowed);
+}
+
+TEST(LeakyBucket, CostTakesSeveralSlotsAndWaitsForTheFirst) {
+  Timeline tl(Leaky(5, 2));  // 500 ms apart
+  Decision a = tl.At(kT0, 2);
+  EXPECT_EQ(a.delay, microseconds(0));
+  EXPECT_EQ(a.remaining, 3);
+  Decision b = tl.At(kT0, 3);
+  EXPECT_TRUE(b.allowed);
+  EXPECT_EQ(b.delay, seconds(1));  // after the two slots of `a`
+  EXPECT_EQ(b.remaining, 0);
+  EXPECT_FALSE(tl.At(kT0, 1).allowed);
+  // Cost 0 asks without joining: the wait a request would have now.
+  Decision ask = tl.At(kT0 + 500 * kMs, 0);
+  EXPECT_TRUE(ask.allowed);
+  EXPECT_EQ(ask.delay, seconds(2));
+  EXPECT_EQ(LeakyDelay(500'000, microseconds(2'000'000), 0), seconds(2));
+}
+
+TEST(LeakyBucket, AdmitsExactlyLikeATokenBucketOfTheSameDepth) {
+  Timeline leaky(Leaky(7, 3));
+  Timeline bucket(Bucket(7, 3));
+  int64_t now = kT0;
+  uint64_t x = 12345;
+  for (int i = 0; i < 500; ++i) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    now += static_cast<int64_t>((x >> 33) % 400'000);
+    const int64_t cost = static_cast<int64_t>((x >> 13) % 4);
+    Decision l = leaky.At(now, cost);
+    Decision b = bucket.At(now, cost);
+    ASSERT_EQ(l.allowed, b.allowed) << i;
+    EXPECT_EQ(l.remaining, b.remaining) << i;
+    EXPECT_EQ(l.retry_after, b.retry_after) << i;
+    EXPECT_EQ(l.reset_after, b.reset_after) << i;
+    EXPECT_EQ(b.delay, microseconds(0)) << "only the leaky bucket delays";
+    if (l.allowed) {  // it fits: delay + cost * interval <= depth * interval
+      EXPECT_LE(l.delay, microseconds((7 - cost) * leaky.limit().interval_micros())) << i;
+    }
+  }
+  EXPECT_EQ(ExpiresAt(leaky.limit(), leaky.state()), leaky.state().t);
 }
 
 // ---- fixed window ----------------------------------------------------------

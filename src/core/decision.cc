@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cassert>
 
 #include "ratelimit/decision.h"
@@ -20,7 +21,12 @@ Decision Combine(std::span<const Decision> decisions) {
   }
   Decision out = *pick;
   out.allowed = all_allowed;
-  if (all_allowed) out.retry_after = std::chrono::microseconds(0);
+  if (all_allowed) {
+    out.retry_after = std::chrono::microseconds(0);
+    for (const Decision& d : decisions) out.delay = std::max(out.delay, d.delay);
+  } else {
+    out.delay = std::chrono::microseconds(0);
+  }
   return out;
 }
 

@@ -28,5 +28,21 @@ TEST(Combine, DeniedTakesTheLongestWait) {
   EXPECT_EQ(c.retry_after, seconds(60));
 }
 
+TEST(Combine, AllowedWaitsForTheLongestDelayDeniedForNone) {
+  using std::chrono::milliseconds;
+  std::vector<Decision> d = {
+      {.allowed = true, .limit = 10, .remaining = 9, .delay = milliseconds(400)},
+      {.allowed = true, .limit = 5, .remaining = 1, .delay = milliseconds(0)},
+      {.allowed = true, .limit = 20, .remaining = 7, .delay = milliseconds(1200)}};
+  Decision c = Combine(d);
+  EXPECT_TRUE(c.allowed);
+  EXPECT_EQ(c.limit, 5);  // the least room speaks
+  EXPECT_EQ(c.delay, milliseconds(1200));
+  d[1] = {.allowed = false, .limit = 5, .retry_after = seconds(1)};
+  c = Combine(d);
+  EXPECT_FALSE(c.allowed);
+  EXPECT_EQ(c.delay, milliseconds(0)) << "a denied request is not delayed";
+}
+
 }  // namespace
 }  // namespace ratelimit

@@ -30,17 +30,19 @@ std::string_view AlgorithmName(Algorithm a) {
     case Algorithm::kFixedWindow: return "fixed_window";
     case Algorithm::kSlidingWindow: return "sliding_window";
     case Algorithm::kSlidingLog: return "sliding_log";
+    case Algorithm::kLeakyBucket: return "leaky_bucket";
   }
   return "unknown";
 }
 
 StatusOr<Algorithm> ParseAlgorithm(std::string_view name) {
   for (Algorithm a : {Algorithm::kTokenBucket, Algorithm::kFixedWindow, Algorithm::kSlidingWindow,
-                      Algorithm::kSlidingLog}) {
+                      Algorithm::kSlidingLog, Algorithm::kLeakyBucket}) {
     if (name == AlgorithmName(a)) return a;
   }
   return InvalidArgument("unknown algorithm " + Quote(name) +
-                         " (expected token_bucket, fixed_window, sliding_window or sliding_log)");
+                         " (expected token_bucket, leaky_bucket, fixed_window, sliding_window or "
+                         "sliding_log)");
 }
 
 StatusOr<std::chrono::microseconds> ParseDuration(std::string_view text) {
@@ -107,31 +109,43 @@ Status ValidateLimitName(std::string_view name) {
   return Status::Ok();
 }
 
-StatusOr<Limit> Limit::TokenBucket(std::string name, int64_t capacity, double refill_per_second) {
+// Token and leaky bucket share the representation: `count` (capacity or
+// depth) and the interval per unit, 1/per_second, in whole microseconds.
+StatusOr<Limit> Limit::Gcra(std::string name, Algorithm a, int64_t count, double per_second) {
   if (Status s = ValidateLimitName(name); !s.ok()) return s;
+  const bool leaky = a == Algorithm::kLeakyBucket;
   const std::string what = "limit " + Quote(name) + ": ";
-  if (capacity <= 0)
-    return InvalidArgument(what + "capacity must be positive, got " + std::to_string(capacity));
-  if (capacity > kMaxCount)
-    return InvalidArgument(what + "capacity must be at most " + std::to_string(kMaxCount));
-  if (!std::isfinite(refill_per_second) || refill_per_second <= 0) {
+  const std::string count_name = leaky ? "depth" : "capacity";
+  const std::string rate_name = leaky ? "rate_per_second" : "refill_per_second";
+  if (count <= 0)
+    return InvalidArgument(what + count_name + " must be positive, got " + std::to_string(count));
+  if (count > kMaxCount)
+    return InvalidArgument(what + count_name + " must be at most " + std::to_string(kMaxCount));
+  if (!std::isfinite(per_second) || per_second <= 0) {
     std::ostringstream o;
-    o << what << "refill_per_second must be a positive finite number, got " << refill_per_second;
+    o << what << rate_name << " must be a positive finite number, got " << per_second;
     return InvalidArgument(o.str());
   }
-  if (refill_per_second > 1e6) {
-    return InvalidArgument(what +
-                           "refill_per_second must be at most 1000000 (one token per microsecond)");
+  if (per_second > 1e6) {
+    return InvalidArgument(what + rate_name + " must be at most 1000000 (one " +
+                           (leaky ? "request" : "token") + " per microsecond)");
   }
-  const double interval = std::round(1e6 / refill_per_second);
-  const double full = interval * static_cast<double>(capacity);
+  const double interval = std::round(1e6 / per_second);
+  const double full = interval * static_cast<double>(count);
   if (full > static_cast<double>(kMaxWindowMicros)) {
-    return InvalidArgument(
-        what + "a full refill would take longer than 366 days; raise refill_per_second");
+    return InvalidArgument(what + (leaky ? "draining a full queue" : "a full refill") +
+                           " would take longer than 366 days; raise " + rate_name);
   }
   const auto interval_us = static_cast<int64_t>(interval);
-  return Limit(std::move(name), Algorithm::kTokenBucket, capacity, interval_us * capacity,
-               interval_us);
+  return Limit(std::move(name), a, count, interval_us * count, interval_us);
+}
+
+StatusOr<Limit> Limit::TokenBucket(std::string name, int64_t capacity, double refill_per_second) {
+  return Gcra(std::move(name), Algorithm::kTokenBucket, capacity, refill_per_second);
+}
+
+StatusOr<Limit> Limit::LeakyBucket(std::string name, int64_t depth, double rate_per_second) {
+  return Gcra(std::move(name), Algorithm::kLeakyBucket, depth, rate_per_second);
 }
 
 StatusOr<Limit> Limit::Window(std::string name, Algorithm a, int64_t limit,
@@ -176,7 +190,9 @@ Status Limit::ValidateCost(int64_t cost) const {
   if (cost < 0) return InvalidArgument("cost must not be negative, got " + std::to_string(cost));
   if (cost > limit_) {
     return InvalidArgument("cost " + std::to_string(cost) + " exceeds the " +
-                           (algorithm_ == Algorithm::kTokenBucket ? "capacity " : "limit ") +
+                           (algorithm_ == Algorithm::kTokenBucket   ? "capacity "
+                            : algorithm_ == Algorithm::kLeakyBucket ? "depth "
+                                                                    : "limit ") +
                            std::to_string(limit_) + " of limit '" + name_ +
                            "': such a request can never be allowed");
   }
@@ -188,6 +204,8 @@ std::string Limit::ToString() const {
   o << AlgorithmName(algorithm_) << "(";
   if (algorithm_ == Algorithm::kTokenBucket) {
     o << "capacity=" << limit_ << ", refill_per_second=" << refill_per_second();
+  } else if (algorithm_ == Algorithm::kLeakyBucket) {
+    o << "depth=" << limit_ << ", rate_per_second=" << refill_per_second();
   } else {
     o << "limit=" << limit_ << ", window=" << FormatDuration(window());
   }

@@ -31,6 +31,22 @@ TEST(Limit, TokenBucketRejectsBadParameters) {
   ExpectInvalid(Limit::TokenBucket("b", 1000, 1e-6), "longer than 366 days");
 }
 
+TEST(Limit, LeakyBucketRejectsBadParametersByTheirNames) {
+  ExpectInvalid(Limit::LeakyBucket("k", 0, 5), "depth must be positive");
+  ExpectInvalid(Limit::LeakyBucket("k", 10, 0), "rate_per_second must be a positive");
+  ExpectInvalid(Limit::LeakyBucket("k", 10, 2e6), "at most 1000000 (one request");
+  ExpectInvalid(Limit::LeakyBucket("k", 1000, 1e-6), "draining a full queue");
+  Limit l = *Limit::LeakyBucket("shape", 20, 5);
+  EXPECT_EQ(l.algorithm(), Algorithm::kLeakyBucket);
+  EXPECT_TRUE(l.is_gcra());
+  EXPECT_EQ(l.interval_micros(), 200'000);
+  EXPECT_EQ(l.window(), seconds(4));
+  EXPECT_EQ(l.ToString(), "leaky_bucket(depth=20, rate_per_second=5)");
+  EXPECT_NE(l.ValidateCost(21).message().find("exceeds the depth 20"), std::string::npos);
+  // Same name and numbers as a token bucket: another identity in the store.
+  EXPECT_NE(l.identity_hash(), Limit::TokenBucket("shape", 20, 5)->identity_hash());
+}
+
 TEST(Limit, WindowsRejectBadParameters) {
   ExpectInvalid(Limit::FixedWindow("f", 0, seconds(1)), "limit must be positive");
   ExpectInvalid(Limit::FixedWindow("f", 5, microseconds(0)), "window must be positive");
@@ -82,6 +98,8 @@ TEST(Duration, ParsesAndFormats) {
 
 TEST(Algorithm, Names) {
   EXPECT_EQ(*ParseAlgorithm("sliding_log"), Algorithm::kSlidingLog);
+  EXPECT_EQ(*ParseAlgorithm("leaky_bucket"), Algorithm::kLeakyBucket);
+  EXPECT_EQ(AlgorithmName(Algorithm::kLeakyBucket), "leaky_bucket");
   EXPECT_FALSE(ParseAlgorithm("leaky").ok());
 }
 

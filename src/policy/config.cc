@@ -268,10 +268,11 @@ class Loader {
 };
 
 Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
-  RL_RETURN_IF_ERROR(CheckMap(
-      n, "server",
-      {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers", "threads",
-       "max_body_bytes", "max_header_bytes", "max_connections", "read_timeout", "idle_timeout"}));
+  RL_RETURN_IF_ERROR(
+      CheckMap(n, "server",
+               {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers",
+                "threads", "max_body_bytes", "max_header_bytes", "max_connections",
+                "max_held_requests", "read_timeout", "idle_timeout"}));
   RL_RETURN_IF_ERROR(String(n, "listen", &s->listen));
   if (!IsListenAddress(s->listen)) {
     return Error(Get(n, "listen"), "'listen' must be host:port, got " + Quote(s->listen));
@@ -298,6 +299,7 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
   RL_RETURN_IF_ERROR(IntIn(n, "max_body_bytes", 1, int64_t{1} << 30, &s->max_body_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_header_bytes", 1024, 1 << 20, &s->max_header_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_connections", 1, 10'000'000, &s->max_connections));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_held_requests", 0, 10'000'000, &s->max_held_requests));
   RL_RETURN_IF_ERROR(Millis(n, "read_timeout", &s->read_timeout));
   RL_RETURN_IF_ERROR(Millis(n, "idle_timeout", &s->idle_timeout));
   return Status::Ok();
@@ -407,28 +409,32 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
   RL_RETURN_IF_ERROR(Scalar(alg_node, "algorithm", &alg_text));
   StatusOr<Algorithm> alg = ParseAlgorithm(alg_text);
   if (!alg.ok()) return Wrap(alg_node, alg.status());
+  // The two fields each algorithm takes: count, then rate or window.
   const bool bucket = *alg == Algorithm::kTokenBucket;
-  for (const char* key : {"capacity", "refill_per_second", "limit", "window"}) {
-    const bool belongs = (std::string_view(key) == "capacity" ||
-                          std::string_view(key) == "refill_per_second") == bucket;
+  const bool leaky = *alg == Algorithm::kLeakyBucket;
+  const char* count_key = bucket ? "capacity" : leaky ? "depth" : "limit";
+  const char* second_key = bucket ? "refill_per_second" : leaky ? "rate_per_second" : "window";
+  for (const char* key :
+       {"capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"}) {
+    const bool belongs = std::string_view(key) == count_key || std::string_view(key) == second_key;
     YAML::Node n = Get(spec, key);
     if (belongs && !n.IsDefined()) return Error(spec, what + " needs " + Quote(key));
     if (!belongs && n.IsDefined()) {
-      return Error(n, what + ": " + Quote(key) + " does not apply to " + alg_text +
-                          (bucket ? " (it takes capacity and refill_per_second)"
-                                  : " (it takes limit and window)"));
+      return Error(n, what + ": " + Quote(key) + " does not apply to " + alg_text + " (it takes " +
+                          count_key + " and " + second_key + ")");
     }
   }
   StatusOr<Limit> limit = Status(StatusCode::kInternal, "unset");
-  if (bucket) {
-    int64_t capacity = 0;
+  if (bucket || leaky) {
+    int64_t count = 0;
     double rate = 0;
-    RL_RETURN_IF_ERROR(Int(spec["capacity"], "capacity", &capacity));
-    RL_RETURN_IF_ERROR(Double(spec["refill_per_second"], "refill_per_second", &rate));
-    limit = Limit::TokenBucket(name, capacity, rate);
+    RL_RETURN_IF_ERROR(Int(spec[count_key], count_key, &count));
+    RL_RETURN_IF_ERROR(Double(spec[second_key], second_key, &rate));
+    limit = bucket ? Limit::TokenBucket(name, count, rate) : Limit::LeakyBucket(name, count, rate);
     if (!limit.ok()) {
-      const bool rate_error = limit.status().message().find("refill") != std::string::npos;
-      return Wrap(rate_error ? spec["refill_per_second"] : spec["capacity"], limit.status());
+      const bool rate_error = limit.status().message().find(second_key) != std::string::npos ||
+                              limit.status().message().find("366 days") != std::string::npos;
+      return Wrap(rate_error ? spec[second_key] : spec[count_key], limit.status());
     }
   } else {
     int64_t count = 0;
@@ -485,9 +491,10 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       }
       rule.limit = it->second;
     } else if (e.IsMap()) {
-      RL_RETURN_IF_ERROR(CheckMap(e, "limit of " + what,
-                                  {"name", "algorithm", "capacity", "refill_per_second", "limit",
-                                   "window", "shadow", "failure_mode"}));
+      RL_RETURN_IF_ERROR(
+          CheckMap(e, "limit of " + what,
+                   {"name", "algorithm", "capacity", "refill_per_second", "depth",
+                    "rate_per_second", "limit", "window", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -497,7 +504,8 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         RL_RETURN_IF_ERROR(Define(*limit, name_node));
         rule.limit = *limit;
       } else {
-        for (const char* key : {"capacity", "refill_per_second", "limit", "window"}) {
+        for (const char* key :
+             {"capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);
@@ -679,9 +687,9 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
       std::string name;
       RL_RETURN_IF_ERROR(Scalar(kv.first, "limits", &name));
       if (top_level_.count(name)) return Error(kv.first, "duplicate limit " + Quote(name));
-      RL_RETURN_IF_ERROR(
-          CheckMap(kv.second, "limit " + Quote(name),
-                   {"algorithm", "capacity", "refill_per_second", "limit", "window"}));
+      RL_RETURN_IF_ERROR(CheckMap(kv.second, "limit " + Quote(name),
+                                  {"algorithm", "capacity", "refill_per_second", "depth",
+                                   "rate_per_second", "limit", "window"}));
       std::optional<Limit> limit;
       RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
       RL_RETURN_IF_ERROR(Define(*limit, kv.first));

@@ -108,6 +108,9 @@ struct ServerConfig {
   size_t max_body_bytes = 64 * 1024;
   size_t max_header_bytes = 8 * 1024;
   size_t max_connections = 10'000;
+  // Requests held at once for a leaky bucket's delay (gateway, auth_request);
+  // beyond: 503. Each holds at most max_header_bytes + max_body_bytes.
+  size_t max_held_requests = 1'000;
   std::chrono::milliseconds read_timeout{10'000};
   std::chrono::milliseconds idle_timeout{60'000};
 };

@@ -11,12 +11,13 @@ namespace {
 
 void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
   out << YAML::Key << "algorithm" << YAML::Value << std::string(AlgorithmName(l.algorithm()));
-  if (l.algorithm() == Algorithm::kTokenBucket) {
-    out << YAML::Key << "capacity" << YAML::Value << l.limit();
+  if (l.is_gcra()) {
+    const bool leaky = l.algorithm() == Algorithm::kLeakyBucket;
+    out << YAML::Key << (leaky ? "depth" : "capacity") << YAML::Value << l.limit();
     // Shortest text that reads back as the same double: 0.1, not 0.10000000000000001.
     char buf[32];
     auto [end, ec] = std::to_chars(buf, buf + sizeof buf, l.refill_per_second());
-    out << YAML::Key << "refill_per_second" << YAML::Value
+    out << YAML::Key << (leaky ? "rate_per_second" : "refill_per_second") << YAML::Value
         << std::string(buf, ec == std::errc() ? end : buf);
   } else {
     out << YAML::Key << "limit" << YAML::Value << l.limit();
@@ -80,6 +81,7 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "max_body_bytes" << YAML::Value << s.max_body_bytes;
   out << YAML::Key << "max_header_bytes" << YAML::Value << s.max_header_bytes;
   out << YAML::Key << "max_connections" << YAML::Value << s.max_connections;
+  out << YAML::Key << "max_held_requests" << YAML::Value << s.max_held_requests;
   out << YAML::Key << "read_timeout" << YAML::Value << Millis(s.read_timeout);
   out << YAML::Key << "idle_timeout" << YAML::Value << Millis(s.idle_timeout);
   out << YAML::EndMap;

@@ -106,6 +106,33 @@ TEST(ParseConfig, MinimalConfigHasDocumentedDefaults) {
   EXPECT_TRUE(c->routes.empty());
 }
 
+TEST(ParseConfig, LeakyBucketAndMaxHeldRequests) {
+  StatusOr<Config> c = ParseConfig(R"(
+server: {upstream: "http://127.0.0.1:3000", max_held_requests: 7}
+limits:
+  shape: {algorithm: leaky_bucket, depth: 20, rate_per_second: 5}
+routes:
+  - {name: all, path: /, limits: [shape]}
+)",
+                                   "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->server.max_held_requests, 7u);
+  const Limit& l = c->named_limits.at("shape");
+  EXPECT_EQ(l.algorithm(), Algorithm::kLeakyBucket);
+  EXPECT_EQ(l.limit(), 20);
+  EXPECT_EQ(l.interval_micros(), 200'000);
+  const std::string dump = DumpRedacted(*c);
+  EXPECT_NE(dump.find("algorithm: leaky_bucket, depth: 20, rate_per_second: 5"), std::string::npos)
+      << dump;
+  EXPECT_NE(dump.find("max_held_requests: 7"), std::string::npos) << dump;
+  EXPECT_EQ(ParseConfig("store: {type: memory}\n", "t.yaml")->server.max_held_requests, 1000u);
+  StatusOr<Config> bad = ParseConfig(
+      "limits:\n  s: {algorithm: leaky_bucket, depth: 3, rate_per_second: 0}\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("rate_per_second must be a positive"), std::string::npos)
+      << bad.status().message();
+}
+
 TEST(ParseConfig, ReadsEverySection) {
   StatusOr<Config> c = ParseConfig(R"(
 server: {listen: "0.0.0.0:8080", admin_listen: "", headers: structured, threads: 4,

@@ -415,13 +415,12 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
     for (size_t i = 0; i < g.checks.size() && i < r->decisions.size(); ++i) {
       const Limit& l = *g.checks[i].limit;
       const Decision& d = r->decisions[i];
-      const bool used = d.remaining < d.limit ||
-                        (l.algorithm() == Algorithm::kTokenBucket && d.reset_after.count() > 0);
+      const bool used = d.remaining < d.limit || (l.is_gcra() && d.reset_after.count() > 0);
       op->any_state = op->any_state || used;
       // The wait before one more unit would pass (Peek asks with cost 0).
       std::chrono::microseconds retry{0};
       if (d.remaining < 1) {
-        retry = l.algorithm() == Algorithm::kTokenBucket
+        retry = l.is_gcra()
                     ? std::max(std::chrono::microseconds(0),
                                d.reset_after -
                                    std::chrono::microseconds((l.limit() - 1) * l.interval_micros()))
@@ -436,6 +435,8 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
                     {"retry_after_ms", Ms(retry)}};
       if (l.algorithm() == Algorithm::kTokenBucket) {
         entry["refill_per_second"] = l.refill_per_second();
+      } else if (l.algorithm() == Algorithm::kLeakyBucket) {
+        entry["rate_per_second"] = l.refill_per_second();
       } else {
         entry["window_ms"] = Ms(l.window());
       }

@@ -1,5 +1,6 @@
 #include "server/decision_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <limits>
@@ -70,26 +71,21 @@ bool GetInt(const json& v, int64_t min, int64_t& out) {
 StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   const json* algorithm = nullptr;
   const json* name = nullptr;
-  const json* capacity = nullptr;
-  const json* refill = nullptr;
-  const json* limit = nullptr;
-  const json* window = nullptr;
+  // The count and the rate or window, under the names the algorithm uses.
+  static constexpr std::string_view kFields[] = {
+      "capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"};
+  const json* fields[std::size(kFields)] = {};
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "algorithm")
+    if (k == "algorithm") {
       algorithm = &it.value();
-    else if (k == "name")
+    } else if (k == "name") {
       name = &it.value();
-    else if (k == "capacity")
-      capacity = &it.value();
-    else if (k == "refill_per_second")
-      refill = &it.value();
-    else if (k == "limit")
-      limit = &it.value();
-    else if (k == "window")
-      window = &it.value();
-    else
-      return Bad(where + ": unknown field '" + k + "'");
+    } else {
+      const auto* f = std::find(std::begin(kFields), std::end(kFields), k);
+      if (f == std::end(kFields)) return Bad(where + ": unknown field '" + k + "'");
+      fields[f - std::begin(kFields)] = &it.value();
+    }
   }
   std::string limit_name = "default";
   if (name != nullptr) {
@@ -102,39 +98,41 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   StatusOr<Algorithm> algo = ParseAlgorithm(algorithm->get_ref<const std::string&>());
   if (!algo.ok()) {
     return Bad(where + ": unknown algorithm '" + algorithm->get<std::string>() +
-               "' (token_bucket, fixed_window, sliding_window or sliding_log)");
+               "' (token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_log)");
   }
+  const std::string algo_name(AlgorithmName(*algo));
+  const size_t first = *algo == Algorithm::kTokenBucket   ? 0
+                       : *algo == Algorithm::kLeakyBucket ? 2
+                                                          : 4;
+  const std::string count_name(kFields[first]), second_name(kFields[first + 1]);
+  for (size_t f = 0; f < std::size(kFields); ++f) {
+    if (fields[f] != nullptr && f != first && f != first + 1) {
+      return Bad(where + ": field '" + std::string(kFields[f]) + "' does not apply to " +
+                 algo_name + " (use '" + count_name + "' and '" + second_name + "')");
+    }
+  }
+  const json* count_field = fields[first];
+  const json* second = fields[first + 1];
+  int64_t count = 0;
+  if (count_field == nullptr)
+    return Bad(where + ": field '" + count_name + "' is required for " + algo_name);
+  if (!GetInt(*count_field, 1, count))
+    return Bad(where + ": field '" + count_name + "' must be a positive integer");
+  if (second == nullptr)
+    return Bad(where + ": field '" + second_name + "' is required for " + algo_name);
   StatusOr<Limit> out = Status(StatusCode::kInternal, "unset");
-  if (*algo == Algorithm::kTokenBucket) {
-    if (limit != nullptr || window != nullptr) {
-      return Bad(where + ": field '" + std::string(limit != nullptr ? "limit" : "window") +
-                 "' does not apply to token_bucket (use 'capacity' and 'refill_per_second')");
+  if (*algo == Algorithm::kTokenBucket || *algo == Algorithm::kLeakyBucket) {
+    if (!second->is_number() || !(second->get<double>() > 0)) {
+      return Bad(where + ": field '" + second_name + "' must be a positive number");
     }
-    int64_t cap = 0;
-    if (capacity == nullptr) return Bad(where + ": field 'capacity' is required for token_bucket");
-    if (!GetInt(*capacity, 1, cap))
-      return Bad(where + ": field 'capacity' must be a positive integer");
-    if (refill == nullptr)
-      return Bad(where + ": field 'refill_per_second' is required for token_bucket");
-    if (!refill->is_number() || !(refill->get<double>() > 0)) {
-      return Bad(where + ": field 'refill_per_second' must be a positive number");
-    }
-    out = Limit::TokenBucket(limit_name, cap, refill->get<double>());
+    out = *algo == Algorithm::kTokenBucket
+              ? Limit::TokenBucket(limit_name, count, second->get<double>())
+              : Limit::LeakyBucket(limit_name, count, second->get<double>());
   } else {
-    const std::string algo_name(AlgorithmName(*algo));
-    if (capacity != nullptr || refill != nullptr) {
-      return Bad(where + ": field '" +
-                 std::string(capacity != nullptr ? "capacity" : "refill_per_second") +
-                 "' does not apply to " + algo_name + " (use 'limit' and 'window')");
-    }
-    int64_t count = 0;
-    if (limit == nullptr) return Bad(where + ": field 'limit' is required for " + algo_name);
-    if (!GetInt(*limit, 1, count)) return Bad(where + ": field 'limit' must be a positive integer");
-    if (window == nullptr) return Bad(where + ": field 'window' is required for " + algo_name);
-    if (!window->is_string()) {
+    if (!second->is_string()) {
       return Bad(where + ": field 'window' must be a duration string such as \"60s\"");
     }
-    StatusOr<std::chrono::microseconds> w = ParseDuration(window->get_ref<const std::string&>());
+    StatusOr<std::chrono::microseconds> w = ParseDuration(second->get_ref<const std::string&>());
     if (!w.ok()) return Bad(where + ": field 'window': " + w.status().message());
     switch (*algo) {
       case Algorithm::kFixedWindow: out = Limit::FixedWindow(limit_name, count, *w); break;
@@ -162,6 +160,8 @@ void AppendDecisionFields(std::string& out, const Decision& d) {
   AppendInt(out, d.allowed ? 0 : CeilMillis(d.retry_after));
   out += ",\"reset_after_ms\":";
   AppendInt(out, CeilMillis(d.reset_after));
+  out += ",\"delay_ms\":";
+  AppendInt(out, d.allowed ? CeilMillis(d.delay) : 0);
 }
 
 // The limit whose decision equals the combined one (names the headers).

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "ratelimit/clock.h"
 #include "ratelimit/memory_store.h"
 
 namespace ratelimit::server {
@@ -71,8 +72,17 @@ TEST(ParseCheck, Errors) {
           .substr(0, 23),
       "limit: field 'window': ");
   EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky", "limit": 10}})"),
-            "limit: unknown algorithm 'leaky' (token_bucket, fixed_window, sliding_window or "
-            "sliding_log)");
+            "limit: unknown algorithm 'leaky' (token_bucket, leaky_bucket, fixed_window, "
+            "sliding_window or sliding_log)");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky_bucket", "depth": 10,)"
+                       R"( "refill_per_second": 5}})"),
+            "limit: field 'refill_per_second' does not apply to leaky_bucket (use 'depth' and "
+            "'rate_per_second')");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky_bucket", "depth": 10}})"),
+            "limit: field 'rate_per_second' is required for leaky_bucket");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky_bucket", "depth": 0,)"
+                       R"( "rate_per_second": 5}})"),
+            "limit: field 'depth' must be a positive integer");
   EXPECT_EQ(
       ParseError(
           R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1, "window": "1s"}})"),
@@ -93,6 +103,35 @@ TEST(ParseCheck, Errors) {
   EXPECT_NE(ParseError("{").find("request body is not valid JSON"), std::string::npos);
 }
 
+TEST(DecisionApi, LeakyBucketAnswers200WithTheDelay) {
+  ManualClock clock(1'700'000'000'000'000);
+  auto store = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
+  Enforcer enforcer(store, 1000);
+  DecisionApi api(enforcer);
+  auto policy = policy::Policy::Create(policy::EmbeddedDefault());
+  ASSERT_TRUE(policy.ok());
+  const std::string body = R"({"key": "shaped", "limits": [{"name": "shape", )"
+                           R"("algorithm": "leaky_bucket", "depth": 3, "rate_per_second": 4},)"
+                           R"( {"name": "tb", "algorithm": "token_bucket", "capacity": 100, )"
+                           R"("refill_per_second": 100}]})";
+  std::vector<Reply> replies;
+  for (int i = 0; i < 4; ++i) {
+    api.Check(*policy, body, "/v1/check", [&](Reply r) { replies.push_back(std::move(r)); });
+  }
+  ASSERT_EQ(replies.size(), 4u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(replies[i].status, 200u) << i;
+    json j = json::parse(replies[i].body);
+    EXPECT_EQ(j["delay_ms"], 250 * i) << i;  // the longest of the limits
+    EXPECT_EQ(j["limits"][0]["delay_ms"], 250 * i) << i;
+    EXPECT_EQ(j["limits"][1]["delay_ms"], 0) << i;
+  }
+  EXPECT_EQ(replies[3].status, 429u);  // the queue holds 3
+  json denied = json::parse(replies[3].body);
+  EXPECT_EQ(denied["delay_ms"], 0);
+  EXPECT_EQ(denied["retry_after_ms"], 250);
+}
+
 TEST(AppendCheckBody, Format) {
   Limit burst = *Limit::TokenBucket("burst", 10, 5);
   LimitCheck checks[] = {{&burst, 1}};
@@ -107,8 +146,8 @@ TEST(AppendCheckBody, Format) {
   AppendCheckBody(r, checks, false, out);
   EXPECT_EQ(out,
             R"({"allowed":true,"limit":10,"remaining":9,"retry_after_ms":0,"reset_after_ms":200,)"
-            R"("degraded":false,"limits":[{"name":"burst","allowed":true,"limit":10,"remaining":9,)"
-            R"("retry_after_ms":0,"reset_after_ms":200}]})");
+            R"("delay_ms":0,"degraded":false,"limits":[{"name":"burst","allowed":true,"limit":10,)"
+            R"("remaining":9,"retry_after_ms":0,"reset_after_ms":200,"delay_ms":0}]})");
 }
 
 TEST(DecisionApi, ChecksAgainstTheStore) {

@@ -67,6 +67,10 @@ Limit Enforcer::Scaled(const Limit& limit, int instances) {
       out = Limit::TokenBucket(limit.name(), count,
                                limit.refill_per_second() / static_cast<double>(n));
       break;
+    case Algorithm::kLeakyBucket:
+      out = Limit::LeakyBucket(limit.name(), count,
+                               limit.refill_per_second() / static_cast<double>(n));
+      break;
     case Algorithm::kFixedWindow:
       out = Limit::FixedWindow(limit.name(), count, limit.window());
       break;

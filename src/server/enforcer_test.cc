@@ -78,6 +78,11 @@ TEST(Enforcer, Scaled) {
   EXPECT_EQ(Enforcer::Scaled(fw, 5).limit(), 1);  // at least 1
   EXPECT_EQ(Enforcer::Scaled(fw, 5).window(), fw.window());
   EXPECT_EQ(Enforcer::Scaled(fw, 1), fw);
+  Limit lb = *Limit::LeakyBucket("lb", 20, 6);
+  Limit ls = Enforcer::Scaled(lb, 3);
+  EXPECT_EQ(ls.algorithm(), Algorithm::kLeakyBucket);
+  EXPECT_EQ(ls.limit(), 7);
+  EXPECT_NEAR(ls.refill_per_second(), 2.0, 1e-3);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdio>
 #include <mutex>
 #include <tuple>
@@ -67,20 +68,24 @@ std::string_view OutcomeName(DecisionOutcome o) {
   return "unknown";
 }
 
+Histogram::Histogram(std::span<const int64_t> bounds) : bounds_(bounds) {
+  assert(bounds.size() <= kMaxBuckets && std::is_sorted(bounds.begin(), bounds.end()));
+}
+
 void Histogram::Observe(std::chrono::microseconds d) {
   const int64_t us = std::max<int64_t>(0, d.count());
-  const auto it = std::lower_bound(kBoundsMicros.begin(), kBoundsMicros.end(), us);
-  counts_[static_cast<size_t>(it - kBoundsMicros.begin())].fetch_add(1, std::memory_order_relaxed);
+  const auto it = std::lower_bound(bounds_.begin(), bounds_.end(), us);
+  counts_[static_cast<size_t>(it - bounds_.begin())].fetch_add(1, std::memory_order_relaxed);
   sum_micros_.fetch_add(static_cast<uint64_t>(us), std::memory_order_relaxed);
 }
 
 void Histogram::Render(std::string_view name, std::string& out) const {
   uint64_t cumulative = 0;
-  for (size_t i = 0; i <= kBuckets; ++i) {
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
     cumulative += counts_[i].load(std::memory_order_relaxed);
     out += name;
     out += "_bucket{le=\"";
-    out += i < kBuckets ? Seconds(kBoundsMicros[i]) : std::string("+Inf");
+    out += i < bounds_.size() ? Seconds(bounds_[i]) : std::string("+Inf");
     out += "\"} ";
     out += std::to_string(cumulative);
     out.push_back('\n');
@@ -193,6 +198,25 @@ std::string Metrics::Render(const Store* store) const {
   Header(out, "ratelimit_http_requests_in_flight", "gauge",
          "HTTP requests being handled now (both listeners).");
   out += "ratelimit_http_requests_in_flight " + std::to_string(in_flight.value()) + "\n";
+
+  Header(out, "ratelimit_delayed_requests_total", "counter",
+         "Requests held for a leaky bucket's delay before they proceeded, by face.");
+  for (Face f : {Face::kGateway, Face::kAuthRequest}) {
+    out += "ratelimit_delayed_requests_total{face=\"";
+    out += FaceName(f);
+    out += "\"} " + std::to_string(delayed_[static_cast<size_t>(f)].value()) + "\n";
+  }
+  Header(out, "ratelimit_request_delay_seconds", "histogram",
+         "The delay each held request was given (gateway and auth_request).");
+  delay.Render("ratelimit_request_delay_seconds", out);
+  Header(out, "ratelimit_held_requests", "gauge", "Requests being held for their delay now.");
+  out += "ratelimit_held_requests " + std::to_string(held.value()) + "\n";
+  Header(out, "ratelimit_held_requests_rejected_total", "counter",
+         "Delayed requests answered 503 because server.max_held_requests were already held.");
+  out += "ratelimit_held_requests_rejected_total " + std::to_string(held_rejected.value()) + "\n";
+  Header(out, "ratelimit_held_requests_abandoned_total", "counter",
+         "Held requests whose client disconnected before the delay ended (never forwarded).");
+  out += "ratelimit_held_requests_abandoned_total " + std::to_string(held_abandoned.value()) + "\n";
 
   Header(out, "ratelimit_denial_log_lines_suppressed_total", "counter",
          "Per-denial log lines dropped by the log sampler.");

@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -63,21 +64,29 @@ class Gauge {
   std::atomic<int64_t> v_{0};
 };
 
-// A histogram in seconds with fixed bucket bounds (kept in microseconds).
+// A histogram in seconds with fixed bucket bounds (kept in microseconds,
+// ascending, at most kMaxBuckets), by default those of a store call.
 class Histogram {
  public:
-  static constexpr size_t kBuckets = 13;
+  static constexpr size_t kMaxBuckets = 16;
   // 100us, 250us, 500us, 1ms, 2.5ms, 5ms, 10ms, 25ms, 50ms, 100ms, 250ms, 500ms, 1s
-  static constexpr std::array<int64_t, kBuckets> kBoundsMicros = {
+  static constexpr std::array<int64_t, 13> kLatencyBoundsMicros = {
       100,    250,    500,     1'000,   2'500,   5'000,    10'000,
       25'000, 50'000, 100'000, 250'000, 500'000, 1'000'000};
+  // Shaping delays: 10ms, 50ms, 100ms, 250ms, 500ms, 1s, 2.5s, 5s, 10s, 30s, 60s
+  static constexpr std::array<int64_t, 11> kDelayBoundsMicros = {
+      10'000,    50'000,    100'000,    250'000,    500'000,   1'000'000,
+      2'500'000, 5'000'000, 10'000'000, 30'000'000, 60'000'000};
+
+  explicit Histogram(std::span<const int64_t> bounds = kLatencyBoundsMicros);
 
   void Observe(std::chrono::microseconds d);
   // Appends the _bucket/_sum/_count lines of `name` (HELP/TYPE not included).
   void Render(std::string_view name, std::string& out) const;
 
  private:
-  std::array<std::atomic<uint64_t>, kBuckets + 1> counts_{};  // last: +Inf only
+  const std::span<const int64_t> bounds_;                        // static storage
+  std::array<std::atomic<uint64_t>, kMaxBuckets + 1> counts_{};  // index bounds_.size(): +Inf only
   std::atomic<uint64_t> sum_micros_{0};
 };
 
@@ -114,6 +123,13 @@ class Metrics {
   Gauge in_flight;                // ratelimit_http_requests_in_flight
   Counter denial_log_suppressed;  // ratelimit_denial_log_lines_suppressed_total
 
+  // Shaping (leaky bucket): requests held for their delay before they proceed.
+  Counter& Delayed(Face f) { return delayed_[static_cast<size_t>(f)]; }  // ..._delayed_total{face}
+  Histogram delay{Histogram::kDelayBoundsMicros};  // ratelimit_request_delay_seconds
+  Gauge held;                                      // ratelimit_held_requests
+  Counter held_rejected;   // ratelimit_held_requests_rejected_total (server.max_held_requests)
+  Counter held_abandoned;  // ratelimit_held_requests_abandoned_total (client left while held)
+
   // The whole exposition. `store` (may be null) adds what only it knows: the
   // breaker state and over-limit cache hits of a RedisStore.
   std::string Render(const Store* store) const;
@@ -144,6 +160,7 @@ class Metrics {
   std::unordered_map<Key, std::unique_ptr<DecisionCells>, KeyHash, KeyEq>
       decisions_;                    // GUARDED_BY(mu_)
   std::array<Counter, 5> degraded_;  // by FailureCause
+  std::array<Counter, kFaceCount> delayed_;
 };
 
 }  // namespace ratelimit::server

@@ -33,6 +33,28 @@ TEST(Metrics, CountsDecisionsPerLabelSetAndRendersThem) {
   EXPECT_EQ(text.find("ratelimit_store_breaker_state"), std::string::npos);  // Redis only
 }
 
+TEST(Metrics, ShapingDelaysHaveTheirOwnBuckets) {
+  Metrics m;
+  m.Delayed(Face::kGateway).Inc();
+  m.delay.Observe(std::chrono::milliseconds(1800));
+  m.delay.Observe(std::chrono::seconds(90));
+  m.held.Add(3);
+  const std::string text = m.Render(nullptr);
+  EXPECT_NE(text.find("ratelimit_delayed_requests_total{face=\"gateway\"} 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ratelimit_delayed_requests_total{face=\"auth_request\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_request_delay_seconds_bucket{le=\"1\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("ratelimit_request_delay_seconds_bucket{le=\"2.5\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("ratelimit_request_delay_seconds_bucket{le=\"60\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("ratelimit_request_delay_seconds_bucket{le=\"+Inf\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_held_requests 3\n"), std::string::npos);
+  // The store latency keeps its own bounds.
+  EXPECT_NE(text.find("ratelimit_store_call_duration_seconds_bucket{le=\"0.0001\"}"),
+            std::string::npos);
+}
+
 TEST(Metrics, LabelSetsAreBounded) {
   Metrics m;
   for (size_t i = 0; i < kMaxDecisionLabelSets + 10; ++i) {

@@ -8,6 +8,7 @@
 #include "server/demo.h"
 #include "server/gateway.h"
 #include "server/headers.h"
+#include "server/metrics.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
@@ -89,7 +90,7 @@ std::unique_ptr<Router> Router::Admin(PolicyHolder& policies, Enforcer& enforcer
 }
 
 void Router::Handle(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
-                    std::function<void(Reply)> done) {
+                    std::function<void(Reply)> done, Holder* holder) {
   std::shared_ptr<const policy::Policy> policy = policies_.Get();
   if (admin_listener_) return admin_->Handle(req, std::move(policy), std::move(done));
   const std::string_view target = req.target();
@@ -107,7 +108,7 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
       return decision_api_.Batch(std::move(policy), req.body(), path, std::move(done));
     }
     if (path == "/v1/auth")
-      return Rules(req, peer, peer_text, std::move(policy), true, std::move(done));
+      return Rules(req, peer, peer_text, std::move(policy), true, std::move(done), holder);
   }
   if (demo_ && (req.method() == http::verb::get || req.method() == http::verb::head) &&
       (path == "/" || path == "/index.html")) {
@@ -125,12 +126,12 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
         policy->Identify(MakeView(req, req.method_string(), req.target(), peer, xff));
     return admin_->DemoState(std::move(policy), who, std::move(done));
   }
-  Rules(req, peer, peer_text, std::move(policy), false, std::move(done));
+  Rules(req, peer, peer_text, std::move(policy), false, std::move(done), holder);
 }
 
 void Router::Rules(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
                    std::shared_ptr<const policy::Policy> policy, bool auth,
-                   std::function<void(Reply)> done) {
+                   std::function<void(Reply)> done, Holder* holder) {
   std::string_view method = req.method_string();
   std::string_view target = req.target();
   unsigned deny_status = 429;
@@ -160,31 +161,73 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   if (!plan.ok()) return done(ProblemReply(400, plan.status().message(), path));
 
   const policy::HeaderDialect dialect = policy->config().server.headers;
+  const size_t max_held = policy->config().server.max_held_requests;
   const Face face = auth                              ? Face::kAuthRequest
                     : (gateway_ != nullptr || !demo_) ? Face::kGateway
                                                       : Face::kDemo;
   enforcer_.Enforce(
       std::move(policy), std::move(*plan), path, face,
-      [this, &req, peer_text, auth, deny_status, dialect, path, target,
+      [this, &req, peer_text, auth, deny_status, dialect, path, target, face, holder, max_held,
        done = std::move(done)](Outcome o) mutable {
         if (auth) {
           if (o.status == 400) return done(ProblemReply(400, o.error, path));
-          return done(AuthReply(o, dialect, deny_status, target));
+          if (o.status != 200) return done(AuthReply(o, dialect, deny_status, target));
+          const std::chrono::microseconds delay = o.decision.delay;
+          return AfterDelay(delay, face, holder, max_held, path, std::move(done),
+                            [o = std::move(o), dialect, deny_status,
+                             target = std::string(target)](std::function<void(Reply)> done) {
+                              done(AuthReply(o, dialect, deny_status, target));
+                            });
         }
         if (o.status != 200) return done(Blocked(o, dialect, path));
         if (gateway_ != nullptr) {
-          gateway_->Forward(req, peer_text,
-                            [o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
-                              AddInfoHeaders(o, dialect, r);
-                              done(std::move(r));
+          const std::chrono::microseconds delay = o.decision.delay;
+          return AfterDelay(delay, face, holder, max_held, path, std::move(done),
+                            [this, &req, peer_text, o = std::move(o),
+                             dialect](std::function<void(Reply)> done) mutable {
+                              gateway_->Forward(req, peer_text,
+                                                [o = std::move(o), dialect,
+                                                 done = std::move(done)](Reply r) mutable {
+                                                  AddInfoHeaders(o, dialect, r);
+                                                  done(std::move(r));
+                                                });
                             });
-          return;
         }
         Reply r =
             demo_ && path == "/api/ping" ? Pong() : ProblemReply(404, "no route for " + path, path);
         AddInfoHeaders(o, dialect, r);
         done(std::move(r));
       });
+}
+
+void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,
+                        std::string_view path, std::function<void(Reply)> done,
+                        std::function<void(std::function<void(Reply)>)> proceed) {
+  if (delay.count() <= 0 || holder == nullptr) return proceed(std::move(done));
+  const auto until = std::chrono::steady_clock::now() + delay;  // the decision is just in
+  Metrics& m = Metrics::Global();
+  if (held_.fetch_add(1, std::memory_order_relaxed) >= max_held) {
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    m.held_rejected.Inc();
+    Reply r = ProblemReply(
+        503, "too many requests are waiting for their turn (server.max_held_requests)", path);
+    r.Add("Retry-After", "1");
+    return done(std::move(r));
+  }
+  m.held.Add(1);
+  m.Delayed(face).Inc();
+  m.delay.Observe(delay);
+  holder->Hold(until, [this, done = std::move(done), proceed = std::move(proceed),
+                       path = std::string(path)](bool client_alive) mutable {
+    held_.fetch_sub(1, std::memory_order_relaxed);
+    Metrics::Global().held.Add(-1);
+    if (client_alive) return proceed(std::move(done));
+    // Nobody to answer: the session has closed the connection already.
+    Metrics::Global().held_abandoned.Inc();
+    Reply r = ProblemReply(503, "the client left while its request was held", path);
+    r.close = true;
+    done(std::move(r));
+  });
 }
 
 }  // namespace ratelimit::server

@@ -9,6 +9,12 @@
 //                                      Enforcer), then: the upstream (gateway),
 //                                      /api/ping (demo), or 404
 //
+// Shaping: when the limits allow a gateway or auth_request request with a
+// delay (a leaky bucket), the Router asks the connection's Holder to wait for
+// it, then forwards (gateway) or answers 2xx (auth_request). At most
+// server.max_held_requests are held at once; beyond, 503. A client that
+// leaves while held is never forwarded. Without a Holder there is no wait.
+//
 // The admin listener has a Router of its own (Router::Admin) that hands every
 // request to the AdminApi: admin paths never reach the public listener.
 //
@@ -16,6 +22,8 @@
 // thread. The request must stay alive and unchanged until `done` runs.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -23,6 +31,7 @@
 #include "policy/ip.h"
 #include "server/decision_api.h"
 #include "server/enforcer.h"
+#include "server/hold.h"
 #include "server/http.h"
 #include "server/policy_holder.h"
 #include "server/reply.h"
@@ -41,13 +50,19 @@ class Router {
   // The admin listener's router: everything goes to `admin`.
   static std::unique_ptr<Router> Admin(PolicyHolder& policies, Enforcer& enforcer, AdminApi& admin);
 
+  // `holder` (may be null) holds shaped requests; it must outlive `done`.
   void Handle(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
-              std::function<void(Reply)> done);
+              std::function<void(Reply)> done, Holder* holder = nullptr);
 
  private:
   void Rules(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
              std::shared_ptr<const policy::Policy> policy, bool auth,
-             std::function<void(Reply)> done);
+             std::function<void(Reply)> done, Holder* holder);
+  // Runs proceed(done) after `delay` (at once when it is zero or there is no
+  // holder), or answers `done` itself: 503 when too many are held already.
+  void AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,
+                  std::string_view path, std::function<void(Reply)> done,
+                  std::function<void(std::function<void(Reply)>)> proceed);
 
   PolicyHolder& policies_;
   Enforcer& enforcer_;
@@ -56,6 +71,7 @@ class Router {
   bool demo_;
   AdminApi* admin_;              // may be null
   bool admin_listener_ = false;  // this router serves the admin listener
+  std::atomic<size_t> held_{0};  // requests held for their delay now
 };
 
 }  // namespace ratelimit::server

@@ -1,6 +1,9 @@
 #include "server/session.h"
 
+#include <sys/socket.h>
+
 #include <boost/beast/core/string.hpp>
+#include <cerrno>
 
 #include "server/metrics.h"
 #include "server/problem.h"
@@ -29,7 +32,11 @@ policy::IpAddress ToIp(const net::ip::address& a) {
 
 Session::Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
                  SessionRegistry& registry)
-    : stream_(std::move(socket)), router_(router), limits_(limits), registry_(registry) {
+    : stream_(std::move(socket)),
+      router_(router),
+      limits_(limits),
+      registry_(registry),
+      hold_timer_(stream_.get_executor()) {
   beast::error_code ec;
   tcp::endpoint ep = stream_.socket().remote_endpoint(ec);
   if (!ec) {
@@ -139,11 +146,69 @@ void Session::Handle() {
   busy_ = true;
   stream_.expires_never();  // the handler bounds its own waits (store deadline, upstream timeout)
   Metrics::Global().in_flight.Add(1);
-  router_.Handle(parser_->get(), peer_, peer_text_, [self = shared_from_this()](Reply r) {
-    Metrics::Global().in_flight.Add(-1);
-    net::dispatch(self->stream_.get_executor(),
-                  [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
-  });
+  router_.Handle(
+      parser_->get(), peer_, peer_text_,
+      [self = shared_from_this()](Reply r) {
+        Metrics::Global().in_flight.Add(-1);
+        net::dispatch(self->stream_.get_executor(),
+                      [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+      },
+      this);  // the callback above keeps the session alive for as long as a hold
+}
+
+void Session::Hold(std::chrono::steady_clock::time_point until, std::function<void(bool)> then) {
+  net::dispatch(stream_.get_executor(),
+                [self = shared_from_this(), until, then = std::move(then)]() mutable {
+                  const uint64_t id = ++self->hold_id_;
+                  self->hold_then_ = std::move(then);
+                  if (self->closed_) return self->EndHold(id, false);
+                  self->hold_timer_.expires_at(until);
+                  self->hold_timer_.async_wait([self, id](beast::error_code ec) {
+                    if (ec != net::error::operation_aborted) self->EndHold(id, true);
+                  });
+                  self->WatchPeer(id);
+                });
+}
+
+// Detecting the client leaving: a pending wait for readability rather than a
+// read (a read would take bytes of a pipelined next request away from the
+// parser's buffer, and Beast allows one read at a time) or a check at wake-up
+// only (the place would stay taken for the whole delay). Readable then means
+// EOF or an error, or the next pipelined request: recv(MSG_PEEK) tells which.
+void Session::WatchPeer(uint64_t hold) {
+  stream_.socket().async_wait(
+      tcp::socket::wait_read, [self = shared_from_this(), hold](beast::error_code ec) {
+        if (hold != self->hold_id_ || !self->hold_then_ || ec == net::error::operation_aborted)
+          return;
+        if (!ec) {
+          char byte;
+          const ssize_t n =
+              ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+          // Bytes of a pipelined request: the client is there. Stop watching (a
+          // readable socket would wake us at once, again and again); the parser
+          // reads them after the answer.
+          if (n > 0) return;
+          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+            return self->WatchPeer(hold);
+          }
+        }
+        self->hold_timer_.cancel();
+        self->EndHold(hold, false);
+      });
+}
+
+void Session::EndHold(uint64_t hold, bool client_alive) {
+  if (hold != hold_id_ || !hold_then_) return;
+  auto then = std::move(hold_then_);
+  hold_then_ = nullptr;
+  if (client_alive) {
+    // Ends the readability wait; no Beast operation is pending while held.
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);
+  } else {
+    Close();
+  }
+  then(client_alive);
 }
 
 void Session::Write(Reply reply) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "policy/ip.h"
+#include "server/hold.h"
 #include "server/http.h"
 #include "server/reply.h"
 
@@ -70,16 +71,21 @@ class SessionRegistry {
   std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session : public std::enable_shared_from_this<Session>, public Holder {
  public:
   Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
           SessionRegistry& registry);
-  ~Session();
+  ~Session() override;
 
   void Start();
   // Drain: closes the connection now if no request is in progress, else
   // after the current answer is written.
   void Shutdown();
+
+  // Holder: the delay of a shaped request (see hold.h). While held, the
+  // request has been read whole and nothing is being written, so the socket
+  // is idle: a wait for readability there sees the client leave.
+  void Hold(std::chrono::steady_clock::time_point until, std::function<void(bool)> then) override;
 
  private:
   void WaitForRequest();
@@ -96,6 +102,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnWrite(bool close, beast::error_code ec);
   void FailRequest(beast::error_code ec);
   void Close();
+  void WatchPeer(uint64_t hold);
+  void EndHold(uint64_t hold, bool client_alive);
 
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
@@ -113,6 +121,9 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string peer_text_;
   bool busy_ = false;  // a request is being handled or answered
   bool closed_ = false;
+  net::steady_timer hold_timer_;
+  std::function<void(bool)> hold_then_;  // set while a request is held
+  uint64_t hold_id_ = 0;                 // tells a stale timer or wait from the current hold
 };
 
 }  // namespace ratelimit::server

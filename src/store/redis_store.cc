@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/algorithms.h"
 #include "redis/client.h"
 #include "redis/cluster_client.h"
 #include "redis/io_thread.h"
@@ -28,6 +29,7 @@ char AlgorithmCode(Algorithm a) {
     case Algorithm::kFixedWindow: return 'f';
     case Algorithm::kSlidingWindow: return 's';
     case Algorithm::kSlidingLog: return 'l';
+    case Algorithm::kLeakyBucket: return 'k';
   }
   return '?';
 }
@@ -313,12 +315,20 @@ struct RedisStore::Impl {
         d.reset_after = microseconds(e[at + 3].integer);
         at += 4;
       }
-      // The limit is not echoed by the script; take it from the request args.
+      // The limit is not echoed by the script; take it from the request args,
+      // and the leaky bucket's delay from its reset_after (core::LeakyDelay).
+      auto arg = [&p](size_t i, size_t field) {
+        int64_t v = 0;
+        const std::string& s = p.args[2 + 5 * i + field];
+        std::from_chars(s.data(), s.data() + s.size(), v);
+        return v;
+      };
       for (size_t i = 0; i < r.decisions.size(); ++i) {
-        int64_t limit = 0;
-        const std::string& s = p.args[2 + 5 * i + 1];
-        std::from_chars(s.data(), s.data() + s.size(), limit);
-        r.decisions[i].limit = limit;
+        Decision& d = r.decisions[i];
+        d.limit = arg(i, 1);
+        if (d.allowed && p.args[2 + 5 * i][0] == AlgorithmCode(Algorithm::kLeakyBucket)) {
+          d.delay = core::LeakyDelay(arg(i, 3), d.reset_after, arg(i, 4));
+        }
       }
       r.overall = Combine(r.decisions);
       if (p.cache_fp && !r.overall.allowed) cache->Remember(*p.cache_fp, r, p.submitted_at);

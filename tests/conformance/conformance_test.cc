@@ -32,6 +32,7 @@ struct Step {
   int64_t remaining;
   int64_t retry_after_us;
   int64_t reset_after_us;
+  int64_t delay_us = 0;  // leaky bucket
 };
 
 struct Scenario {
@@ -41,6 +42,7 @@ struct Scenario {
 };
 
 Limit TB(const char* n, int64_t cap, double rate) { return *Limit::TokenBucket(n, cap, rate); }
+Limit LB(const char* n, int64_t depth, double rate) { return *Limit::LeakyBucket(n, depth, rate); }
 Limit FW(const char* n, int64_t lim, int64_t w) {
   return *Limit::FixedWindow(n, lim, microseconds(w));
 }
@@ -74,6 +76,28 @@ std::vector<Scenario> Table() {
       {"token bucket: cost 0 asks without consuming",
        {TB("ask", 3, 1)},
        {{0, 0, true, 3, 0, 0}, {0, 2, true, 1, 0, 2 * kS}, {500 * kMs, 0, true, 1, 0, 1500 * kMs}}},
+      {"leaky bucket: a burst of 10 at 5/s, depth 10, waits 0, 200, ... 1800 ms; the 11th is "
+       "denied",
+       {LB("shape", 10, 5)},
+       {{0, 1, true, 9, 0, 200 * kMs, 0},
+        {0, 1, true, 8, 0, 400 * kMs, 200 * kMs},
+        {0, 1, true, 7, 0, 600 * kMs, 400 * kMs},
+        {0, 1, true, 6, 0, 800 * kMs, 600 * kMs},
+        {0, 1, true, 5, 0, 1000 * kMs, 800 * kMs},
+        {0, 1, true, 4, 0, 1200 * kMs, 1000 * kMs},
+        {0, 1, true, 3, 0, 1400 * kMs, 1200 * kMs},
+        {0, 1, true, 2, 0, 1600 * kMs, 1400 * kMs},
+        {0, 1, true, 1, 0, 1800 * kMs, 1600 * kMs},
+        {0, 1, true, 0, 0, 2000 * kMs, 1800 * kMs},
+        {0, 1, false, 0, 200 * kMs, 2000 * kMs, 0},
+        {200 * kMs, 1, true, 0, 0, 2000 * kMs, 1800 * kMs},
+        {5 * kS, 1, true, 9, 0, 200 * kMs, 0}}},
+      {"leaky bucket with a token bucket: the longest delay, none when denied",
+       {LB("shape2", 3, 10), TB("cap2", 2, 1)},
+       {{0, 1, true, 1, 0, 1 * kS, 0},
+        {0, 1, true, 0, 0, 2 * kS, 100 * kMs},
+        {0, 1, false, 0, 1 * kS, 2 * kS, 0},
+        {50 * kMs, 0, true, 0, 0, 1950 * kMs, 150 * kMs}}},
       {"fixed window: 5 at t=9s and 5 at t=10s are all allowed (the edge)",
        {FW("fw", 5, 10 * kS)},
        {{9 * kS, 5, true, 0, 0, 1 * kS},
@@ -167,6 +191,7 @@ TEST_P(Conformance, Table) {
       EXPECT_EQ(d.remaining, st.remaining);
       EXPECT_EQ(d.retry_after.count(), st.retry_after_us);
       EXPECT_EQ(d.reset_after.count(), st.reset_after_us);
+      EXPECT_EQ(d.delay.count(), st.delay_us);
     }
   }
 }
@@ -180,7 +205,8 @@ class Differential : public Conformance {};
 
 TEST_P(Differential, RedisAgreesWithMemoryOnRandomSteps) {
   std::vector<Limit> limits = {TB("tb", 7, 3),      TB("tb_slow", 20, 0.5),    FW("fw", 6, 2 * kS),
-                               SW("sw", 9, 3 * kS), SW("sw_ms", 4, 250 * kMs), SL("sl", 5, 2 * kS)};
+                               SW("sw", 9, 3 * kS), SW("sw_ms", 4, 250 * kMs), SL("sl", 5, 2 * kS),
+                               LB("lb", 6, 4),      LB("lb_slow", 15, 0.7)};
   ManualClock clock(kStart);
   std::unique_ptr<Store> subject = Make(&clock);
   MemoryStore reference({.clock = &clock});
@@ -200,7 +226,8 @@ TEST_P(Differential, RedisAgreesWithMemoryOnRandomSteps) {
           << got->overall.remaining << "/" << want->overall.remaining << " retry "
           << got->overall.retry_after.count() << "/" << want->overall.retry_after.count()
           << " reset " << got->overall.reset_after.count() << "/"
-          << want->overall.reset_after.count();
+          << want->overall.reset_after.count() << " delay " << got->overall.delay.count() << "/"
+          << want->overall.delay.count();
     }
   }
 }

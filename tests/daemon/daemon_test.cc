@@ -94,7 +94,8 @@ TEST(DecisionApi, Contract) {
                                   {"limit", 10},
                                   {"remaining", 9},
                                   {"retry_after_ms", 0},
-                                  {"reset_after_ms", 200}}));
+                                  {"reset_after_ms", 200},
+                                  {"delay_ms", 0}}));
   EXPECT_EQ(j["limits"][1]["name"], "daily");
   EXPECT_EQ(j["limits"][1]["limit"], 1000);
   EXPECT_EQ(j["limits"][1]["remaining"], 999);

@@ -9,12 +9,15 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -29,6 +32,50 @@ std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
+
+std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
+  std::string out;
+  char buf[16384];
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// recv() that also gives the kernel's receive time of the data (the socket
+// has SO_TIMESTAMPNS), so an arrival time does not include the wait for this
+// thread to be scheduled on a busy box. Falls back to the time of the call.
+ssize_t RecvStamped(int fd, char* buf, size_t size, std::chrono::system_clock::time_point* at) {
+  iovec iov{buf, size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = ::recvmsg(fd, &msg, 0);
+  *at = std::chrono::system_clock::now();
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+      timespec ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
+      *at = std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec)));
+    }
+  }
+  return n;
+}
+
+}  // namespace
 
 int Connect(int port, const std::string& source_ip) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -65,25 +112,6 @@ bool SendAll(int fd, const std::string& s) {
   }
   return true;
 }
-
-std::string ReadAll(int fd, std::chrono::milliseconds timeout) {
-  std::string out;
-  char buf[16384];
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) break;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
-}
-
-}  // namespace
 
 std::string HttpResponse::Header(const std::string& name) const {
   const std::string l = Lower(name);
@@ -321,13 +349,20 @@ TestUpstream::~TestUpstream() {
 }
 
 void TestUpstream::Serve(int fd) {
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof one);
   std::string buf;
   char tmp[8192];
+  std::chrono::system_clock::time_point last_read{};
   while (!stop_) {
+    // When the request's first byte reached this socket.
+    std::optional<std::chrono::system_clock::time_point> arrived;
+    if (!buf.empty()) arrived = last_read;  // it came with the previous request
     size_t end;
     while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
-      ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
+      ssize_t n = RecvStamped(fd, tmp, sizeof tmp, &last_read);
       if (n <= 0) return;
+      if (!arrived) arrived = last_read;
       buf.append(tmp, static_cast<size_t>(n));
     }
     std::istringstream head(buf.substr(0, end));
@@ -350,12 +385,16 @@ void TestUpstream::Serve(int fd) {
     }
     buf.erase(0, end + 4);
     while (buf.size() < content_length) {
-      ssize_t n = ::recv(fd, tmp, sizeof tmp, 0);
+      ssize_t n = RecvStamped(fd, tmp, sizeof tmp, &last_read);
       if (n <= 0) return;
       buf.append(tmp, static_cast<size_t>(n));
     }
     std::string body = buf.substr(0, content_length);
     buf.erase(0, content_length);
+    {
+      std::lock_guard<std::mutex> lock(arrivals_mu_);
+      arrivals_.push_back({*arrived, target});
+    }
     requests_++;
     if (target.rfind("/slow", 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     nlohmann::json echo = {

@@ -45,6 +45,10 @@ HttpResponse RawHttp(int port, const std::string& bytes,
                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
 HttpResponse ParseResponse(const std::string& raw);
 
+// A connection to 127.0.0.1:port (10 s send/receive timeouts), from
+// `source_ip` if not empty; -1 on failure.
+int Connect(int port, const std::string& source_ip = "");
+bool SendAll(int fd, const std::string& bytes);
 int FreePort();
 std::string MakeTempDir();
 void WriteFile(const std::string& path, const std::string& content);
@@ -79,13 +83,23 @@ class Daemon {
 // A tiny HTTP/1.1 upstream: answers every request with 200 and a JSON echo
 // {"method":..,"target":..,"headers":{lower-case name: [values]},"body":..};
 // /slow waits 1.5 s first; /big answers 100 KiB. Keep-alive supported.
+// Records when each request arrived (for shaping tests): the kernel's receive
+// time of its first byte, on the system clock.
 class TestUpstream {
  public:
+  struct Arrival {
+    std::chrono::system_clock::time_point at;
+    std::string target;
+  };
   TestUpstream();
   ~TestUpstream();
   int port() const { return port_; }
   int requests() const { return requests_.load(); }
   int connections() const { return connections_.load(); }
+  std::vector<Arrival> arrivals() const {
+    std::lock_guard<std::mutex> lock(arrivals_mu_);
+    return arrivals_;
+  }
 
  private:
   void Serve(int fd);
@@ -98,6 +112,8 @@ class TestUpstream {
   std::mutex mu_;
   std::vector<std::thread> workers_;
   std::vector<int> fds_;
+  mutable std::mutex arrivals_mu_;
+  std::vector<Arrival> arrivals_;  // GUARDED_BY(arrivals_mu_)
 };
 
 }  // namespace rltest

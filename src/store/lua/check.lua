@@ -9,11 +9,15 @@
 -- ARGV[2]  number of checks in this batch; then for each check:
 --            "c" to check and consume or "p" to peek (never writes),
 --            the number of limits n, then for each limit (5 values):
---            algorithm ("t" token bucket, "f" fixed window, "s" sliding window,
---            "l" sliding log), limit, window (us; token bucket: capacity x
---            interval), interval (us, token bucket only), cost
+--            algorithm ("t" token bucket, "k" leaky bucket, "f" fixed window,
+--            "s" sliding window, "l" sliding log), limit, window (us; token and
+--            leaky bucket: capacity or depth x interval), interval (us, token
+--            and leaky bucket only), cost
 -- KEYS     one per limit, in the same order.
 -- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
+--          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
+--          the caller derives an allowed request's delay, reset_after - cost x
+--          interval (core::LeakyDelay), so the reply keeps 4 values per limit.
 --          A check is all or nothing: state is written only when all its limits allow.
 
 local now = tonumber(ARGV[1])
@@ -164,6 +168,7 @@ end
 
 local evaluators = {
   t = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
+  k = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
   f = function(key, limit, w, _, cost) return fixed_window(key, limit, w, cost) end,
   s = function(key, limit, w, _, cost) return sliding_window(key, limit, w, cost) end,
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
