@@ -117,22 +117,28 @@ std::string LeaseGuard::Detach() {
   return id_;
 }
 
-void LeaseGuard::Release() {
-  if (std::exchange(released_, true)) return;
+void LeaseGuard::Release(std::function<void()> then) {
+  if (std::exchange(released_, true)) {
+    if (then) then();
+    return;
+  }
   Metrics::Global().Concurrency(route_).in_flight.Add(-1);
   std::shared_ptr<State> st = state_;
   if (id_.starts_with(kLocalPrefix)) {
     st->local.Release(key_, name_, std::string_view(id_).substr(kLocalPrefix.size()),
                       [](StatusOr<bool>) {});
     st->Wake(key_, name_);
+    if (then) then();
     return;
   }
-  st->store->Release(key_, name_, id_, [st, key = key_, name = name_](StatusOr<bool> r) {
-    if (!r.ok()) {
-      st->LogError("concurrency lease release failed: it expires by itself", r.status());
-    }
-    st->Wake(key, name);
-  });
+  st->store->Release(
+      key_, name_, id_, [st, key = key_, name = name_, then = std::move(then)](StatusOr<bool> r) {
+        if (!r.ok()) {
+          st->LogError("concurrency lease release failed: it expires by itself", r.status());
+        }
+        st->Wake(key, name);
+        if (then) then();
+      });
 }
 
 ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store,

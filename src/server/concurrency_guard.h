@@ -48,7 +48,12 @@ class LeaseGuard {
   LeaseGuard(const LeaseGuard&) = delete;
   LeaseGuard& operator=(const LeaseGuard&) = delete;
 
-  void Release();
+  void Release() { Release(nullptr); }
+  // Releases, and runs `then` once the store has answered (or failed; or at
+  // once when already released). The gateway answers the client only then,
+  // so a client that sends its next request after the answer never finds
+  // its own previous lease still held.
+  void Release(std::function<void()> then);
   // Hands the lease to someone else (the decision API's caller, who releases
   // it with POST /v1/release): the guard forgets it without releasing.
   std::string Detach();

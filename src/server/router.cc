@@ -246,9 +246,12 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
                                   req, peer_text,
                                   [o = std::move(o), dialect, lease = std::move(lease),
                                    done = std::move(done)](Reply r) mutable {
-                                    if (lease) lease->Release();
                                     AddInfoHeaders(o, dialect, r);
-                                    done(std::move(r));
+                                    if (!lease) return done(std::move(r));
+                                    auto answer = std::make_shared<Reply>(std::move(r));
+                                    lease->Release([answer, done = std::move(done)]() mutable {
+                                      done(std::move(*answer));
+                                    });
                                   });
                             });
           return;

@@ -220,6 +220,20 @@ TEST(ConcurrencyDaemon, LeasesOfAKilledInstanceExpire) {
   for (auto& t : hung) t.join();
 }
 
+TEST(ConcurrencyDaemon, SequentialRequestsNeverFindTheirOwnLease) {
+  // The answer goes out only after its lease is released in Redis: a client
+  // that waits for each answer is never refused, on either instance.
+  ratelimit::testing::RedisServer redis;
+  CountingUpstream upstream(milliseconds(1));
+  const std::string config = WriteConfig(Config(upstream.port(), "{max_in_flight: 1}"));
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(Http(i % 2 == 0 ? a.port() : b.port(), "GET", "/work").status, 200) << i;
+  }
+}
+
 TEST(ConcurrencyDaemon, WaitModeHoldsRequestsUntilALeaseFrees) {
   CountingUpstream upstream(milliseconds(700));
   const std::string config = WriteConfig(
