@@ -1,6 +1,7 @@
 #include "server/concurrency_guard.h"
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -53,7 +54,8 @@ struct ConcurrencyLimiter::Waiter {
 struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   using Waiter = ConcurrencyLimiter::Waiter;
   net::any_io_executor executor;
-  ConcurrencyStore* store = nullptr;  // not owned
+  // Not owned; null after DetachStore (shutdown): leases are then left to expire.
+  std::atomic<ConcurrencyStore*> store{nullptr};
   MemoryConcurrencyStore local;
   int expected_instances = 1;
   int closed_status = 503;
@@ -131,7 +133,12 @@ void LeaseGuard::Release(std::function<void()> then) {
     if (then) then();
     return;
   }
-  st->store->Release(
+  ConcurrencyStore* store = st->store.load();
+  if (store == nullptr) {  // shutting down: the lease expires after its lease_ttl
+    if (then) then();
+    return;
+  }
+  store->Release(
       key_, name_, id_, [st, key = key_, name = name_, then = std::move(then)](StatusOr<bool> r) {
         if (!r.ok()) {
           st->LogError("concurrency lease release failed: it expires by itself", r.status());
@@ -158,7 +165,7 @@ void ConcurrencyLimiter::Stop() {
   state_->waiters.clear();
 }
 
-ConcurrencyStore& ConcurrencyLimiter::store() { return *state_->store; }
+void ConcurrencyLimiter::DetachStore() { state_->store.store(nullptr); }
 
 void ConcurrencyLimiter::Sweep() { state_->local.Sweep(); }
 
@@ -178,7 +185,9 @@ void LeaseGuard::State::Try(std::shared_ptr<Waiter> w) {
                          .name = w->req.name,
                          .max_in_flight = w->req.config.max_in_flight,
                          .lease_ttl = w->req.config.lease_ttl};
-  store->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
+  ConcurrencyStore* s = store.load();
+  if (s == nullptr) return OnResult(std::move(w), Unavailable("shutting down"));
+  s->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
     st->OnResult(std::move(w), std::move(res));
   });
 }
@@ -296,7 +305,9 @@ void ConcurrencyLimiter::Release(std::string_view key, std::string_view name,
   if (lease_id.starts_with(kLocalPrefix)) {
     return st->local.Release(key, name, lease_id.substr(kLocalPrefix.size()), std::move(wake));
   }
-  st->store->Release(key, name, lease_id, std::move(wake));
+  ConcurrencyStore* store = st->store.load();
+  if (store == nullptr) return wake(Unavailable("shutting down"));
+  store->Release(key, name, lease_id, std::move(wake));
 }
 
 std::string ConcurrencyExceededBody(const ConcurrencyOutcome& o, std::string_view name,

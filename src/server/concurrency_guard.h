@@ -107,7 +107,9 @@ class ConcurrencyLimiter {
   // No more wake-ups on the executor (it is about to go away).
   void Stop();
 
-  ConcurrencyStore& store();
+  // Shutdown, before the store goes: later releases and acquires no longer
+  // reach it (releases are left to expire; acquires fail by the failure mode).
+  void DetachStore();
 
   struct Waiter;
 

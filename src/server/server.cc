@@ -38,6 +38,11 @@ struct Server::Impl {
   // what the callbacks post to it is dropped with it). Destroyed in member
   // order instead, the last reference (here) would go after all of them.
   ~Impl() {
+    // The same for the concurrency store: its pending releases complete (and
+    // answer their sessions) now, while the io_context exists; leases still
+    // held by requests queued in the io_context are left to expire.
+    if (limiter) limiter->DetachStore();
+    concurrency_store.reset();
     std::shared_ptr<Store> last = enforcer.ReleaseStore();
     last.reset();
     store.reset();  // the last reference: a RedisStore closes and drains here
@@ -61,9 +66,7 @@ struct Server::Impl {
   // Gateway operations still queued at exit refer to it. Its idle pool is
   // emptied (CloseIdle) at the end of Run, while the io_context still exists.
   std::unique_ptr<Gateway> gateway;
-  // Concurrency leases: the store outlives the io_context (leases held by
-  // requests still queued in it are released when it is destroyed).
-  std::unique_ptr<ConcurrencyStore> concurrency_store;
+  std::unique_ptr<ConcurrencyStore> concurrency_store;  // destroyed in ~Impl
   net::io_context ioc;
   std::unique_ptr<ConcurrencyLimiter> limiter;  // its timers run on the io_context
   // Declared after the io_context: they own sockets and timers on it.
