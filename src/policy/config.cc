@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "policy/policy.h"
+#include "ratelimit/concurrency.h"
 
 namespace ratelimit::policy {
 namespace {
@@ -258,6 +259,7 @@ class Loader {
   // A list of limit entries (route, plan, global).
   Status Entries(const YAML::Node& n, const std::string& what, std::vector<RuleLimit>* out);
   Status Route(const YAML::Node& n, RouteClass* r);
+  Status Concurrency(const YAML::Node& n, const std::string& what, ConcurrencyConfig* c);
   Status ApiKeysFile(const std::string& path, const YAML::Node& at, Config* c);
 
   std::string source_;
@@ -570,9 +572,9 @@ namespace {
 
 Status Loader::Route(const YAML::Node& n, RouteClass* r) {
   if (!n.IsMap()) return Error(n, "a route must be a map (name, path, limits, ...)");
-  RL_RETURN_IF_ERROR(CheckMap(
-      n, "route",
-      {"name", "methods", "path", "match", "key_by", "cost", "shadow", "failure_mode", "limits"}));
+  RL_RETURN_IF_ERROR(CheckMap(n, "route",
+                              {"name", "methods", "path", "match", "key_by", "cost", "shadow",
+                               "failure_mode", "limits", "concurrency"}));
   r->source_line = n.Mark().line + 1;
   YAML::Node name = Get(n, "name");
   if (!name.IsDefined()) return Error(n, "a route needs a 'name'");
@@ -625,6 +627,10 @@ Status Loader::Route(const YAML::Node& n, RouteClass* r) {
   RL_RETURN_IF_ERROR(Bool(n, "shadow", &r->shadow));
   RL_RETURN_IF_ERROR(Failure(n, &r->failure_mode));
   RL_RETURN_IF_ERROR(Entries(Get(n, "limits"), what, &r->limits));
+  if (YAML::Node cc = Get(n, "concurrency"); cc.IsDefined()) {
+    r->concurrency.emplace();
+    RL_RETURN_IF_ERROR(Concurrency(cc, what, &*r->concurrency));
+  }
   if (YAML::Node cost = Get(n, "cost"); cost.IsDefined()) {
     RL_RETURN_IF_ERROR(Int(cost, "cost", &r->cost));
     if (r->cost < 0)
@@ -636,6 +642,44 @@ Status Loader::Route(const YAML::Node& n, RouteClass* r) {
       }
     }
   }
+  return Status::Ok();
+}
+
+Status Loader::Concurrency(const YAML::Node& n, const std::string& what, ConcurrencyConfig* c) {
+  const std::string where = "concurrency of " + what;
+  if (!n.IsMap()) {
+    return Error(n, Quote("concurrency") + " of " + what +
+                        " must be a map like {max_in_flight: 3, lease_ttl: 30s}");
+  }
+  RL_RETURN_IF_ERROR(CheckMap(
+      n, where, {"max_in_flight", "lease_ttl", "per", "on_limit", "max_wait", "max_waiting"}));
+  if (!Get(n, "max_in_flight").IsDefined()) return Error(n, where + " needs 'max_in_flight'");
+  RL_RETURN_IF_ERROR(IntIn(n, "max_in_flight", 1, kMaxInFlight, &c->max_in_flight));
+  RL_RETURN_IF_ERROR(Millis(n, "lease_ttl", &c->lease_ttl));
+  if (c->lease_ttl < std::chrono::milliseconds(10) ||
+      c->lease_ttl > std::chrono::duration_cast<std::chrono::milliseconds>(kMaxLeaseTtl)) {
+    return Error(Get(n, "lease_ttl"), "'lease_ttl' of " + what + " must be between 10ms and 24h");
+  }
+  RL_RETURN_IF_ERROR(Enum<ConcurrencyConfig::Per>(
+      n, "per",
+      {{"client", ConcurrencyConfig::Per::kClient}, {"route", ConcurrencyConfig::Per::kRoute}},
+      &c->per));
+  RL_RETURN_IF_ERROR(
+      Enum<ConcurrencyConfig::OnLimit>(n, "on_limit",
+                                       {{"reject", ConcurrencyConfig::OnLimit::kReject},
+                                        {"wait", ConcurrencyConfig::OnLimit::kWait}},
+                                       &c->on_limit));
+  const bool waits = c->on_limit == ConcurrencyConfig::OnLimit::kWait;
+  for (const char* key : {"max_wait", "max_waiting"}) {
+    if (Get(n, key).IsDefined() && !waits) {
+      return Error(Get(n, key), Quote(key) + " of " + what + " applies only with on_limit: wait");
+    }
+  }
+  RL_RETURN_IF_ERROR(Millis(n, "max_wait", &c->max_wait));
+  if (c->max_wait < std::chrono::milliseconds(1) || c->max_wait > std::chrono::minutes(10)) {
+    return Error(Get(n, "max_wait"), "'max_wait' of " + what + " must be between 1ms and 10m");
+  }
+  RL_RETURN_IF_ERROR(IntIn(n, "max_waiting", 1, 1'000'000, &c->max_waiting));
   return Status::Ok();
 }
 

@@ -82,6 +82,21 @@ struct Plan {
   std::vector<RuleLimit> limits;  // the plan's per-client limits (global across routes)
 };
 
+// A route's limit on requests in flight at once (docs/configuration.md,
+// "Concurrency"): a request takes a lease before it is forwarded and gives it
+// back when the upstream answer ends; a lease left behind (a crashed
+// instance) expires after lease_ttl.
+struct ConcurrencyConfig {
+  enum class Per { kClient, kRoute };     // each client has N, or the whole route has N
+  enum class OnLimit { kReject, kWait };  // 429 at once, or hold until a lease frees
+  int64_t max_in_flight = 1;
+  std::chrono::milliseconds lease_ttl{30'000};
+  Per per = Per::kClient;
+  OnLimit on_limit = OnLimit::kReject;
+  std::chrono::milliseconds max_wait{5'000};  // wait: the longest a request is held
+  size_t max_waiting = 1'000;                 // wait: requests held at once (this instance)
+};
+
 struct RouteClass {
   enum class Match { kExact, kPrefix, kTemplate };
   enum class KeyBy { kClient, kIp };  // kIp: per client IP even if authenticated (login)
@@ -94,7 +109,8 @@ struct RouteClass {
   KeyBy key_by = KeyBy::kClient;
   bool shadow = false;  // every limit of this route in shadow mode
   std::optional<FailureMode> failure_mode;
-  int source_line = 0;  // 1-based line in the config file, 0 = unknown
+  std::optional<ConcurrencyConfig> concurrency;  // no limit on requests in flight if unset
+  int source_line = 0;                           // 1-based line in the config file, 0 = unknown
 };
 
 struct ServerConfig {

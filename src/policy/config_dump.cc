@@ -179,6 +179,20 @@ std::string DumpRedacted(const Config& c) {
     }
     out << YAML::Key << "limits" << YAML::Value;
     EmitRules(out, r.limits);
+    if (const std::optional<ConcurrencyConfig>& cc = r.concurrency) {
+      const bool waits = cc->on_limit == ConcurrencyConfig::OnLimit::kWait;
+      out << YAML::Key << "concurrency" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      out << YAML::Key << "max_in_flight" << YAML::Value << cc->max_in_flight;
+      out << YAML::Key << "lease_ttl" << YAML::Value << FormatDuration(cc->lease_ttl);
+      out << YAML::Key << "per" << YAML::Value
+          << (cc->per == ConcurrencyConfig::Per::kRoute ? "route" : "client");
+      out << YAML::Key << "on_limit" << YAML::Value << (waits ? "wait" : "reject");
+      if (waits) {
+        out << YAML::Key << "max_wait" << YAML::Value << FormatDuration(cc->max_wait);
+        out << YAML::Key << "max_waiting" << YAML::Value << cc->max_waiting;
+      }
+      out << YAML::EndMap;
+    }
     out << YAML::EndMap;
   }
   out << YAML::EndSeq;

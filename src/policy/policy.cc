@@ -305,6 +305,16 @@ StatusOr<RequestPlan> Policy::Resolve(const RequestView& request) const {
     plan.groups.push_back(CheckGroup{g.by_ip ? plan.identity.ip_key : plan.identity.key, g.checks,
                                      g.shadow, g.failure_mode});
   }
+  if (plan.route != nullptr && plan.route->concurrency) {
+    const RouteClass& r = *plan.route;
+    const bool whole = r.concurrency->per == ConcurrencyConfig::Per::kRoute;
+    const bool by_ip = r.key_by == RouteClass::KeyBy::kIp;
+    plan.concurrency =
+        ConcurrencyPlan{.config = &*r.concurrency,
+                        .key = whole ? std::string(kWholeRouteKey)
+                                     : (by_ip ? plan.identity.ip_key : plan.identity.key),
+                        .failure_mode = r.failure_mode.value_or(config_.store.failure_mode)};
+  }
   return plan;
 }
 

@@ -63,11 +63,22 @@ struct CheckGroup {
   FailureMode failure_mode = FailureMode::kOpen;
 };
 
+// The route's limit on requests in flight: take a lease of (key, route->name)
+// with these settings before forwarding. key is the client (identity.key, or
+// identity.ip_key for key_by: ip) or kWholeRouteKey for per: route.
+struct ConcurrencyPlan {
+  const ConcurrencyConfig* config = nullptr;  // points into the Policy
+  std::string key;
+  FailureMode failure_mode = FailureMode::kOpen;  // the route's, else the store's
+};
+inline constexpr std::string_view kWholeRouteKey = "~all";
+
 struct RequestPlan {
   std::string canonical_path;
   const RouteClass* route = nullptr;  // nullptr: no route class matched
   Identity identity;
-  std::vector<CheckGroup> groups;  // empty: nothing limits this request
+  std::vector<CheckGroup> groups;              // empty: nothing limits this request
+  std::optional<ConcurrencyPlan> concurrency;  // the route's concurrency limit, if any
 };
 
 class Policy {

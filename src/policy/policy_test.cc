@@ -38,6 +38,10 @@ routes:
   - {name: pay, path: /api/pay, failure_mode: closed,
      limits: [{name: pay, algorithm: fixed_window, limit: 10, window: 1m}]}
   - {name: daily_too, path: /api/daily, cost: 3, limits: [daily]}
+  - {name: upload, path: /api/upload, concurrency: {max_in_flight: 3, lease_ttl: 2s}}
+  - {name: export, path: /api/export, key_by: ip, failure_mode: closed,
+     concurrency: {max_in_flight: 2, per: route, on_limit: wait, max_wait: 1500ms}}
+  - {name: report, path: /api/report, key_by: ip, concurrency: {max_in_flight: 1}}
   - {name: api, path: /api, limits: []}
 )";
 
@@ -260,6 +264,37 @@ TEST(Policy, EmbeddedDefaultKeysUnknownApiKeysOrIp) {
   r.header = nullptr;  // no header function at all
   r.target = "/api/ping";
   EXPECT_EQ((*p)->Resolve(r)->groups.at(0).key, "ip:127.0.0.1");
+}
+
+TEST_F(PolicyTest, ConcurrencyLimitsOfTheRoute) {
+  headers_["X-API-Key"] = "key-pro";
+  StatusOr<RequestPlan> p = Resolve("POST", "/api/upload/x");
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(p->concurrency.has_value());
+  EXPECT_EQ(p->concurrency->key, "k:key-pro");
+  EXPECT_EQ(p->concurrency->config->max_in_flight, 3);
+  EXPECT_EQ(p->concurrency->config->lease_ttl, std::chrono::seconds(2));
+  EXPECT_EQ(p->concurrency->config->on_limit, ConcurrencyConfig::OnLimit::kReject);
+  EXPECT_EQ(p->concurrency->config->per, ConcurrencyConfig::Per::kClient);
+  EXPECT_EQ(p->concurrency->failure_mode, FailureMode::kOpen);  // the store's
+  EXPECT_EQ(Groups(*p),
+            (V{"k:key-pro|open: daily_pro*1 burst*1", "k:key-pro|shadow|open: pro_watch*1"}));
+
+  p = Resolve("GET", "/api/export");
+  ASSERT_TRUE(p.ok() && p->concurrency);
+  EXPECT_EQ(p->concurrency->key, kWholeRouteKey);  // per: route, whoever asks
+  EXPECT_EQ(p->concurrency->config->on_limit, ConcurrencyConfig::OnLimit::kWait);
+  EXPECT_EQ(p->concurrency->config->max_wait, std::chrono::milliseconds(1500));
+  EXPECT_EQ(p->concurrency->config->max_waiting, 1000u);
+  EXPECT_EQ(p->concurrency->failure_mode, FailureMode::kClosed);
+
+  p = Resolve("GET", "/api/report");  // key_by: ip keys the concurrency by IP too
+  ASSERT_TRUE(p.ok() && p->concurrency);
+  EXPECT_EQ(p->concurrency->key, "ip:203.0.113.9");
+
+  p = Resolve("GET", "/api/other");
+  ASSERT_TRUE(p.ok());
+  EXPECT_FALSE(p->concurrency.has_value());
 }
 
 TEST(Policy, CreateRejectsWhatTheLoaderWouldHave) {

@@ -134,6 +134,19 @@ DecisionCells& Metrics::Decisions(std::string_view route, std::string_view limit
   return *it->second;
 }
 
+ConcurrencyCells& Metrics::Concurrency(std::string_view route) {
+  {
+    std::shared_lock lock(mu_);
+    auto it = concurrency_.find(std::string(route));
+    if (it != concurrency_.end()) return *it->second;
+  }
+  std::unique_lock lock(mu_);
+  if (concurrency_.size() >= kMaxDecisionLabelSets) route = kOther;
+  auto& cells = concurrency_[std::string(route)];
+  if (!cells) cells = std::make_unique<ConcurrencyCells>();
+  return *cells;
+}
+
 std::string Metrics::Render(const Store* store) const {
   std::string out;
   out.reserve(4096);
@@ -170,6 +183,45 @@ std::string Metrics::Render(const Store* store) const {
           out.push_back('\n');
         }
       }
+    }
+  }
+
+  {
+    std::vector<std::pair<const std::string*, const ConcurrencyCells*>> rows;
+    {
+      std::shared_lock lock(mu_);
+      for (const auto& [route, cells] : concurrency_) rows.emplace_back(&route, cells.get());
+    }
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return *a.first < *b.first; });
+    auto row = [&out](std::string_view name, const std::string& route, std::string_view extra,
+                      int64_t v) {
+      out += name;
+      out += "{route=\"";
+      AppendLabelValue(out, route);
+      out += '"';
+      out += extra;
+      out += "} ";
+      out += std::to_string(v);
+      out.push_back('\n');
+    };
+    Header(out, "ratelimit_concurrency_in_flight", "gauge",
+           "Concurrency leases this instance holds now, by route class.");
+    for (const auto& [route, c] : rows)
+      row("ratelimit_concurrency_in_flight", *route, "", c->in_flight.value());
+    Header(out, "ratelimit_concurrency_waiting", "gauge",
+           "Requests held waiting for a concurrency lease (on_limit: wait), by route class.");
+    for (const auto& [route, c] : rows)
+      row("ratelimit_concurrency_waiting", *route, "", c->waiting.value());
+    Header(out, "ratelimit_concurrency_denied_total", "counter",
+           "Requests refused by a concurrency limit, by route class and reason.");
+    for (const auto& [route, c] : rows) {
+      row("ratelimit_concurrency_denied_total", *route, ",reason=\"limit\"",
+          static_cast<int64_t>(c->denied_limit.value()));
+      row("ratelimit_concurrency_denied_total", *route, ",reason=\"wait_timeout\"",
+          static_cast<int64_t>(c->denied_timeout.value()));
+      row("ratelimit_concurrency_denied_total", *route, ",reason=\"queue_full\"",
+          static_cast<int64_t>(c->denied_full.value()));
     }
   }
 

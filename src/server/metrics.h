@@ -106,6 +106,15 @@ class DecisionCells {
 
 inline constexpr size_t kMaxDecisionLabelSets = 4096;
 
+// The concurrency limit of one route class, on this instance.
+struct ConcurrencyCells {
+  Gauge in_flight;         // ratelimit_concurrency_in_flight: leases held now
+  Gauge waiting;           // ratelimit_concurrency_waiting: requests held for a lease
+  Counter denied_limit;    // ratelimit_concurrency_denied_total{reason="limit"}
+  Counter denied_timeout;  // {reason="wait_timeout"}: waited max_wait in vain
+  Counter denied_full;     // {reason="queue_full"}: max_waiting already waiting
+};
+
 class Metrics {
  public:
   Metrics();
@@ -116,6 +125,8 @@ class Metrics {
   // decision API, plan and global limits).
   DecisionCells& Decisions(std::string_view route, std::string_view limit);
   Counter& Degraded(FailureCause c) { return degraded_[static_cast<size_t>(c)]; }
+  // The cells of a route's concurrency limit (bounded like Decisions).
+  ConcurrencyCells& Concurrency(std::string_view route);
 
   Histogram store_latency;        // ratelimit_store_call_duration_seconds
   Counter reloads_ok;             // ratelimit_config_reloads_total{result="ok"}
@@ -161,6 +172,8 @@ class Metrics {
       decisions_;                    // GUARDED_BY(mu_)
   std::array<Counter, 5> degraded_;  // by FailureCause
   std::array<Counter, kFaceCount> delayed_;
+  std::unordered_map<std::string, std::unique_ptr<ConcurrencyCells>>
+      concurrency_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace ratelimit::server

@@ -45,6 +45,38 @@ Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view 
   return r;
 }
 
+// The answer when a concurrency limit refuses a request (429), or its store
+// is down and the failure mode is closed.
+Reply ConcurrencyBlocked(const ConcurrencyOutcome& c, std::string_view name,
+                         policy::HeaderDialect dialect, std::string_view path) {
+  if (c.status != 429) {
+    Reply r = ProblemReply(c.status, c.error, path);
+    if (c.status != 400) {
+      r.Add("Retry-After", "1");
+      r.Add("Cache-Control", "no-store");
+      r.Add("X-RateLimit-Degraded", "true");
+    }
+    return r;
+  }
+  Reply r;
+  r.status = 429;
+  r.content_type = kProblemContentType;
+  r.body = ConcurrencyExceededBody(c, name, path);
+  // The usual headers: the limit is max_in_flight, none remaining, and a
+  // retry in a second (a lease is usually freed long before it expires).
+  const std::string label = "concurrency:" + std::string(name);
+  RateLimitInfo info{.decision = Decision{.allowed = false,
+                                          .limit = c.result.max_in_flight,
+                                          .remaining = 0,
+                                          .retry_after = std::chrono::seconds(1),
+                                          .reset_after = std::chrono::seconds(1)},
+                     .name = label,
+                     .window = std::chrono::seconds(1),
+                     .degraded = c.degraded};
+  AddRateLimitHeaders(dialect, info, r.headers);
+  return r;
+}
+
 // How the policy sees a request: the header lookup joins repeated
 // X-Forwarded-For lines (into `xff`, which must outlive the view).
 policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
@@ -72,14 +104,40 @@ policy::RequestView MakeView(const Request& req, std::string_view method, std::s
       }};
 }
 
+// A streamed upstream answer keeps its concurrency lease until its body has
+// ended (or the client went away: the guard's destructor releases). The last
+// piece is passed on only once the release is answered, so a client that
+// sends its next request after the answer never finds its lease still held.
+class LeasedBody final : public BodyStream {
+ public:
+  LeasedBody(std::shared_ptr<BodyStream> inner, std::shared_ptr<LeaseGuard> lease)
+      : inner_(std::move(inner)), lease_(std::move(lease)) {}
+
+  void Next(Piece piece) override {
+    inner_->Next(
+        [lease = lease_, piece = std::move(piece)](bool ok, std::string_view p, bool last) mutable {
+          if (!last) return piece(ok, p, last);
+          lease->Release([piece = std::move(piece), ok, p]() mutable { piece(ok, p, true); });
+        });
+  }
+  std::optional<uint64_t> content_length() const override { return inner_->content_length(); }
+
+ private:
+  std::shared_ptr<BodyStream> inner_;
+  std::shared_ptr<LeaseGuard> lease_;
+};
+
 }  // namespace
 
 Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
-               AdminApi* admin)
+               AdminApi* admin, ConcurrencyLimiter* limiter)
     : policies_(policies),
       enforcer_(enforcer),
       decision_api_(enforcer),
       gateway_(gateway),
+      limiter_(limiter),
+      concurrency_api_(limiter != nullptr ? std::make_unique<ConcurrencyApi>(*limiter, enforcer)
+                                          : nullptr),
       demo_(demo),
       admin_(admin) {}
 
@@ -106,6 +164,17 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
         return decision_api_.Check(std::move(policy), req.body(), path, std::move(done));
       }
       return decision_api_.Batch(std::move(policy), req.body(), path, std::move(done));
+    }
+    if (concurrency_api_ && (path == "/v1/acquire" || path == "/v1/release")) {
+      if (req.method() != http::verb::post) {
+        Reply r = ProblemReply(405, "use POST for " + std::string(path), path);
+        r.Add("Allow", "POST");
+        return done(std::move(r));
+      }
+      if (path == "/v1/acquire") {
+        return concurrency_api_->Acquire(std::move(policy), req.body(), path, std::move(done));
+      }
+      return concurrency_api_->Release(std::move(policy), req.body(), path, std::move(done));
     }
     if (path == "/v1/auth")
       return Rules(req, peer, peer_text, std::move(policy), true, std::move(done), holder);
@@ -162,13 +231,23 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
 
   const policy::HeaderDialect dialect = policy->config().server.headers;
   const size_t max_held = policy->config().server.max_held_requests;
+  // The route's concurrency limit applies where the end of the request is
+  // seen: in the gateway (not to /v1/auth, whose request nginx forwards).
+  std::optional<ConcurrencyRequest> concurrency;
+  if (gateway_ != nullptr && limiter_ != nullptr && !auth && plan->concurrency) {
+    concurrency = ConcurrencyRequest{.key = plan->concurrency->key,
+                                     .name = plan->route->name,
+                                     .route = plan->route->name,
+                                     .config = *plan->concurrency->config,
+                                     .failure_mode = plan->concurrency->failure_mode};
+  }
   const Face face = auth                              ? Face::kAuthRequest
                     : (gateway_ != nullptr || !demo_) ? Face::kGateway
                                                       : Face::kDemo;
   enforcer_.Enforce(
       std::move(policy), std::move(*plan), path, face,
       [this, &req, peer_text, auth, deny_status, dialect, path, target, face, holder, max_held,
-       done = std::move(done)](Outcome o) mutable {
+       concurrency = std::move(concurrency), done = std::move(done)](Outcome o) mutable {
         if (auth) {
           if (o.status == 400) return done(ProblemReply(400, o.error, path));
           if (o.status != 200) return done(AuthReply(o, dialect, deny_status, target));
@@ -181,23 +260,63 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
         }
         if (o.status != 200) return done(Blocked(o, dialect, path));
         if (gateway_ != nullptr) {
+          // Shaping first, then the concurrency lease: a request waiting for
+          // its turn does not hold a place in the upstream.
           const std::chrono::microseconds delay = o.decision.delay;
-          return AfterDelay(delay, face, holder, max_held, path, std::move(done),
-                            [this, &req, peer_text, o = std::move(o),
-                             dialect](std::function<void(Reply)> done) mutable {
-                              gateway_->Forward(req, peer_text,
-                                                [o = std::move(o), dialect,
-                                                 done = std::move(done)](Reply r) mutable {
-                                                  AddInfoHeaders(o, dialect, r);
-                                                  done(std::move(r));
-                                                });
-                            });
+          return AfterDelay(
+              delay, face, holder, max_held, path, std::move(done),
+              [this, &req, peer_text, dialect, path, o = std::move(o),
+               concurrency = std::move(concurrency)](std::function<void(Reply)> done) mutable {
+                Forward(req, peer_text, std::move(o), dialect, path, std::move(concurrency),
+                        std::move(done));
+              });
         }
         Reply r =
             demo_ && path == "/api/ping" ? Pong() : ProblemReply(404, "no route for " + path, path);
         AddInfoHeaders(o, dialect, r);
         done(std::move(r));
       });
+}
+
+void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
+                     policy::HeaderDialect dialect, std::string_view path,
+                     std::optional<ConcurrencyRequest> concurrency,
+                     std::function<void(Reply)> done) {
+  if (!concurrency) {
+    return gateway_->Forward(req, peer_text,
+                             [o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
+                               AddInfoHeaders(o, dialect, r);
+                               done(std::move(r));
+                             });
+  }
+  const std::string name = concurrency->name, key = concurrency->key;
+  limiter_->Acquire(*std::move(concurrency), [this, &req, peer_text, dialect,
+                                              path = std::string(path), name, key, o = std::move(o),
+                                              done =
+                                                  std::move(done)](ConcurrencyOutcome c) mutable {
+    if (c.status != 200) {
+      if (c.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path, name);
+      return done(ConcurrencyBlocked(c, name, dialect, path));
+    }
+    // The lease is held until the upstream answer ended, failed or was
+    // dropped: the guard releases it on every path.
+    std::shared_ptr<LeaseGuard> lease = std::move(c.lease);
+    o.degraded = o.degraded || c.degraded;
+    gateway_->Forward(
+        req, peer_text,
+        [o = std::move(o), dialect, lease = std::move(lease),
+         done = std::move(done)](Reply r) mutable {
+          AddInfoHeaders(o, dialect, r);
+          if (!lease) return done(std::move(r));
+          if (r.body_stream != nullptr) {
+            r.body_stream =
+                std::make_shared<LeasedBody>(std::move(r.body_stream), std::move(lease));
+            return done(std::move(r));
+          }
+          auto answer = std::make_shared<Reply>(std::move(r));
+          lease->Release([answer, done = std::move(done)]() mutable { done(std::move(*answer)); });
+        });
+  });
 }
 
 void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,

@@ -2,11 +2,13 @@
 // the upstream answer asynchronously). Decides which face answers:
 //
 //   POST /v1/check, /v1/check/batch    decision API (other methods: 405)
+//   POST /v1/acquire, /v1/release      concurrency leases (with a limiter)
 //   /v1/auth (any method)              nginx auth_request
 //   GET / (server.demo)                the demo page (not limited)
 //   GET /demo/state (server.demo)      the CALLER's own bucket state (not limited)
 //   anything else                      the configured rules (Policy::Resolve ->
-//                                      Enforcer), then: the upstream (gateway),
+//                                      Enforcer), then: the route's concurrency
+//                                      lease (gateway only), the upstream (gateway),
 //                                      /api/ping (demo), or 404
 //
 // Shaping: when the limits allow a gateway or auth_request request with a
@@ -26,9 +28,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "policy/ip.h"
+#include "server/concurrency_api.h"
+#include "server/concurrency_guard.h"
 #include "server/decision_api.h"
 #include "server/enforcer.h"
 #include "server/hold.h"
@@ -45,8 +50,10 @@ class Router {
  public:
   // The public listener's router. `gateway` may be null (no upstream).
   // `demo`: serve the demo page, /api/ping and (with `admin`) /demo/state.
+  // `limiter` (may be null) serves /v1/acquire, /v1/release and the routes'
+  // concurrency limits in the gateway.
   Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
-         AdminApi* admin = nullptr);
+         AdminApi* admin = nullptr, ConcurrencyLimiter* limiter = nullptr);
   // The admin listener's router: everything goes to `admin`.
   static std::unique_ptr<Router> Admin(PolicyHolder& policies, Enforcer& enforcer, AdminApi& admin);
 
@@ -58,6 +65,11 @@ class Router {
   void Rules(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
              std::shared_ptr<const policy::Policy> policy, bool auth,
              std::function<void(Reply)> done, Holder* holder);
+  // Forwards an allowed request upstream, within its route's concurrency
+  // limit when it has one (the lease lives until the answer has ended).
+  void Forward(const Request& req, std::string_view peer_text, Outcome o,
+               policy::HeaderDialect dialect, std::string_view path,
+               std::optional<ConcurrencyRequest> concurrency, std::function<void(Reply)> done);
   // Runs proceed(done) after `delay` (at once when it is zero or there is no
   // holder), or answers `done` itself: 503 when too many are held already.
   void AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,
@@ -68,6 +80,8 @@ class Router {
   Enforcer& enforcer_;
   DecisionApi decision_api_;
   Gateway* gateway_;
+  ConcurrencyLimiter* limiter_;                      // may be null
+  std::unique_ptr<ConcurrencyApi> concurrency_api_;  // with limiter_
   bool demo_;
   AdminApi* admin_;              // may be null
   bool admin_listener_ = false;  // this router serves the admin listener

@@ -6,6 +6,7 @@
 
 #include "ratelimit/memory_store.h"
 #include "server/admin.h"
+#include "server/concurrency_guard.h"
 #include "server/enforcer.h"
 #include "server/gateway.h"
 #include "server/http.h"
@@ -15,6 +16,7 @@
 #include "server/policy_holder.h"
 #include "server/router.h"
 #include "server/session.h"
+#include "server/store_factory.h"
 
 namespace ratelimit::server {
 
@@ -36,6 +38,11 @@ struct Server::Impl {
   // what the callbacks post to it is dropped with it). Destroyed in member
   // order instead, the last reference (here) would go after all of them.
   ~Impl() {
+    // The same for the concurrency store: its pending releases complete (and
+    // answer their sessions) now, while the io_context exists; leases still
+    // held by requests queued in the io_context are left to expire.
+    if (limiter) limiter->DetachStore();
+    concurrency_store.reset();
     std::shared_ptr<Store> last = enforcer.ReleaseStore();
     last.reset();
     store.reset();  // the last reference: a RedisStore closes and drains here
@@ -59,7 +66,9 @@ struct Server::Impl {
   // Gateway operations still queued at exit refer to it. Its idle pool is
   // emptied (CloseIdle) at the end of Run, while the io_context still exists.
   std::unique_ptr<Gateway> gateway;
+  std::unique_ptr<ConcurrencyStore> concurrency_store;  // destroyed in ~Impl
   net::io_context ioc;
+  std::unique_ptr<ConcurrencyLimiter> limiter;  // its timers run on the io_context
   // Declared after the io_context: they own sockets and timers on it.
   std::unique_ptr<Router> router;
   std::shared_ptr<Listener> listener;
@@ -95,9 +104,14 @@ Status Server::Start() {
     token = std::move(*t);
   }
   const bool have_token = !token.empty();
+  StatusOr<std::unique_ptr<ConcurrencyStore>> cs = MakeConcurrencyStore(s.start_config.store);
+  if (!cs.ok()) return cs.status();
+  s.concurrency_store = std::move(*cs);
+  s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store,
+                                                   s.start_config.store);
   s.admin = std::make_unique<AdminApi>(s.enforcer, std::move(token));
-  s.router =
-      std::make_unique<Router>(s.policies, s.enforcer, s.gateway.get(), sc.demo, s.admin.get());
+  s.router = std::make_unique<Router>(s.policies, s.enforcer, s.gateway.get(), sc.demo,
+                                      s.admin.get(), s.limiter.get());
   StatusOr<tcp::endpoint> ep = ResolveListenAddress(s.ioc, sc.listen);
   if (!ep.ok()) return ep.status();
   SessionLimits limits{.max_header_bytes = sc.max_header_bytes,
@@ -249,6 +263,8 @@ void Server::Impl::ScheduleSweep() {
     if (ec) return;
     if (auto* m = dynamic_cast<MemoryStore*>(store.get())) m->Sweep();
     enforcer.local_store().Sweep();
+    if (limiter) limiter->Sweep();
+    if (auto* m = dynamic_cast<MemoryConcurrencyStore*>(concurrency_store.get())) m->Sweep();
     ScheduleSweep();
   });
 }
@@ -266,6 +282,7 @@ int Server::Run() {
   for (int i = 1; i < n; ++i) threads.emplace_back([&s] { s.ioc.run(); });
   s.ioc.run();
   for (auto& t : threads) t.join();
+  if (s.limiter) s.limiter->Stop();
   if (s.gateway) s.gateway->CloseIdle();
   return 0;
 }

@@ -6,6 +6,45 @@
 
 namespace ratelimit::server {
 
+namespace {
+
+void LogBreakerChanges(CircuitBreaker::Options& o, std::string_view which) {
+  // Every state change is one log line (a cluster has a breaker per node;
+  // each logs its own changes). Runs under the breaker's lock: one write(2).
+  o.on_change = [which](CircuitBreaker::State from, CircuitBreaker::State to) {
+    Log(to == CircuitBreaker::State::kOpen ? Level::kWarn : Level::kInfo, which,
+        {{"from", BreakerStateName(from)}, {"to", BreakerStateName(to)}});
+  };
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
+    const policy::StoreConfig& config) {
+  if (config.type == policy::StoreConfig::Type::kMemory) {
+    return std::unique_ptr<ConcurrencyStore>(
+        std::make_unique<MemoryConcurrencyStore>(MemoryConcurrencyStore::Options{
+            .max_keys = config.max_keys, .max_key_length = config.max_key_length}));
+  }
+  RedisConcurrencyStore::Options o;
+  o.url = config.url;
+  o.deadline = config.deadline;
+  o.key_prefix = config.key_prefix;
+  o.time_source = config.time_source == policy::StoreConfig::TimeSource::kRedis
+                      ? RedisConcurrencyStore::TimeSource::kRedis
+                      : RedisConcurrencyStore::TimeSource::kLocal;
+  o.max_key_length = config.max_key_length;
+  o.connections = 1;
+  o.max_pending = config.max_pending;
+  o.breaker.failure_threshold = config.breaker.failures;
+  o.breaker.open_for = config.breaker.open_for;
+  o.breaker.max_open_for = config.breaker.max_open_for;
+  LogBreakerChanges(o.breaker, "redis circuit breaker (concurrency)");
+  StatusOr<std::unique_ptr<RedisConcurrencyStore>> s = RedisConcurrencyStore::Create(std::move(o));
+  if (!s.ok()) return s.status();
+  return std::unique_ptr<ConcurrencyStore>(std::move(*s));
+}
+
 StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
   switch (config.type) {
     case policy::StoreConfig::Type::kMemory: {
@@ -30,13 +69,7 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
       o.breaker.failure_threshold = config.breaker.failures;
       o.breaker.open_for = config.breaker.open_for;
       o.breaker.max_open_for = config.breaker.max_open_for;
-      // Every state change is one log line (a cluster has a breaker per node;
-      // each logs its own changes). Runs under the breaker's lock: one write(2).
-      o.breaker.on_change = [](CircuitBreaker::State from, CircuitBreaker::State to) {
-        Log(to == CircuitBreaker::State::kOpen ? Level::kWarn : Level::kInfo,
-            "redis circuit breaker",
-            {{"from", BreakerStateName(from)}, {"to", BreakerStateName(to)}});
-      };
+      LogBreakerChanges(o.breaker, "redis circuit breaker");
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();
       return std::shared_ptr<Store>(std::move(*s));

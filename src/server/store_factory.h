@@ -14,11 +14,17 @@
 #include <memory>
 
 #include "policy/config.h"
+#include "ratelimit/concurrency.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 
 namespace ratelimit::server {
 
 StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config);
+
+// The store of concurrency leases, from the same settings: memory ->
+// MemoryConcurrencyStore; redis -> RedisConcurrencyStore (one connection of
+// its own, its own breaker with the same settings, state changes logged).
+StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(const policy::StoreConfig& config);
 
 }  // namespace ratelimit::server

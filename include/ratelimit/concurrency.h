@@ -1,0 +1,158 @@
+// ConcurrencyStore: at most N requests of a key in flight at once.
+//
+// A rate limit counts requests per unit of time; a concurrency limit counts
+// requests that have started and not yet finished. Acquire takes a lease (an
+// id) when fewer than `max_in_flight` leases of the (key, name) are held;
+// Release gives it back. Every lease expires `lease_ttl` after it was taken,
+// so an instance that crashes while holding leases cannot leak capacity
+// forever: its leases are dropped by the next Acquire after they expire.
+// Implementations: MemoryConcurrencyStore (one process, a manual clock for
+// tests) and RedisConcurrencyStore (shared by every instance: a sorted set per
+// key scored by expiry, one Lua script call per acquire, Redis TIME).
+//
+//   AcquireResult r = *store.AcquireSync({.key = "user:ada", .name = "upload",
+//                                         .max_in_flight = 3, .lease_ttl = 30s});
+//   if (r.acquired) { ...; store.ReleaseSync("user:ada", "upload", r.lease_id); }
+//
+// A non-OK status means the store could not decide (unreachable, deadline,
+// breaker open, full) or the request was malformed (kInvalidArgument); the
+// caller applies its failure mode to the former.
+//
+// Thread-safety: every method may be called from any thread concurrently.
+// `done` is called exactly once, before the call returns (memory) or later on
+// a store thread (Redis); it must not block.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ratelimit/circuit_breaker.h"
+#include "ratelimit/clock.h"
+#include "ratelimit/status.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit {
+
+struct AcquireRequest {
+  std::string_view key;   // the client (or "~all" for a whole route), e.g. "user:ada"
+  std::string_view name;  // which concurrency limit (a route name): a limit name
+  int64_t max_in_flight = 1;
+  std::chrono::microseconds lease_ttl{30'000'000};
+};
+
+struct AcquireResult {
+  bool acquired = false;
+  std::string lease_id;   // set when acquired
+  int64_t in_flight = 0;  // leases held after the call (this one included)
+  int64_t max_in_flight = 0;
+  // Denied: when the oldest held lease expires at the latest (it may be
+  // released much sooner). 0 when acquired.
+  std::chrono::microseconds retry_after{0};
+};
+
+using AcquireCallback = std::function<void(StatusOr<AcquireResult>)>;
+// true: the lease was held and is now freed; false: it was not held (already
+// released, expired, or never existed).
+using ReleaseCallback = std::function<void(StatusOr<bool>)>;
+
+class ConcurrencyStore {
+ public:
+  virtual ~ConcurrencyStore() = default;
+
+  virtual void Acquire(const AcquireRequest& request, AcquireCallback done) = 0;
+  virtual void Release(std::string_view key, std::string_view name, std::string_view lease_id,
+                       ReleaseCallback done) = 0;
+
+  // Blocking conveniences for tools and tests. REQUIRES: not called on a
+  // thread that the store needs to complete the call.
+  StatusOr<AcquireResult> AcquireSync(const AcquireRequest& request);
+  StatusOr<bool> ReleaseSync(std::string_view key, std::string_view name,
+                             std::string_view lease_id);
+};
+
+// Checks a request before it reaches a store: key length, a valid limit name,
+// max_in_flight in [1, kMaxInFlight], lease_ttl in [1 ms, kMaxLeaseTtl].
+Status ValidateAcquire(const AcquireRequest& request, size_t max_key_length);
+// A lease id: 1..64 characters of [A-Za-z0-9_-].
+Status ValidateLeaseId(std::string_view lease_id);
+// 32 random hex digits (128 bits), unique in practice across instances.
+std::string NewLeaseId();
+
+inline constexpr int64_t kMaxInFlight = 1'000'000;
+inline constexpr std::chrono::hours kMaxLeaseTtl{24};
+
+// One process. Each (key, name) holds its leases with their expiry times;
+// Acquire first drops the expired ones. Keys without leases are dropped.
+// Bounded: at most `max_keys` (key, name) pairs hold leases; beyond it an
+// Acquire for a new pair fails with kResourceExhausted.
+class MemoryConcurrencyStore final : public ConcurrencyStore {
+ public:
+  struct Options {
+    size_t max_keys = 1'000'000;
+    size_t max_key_length = kDefaultMaxKeyLength;
+    const Clock* clock = nullptr;  // nullptr: Clock::System()
+  };
+  MemoryConcurrencyStore();
+  explicit MemoryConcurrencyStore(Options options);
+  ~MemoryConcurrencyStore() override;
+
+  void Acquire(const AcquireRequest& request, AcquireCallback done) override;
+  void Release(std::string_view key, std::string_view name, std::string_view lease_id,
+               ReleaseCallback done) override;
+
+  // Unexpired leases of (key, name) now.
+  int64_t InFlight(std::string_view key, std::string_view name);
+  // Drops every expired lease (and emptied keys); returns how many leases.
+  size_t Sweep();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Shared by every instance. The leases of (key, name) are a sorted set at
+// KeyFor(key, name) = `<prefix>{<client>}~c:<name>`, member = lease id, score
+// = expiry (microseconds of Redis time). Acquire is one script call:
+// ZREMRANGEBYSCORE the expired, ZCARD < max then ZADD, PEXPIRE the key until
+// its last lease expires. Release is ZREM. The client part is escaped like
+// RedisStore's keys (EncodeClientKey), and the braces make it the hash tag,
+// so a client's rate limit and concurrency keys share a Redis Cluster slot.
+// A call that fails is never replayed (a timed-out acquire may have taken a
+// lease: it expires after lease_ttl).
+class RedisConcurrencyStore final : public ConcurrencyStore {
+ public:
+  enum class TimeSource { kRedis, kLocal };
+  struct Options {
+    std::string url = "redis://127.0.0.1:6379";  // as RedisStore (cluster URLs too)
+    std::chrono::milliseconds deadline{100};
+    std::string key_prefix = "rl:";
+    TimeSource time_source = TimeSource::kRedis;
+    const Clock* clock = nullptr;  // kLocal: the time source
+    int connections = 1;
+    size_t max_pending = 10'000;
+    size_t max_key_length = kDefaultMaxKeyLength;
+    CircuitBreaker::Options breaker;
+    std::chrono::milliseconds reconnect_max_backoff{250};
+  };
+  static StatusOr<std::unique_ptr<RedisConcurrencyStore>> Create(Options options);
+  ~RedisConcurrencyStore() override;
+
+  void Acquire(const AcquireRequest& request, AcquireCallback done) override;
+  void Release(std::string_view key, std::string_view name, std::string_view lease_id,
+               ReleaseCallback done) override;
+
+  std::string KeyFor(std::string_view key, std::string_view name) const;
+  CircuitBreaker::State breaker_state() const;
+
+  struct Impl;
+
+ private:
+  explicit RedisConcurrencyStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ratelimit

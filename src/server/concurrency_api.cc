@@ -1,0 +1,187 @@
+#include "server/concurrency_api.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <span>
+
+#include "server/decision_api.h"
+#include "server/headers.h"
+#include "server/problem.h"
+
+namespace ratelimit::server {
+namespace {
+
+using nlohmann::json;
+
+Status Bad(std::string m) { return InvalidArgument(std::move(m)); }
+
+const json* Field(const json& j, std::string_view name) {
+  auto it = j.find(name);
+  return it == j.end() ? nullptr : &*it;
+}
+
+Status String(const json& j, std::string_view name, std::string* out) {
+  const json* v = Field(j, name);
+  if (v == nullptr) return Status::Ok();
+  if (!v->is_string() || v->get_ref<const std::string&>().empty()) {
+    return Bad("field '" + std::string(name) + "' must be a non-empty string");
+  }
+  *out = v->get<std::string>();
+  return Status::Ok();
+}
+
+// Common to both: key, and either route or name (+ limits, for acquire).
+StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool release) {
+  if (!j.is_object()) return Bad("the body must be a JSON object");
+  static constexpr std::string_view kReleaseFields[] = {"key", "name", "route", "lease_id"};
+  static constexpr std::string_view kAcquireFields[] = {"key", "name", "route", "max_in_flight",
+                                                        "lease_ttl"};
+  const std::span<const std::string_view> allowed =
+      release ? std::span<const std::string_view>(kReleaseFields)
+              : std::span<const std::string_view>(kAcquireFields);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
+      std::string list;
+      for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      return Bad("unknown field '" + it.key() + "' (expected " + list + ")");
+    }
+  }
+  ParsedAcquire p;
+  policy::ConcurrencyConfig& c = p.request.config;
+  c.on_limit = policy::ConcurrencyConfig::OnLimit::kReject;  // the caller decides what to do
+  if (Status s = String(j, "key", &p.request.key); !s.ok()) return s;
+  if (p.request.key.empty()) return Bad("field 'key' is required");
+  std::string route;
+  if (Status s = String(j, "route", &route); !s.ok()) return s;
+  if (Status s = String(j, "name", &p.request.name); !s.ok()) return s;
+  if (policy != nullptr) p.request.failure_mode = policy->config().store.failure_mode;
+  if (!route.empty()) {
+    for (const char* f : {"name", "max_in_flight", "lease_ttl"}) {
+      if (Field(j, f) != nullptr) {
+        return Bad("field '" + std::string(f) + "' does not go with 'route' (the route sets it)");
+      }
+    }
+    const policy::RouteClass* r = nullptr;
+    if (policy != nullptr) {
+      for (const policy::RouteClass& rc : policy->config().routes) {
+        if (rc.name == route) r = &rc;
+      }
+    }
+    if (r == nullptr) return Bad("unknown route '" + route + "'");
+    if (!r->concurrency) return Bad("route '" + route + "' has no concurrency limit");
+    p.request.name = r->name;
+    c.max_in_flight = r->concurrency->max_in_flight;
+    c.lease_ttl = r->concurrency->lease_ttl;
+    if (r->failure_mode) p.request.failure_mode = *r->failure_mode;
+  } else {
+    if (p.request.name.empty()) return Bad("field 'name' (or 'route') is required");
+    if (Status s = ValidateLimitName(p.request.name); !s.ok()) {
+      return Bad("field 'name': " + s.message());
+    }
+    if (!release) {
+      const json* max = Field(j, "max_in_flight");
+      if (max == nullptr) return Bad("field 'max_in_flight' is required");
+      if (!max->is_number_integer() || max->get<int64_t>() < 1 ||
+          max->get<int64_t>() > kMaxInFlight) {
+        return Bad("field 'max_in_flight' must be an integer in [1, " +
+                   std::to_string(kMaxInFlight) + "]");
+      }
+      c.max_in_flight = max->get<int64_t>();
+      if (const json* ttl = Field(j, "lease_ttl"); ttl != nullptr) {
+        if (!ttl->is_string()) {
+          return Bad("field 'lease_ttl' must be a duration string such as \"30s\"");
+        }
+        StatusOr<std::chrono::microseconds> d = ParseDuration(ttl->get_ref<const std::string&>());
+        if (!d.ok()) return Bad("field 'lease_ttl': " + d.status().message());
+        if (*d < std::chrono::milliseconds(10) || *d > kMaxLeaseTtl || d->count() % 1000 != 0) {
+          return Bad("field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+        }
+        c.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+      }
+    }
+  }
+  if (release) {
+    if (Status s = String(j, "lease_id", &p.lease_id); !s.ok()) return s;
+    if (p.lease_id.empty()) return Bad("field 'lease_id' is required");
+    if (Status s =
+            ValidateLeaseId(p.lease_id.starts_with("l-") ? p.lease_id.substr(2) : p.lease_id);
+        !s.ok()) {
+      return Bad("field 'lease_id': " + s.message());
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+StatusOr<ParsedAcquire> ParseAcquire(const json& j, const policy::Policy* policy) {
+  return Parse(j, policy, /*release=*/false);
+}
+
+StatusOr<ParsedAcquire> ParseRelease(const json& j, const policy::Policy* policy) {
+  return Parse(j, policy, /*release=*/true);
+}
+
+void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+                             std::string_view path, std::function<void(Reply)> done) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+  StatusOr<ParsedAcquire> p = ParseAcquire(*j, policy.get());
+  if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
+  const std::string key = p->request.key, name = p->request.name;
+  const auto ttl = p->request.config.lease_ttl;
+  limiter_.Acquire(std::move(p->request), [this, policy, key, name, ttl, path = std::string(path),
+                                           done = std::move(done)](ConcurrencyOutcome o) {
+    if (o.status == 400) return done(ProblemReply(400, o.error, path));
+    Reply r;
+    r.status = o.status;
+    r.content_type = "application/json";
+    json body = {{"acquired", o.status == 200},
+                 {"in_flight", o.result.in_flight},
+                 {"max_in_flight", o.result.max_in_flight},
+                 {"lease_ttl_ms", ttl.count()},
+                 {"retry_after_ms", o.status == 200 ? 0 : 1000},
+                 {"degraded", o.degraded}};
+    if (o.lease) body["lease_id"] = o.lease->Detach();
+    if (o.status == 200 && !o.lease) body["lease_id"] = nullptr;  // failed open: none
+    if (o.status != 200) {
+      if (!o.error.empty()) body["error"] = o.error;
+      r.Add("Retry-After", "1");
+      r.Add("Cache-Control", "no-store");
+      if (o.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path);
+    }
+    if (o.degraded) r.Add("X-RateLimit-Degraded", "true");
+    r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+    done(std::move(r));
+  });
+}
+
+void ConcurrencyApi::Release(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+                             std::string_view path, std::function<void(Reply)> done) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+  StatusOr<ParsedAcquire> p = ParseRelease(*j, policy.get());
+  if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
+  limiter_.Release(p->request.key, p->request.name, p->lease_id,
+                   [path = std::string(path), done = std::move(done)](StatusOr<bool> r) {
+                     if (!r.ok()) {
+                       if (r.status().code() == StatusCode::kInvalidArgument) {
+                         return done(ProblemReply(400, r.status().message(), path));
+                       }
+                       // The lease expires by itself; say so, and that nothing was freed now.
+                       Reply e = ProblemReply(
+                           503,
+                           "the concurrency store is unavailable: " + r.status().message() +
+                               " (the lease expires after its lease_ttl)",
+                           path);
+                       e.Add("Retry-After", "1");
+                       return done(std::move(e));
+                     }
+                     Reply ok;
+                     ok.content_type = "application/json";
+                     ok.body = *r ? R"({"released":true})" : R"({"released":false})";
+                     done(std::move(ok));
+                   });
+}
+
+}  // namespace ratelimit::server

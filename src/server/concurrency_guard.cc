@@ -1,0 +1,339 @@
+#include "server/concurrency_guard.h"
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "server/headers.h"
+#include "server/json_log.h"
+#include "server/metrics.h"
+
+namespace ratelimit::server {
+
+namespace net = boost::asio;
+using policy::ConcurrencyConfig;
+using policy::FailureMode;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr std::string_view kLocalPrefix = "l-";
+constexpr milliseconds kFirstRetry{10};
+constexpr milliseconds kMaxRetry{200};
+
+std::string WaitKey(std::string_view key, std::string_view name) {
+  std::string k(key);
+  k.push_back('\0');
+  k.append(name);
+  return k;
+}
+
+}  // namespace
+
+struct ConcurrencyLimiter::Waiter {
+  ConcurrencyRequest req;
+  std::function<void(ConcurrencyOutcome)> done;
+  std::chrono::steady_clock::time_point started, deadline;
+  milliseconds backoff = kFirstRetry;
+  net::strand<net::any_io_executor> strand;
+  net::steady_timer timer;
+  bool queued = false;  // counted in `waiting` and listed in State::waiters
+  bool woken = false;   // on the strand: a release asked for an early retry
+  ConcurrencyCells* cells = nullptr;
+
+  Waiter(net::any_io_executor ex) : strand(net::make_strand(ex)), timer(strand) {}
+};
+
+struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
+  using Waiter = ConcurrencyLimiter::Waiter;
+  net::any_io_executor executor;
+  // Not owned; null after DetachStore (shutdown): leases are then left to expire.
+  std::atomic<ConcurrencyStore*> store{nullptr};
+  MemoryConcurrencyStore local;
+  int expected_instances = 1;
+  int closed_status = 503;
+  LogSampler error_log{10};
+  std::mutex mu;
+  bool stopped = false;  // GUARDED_BY(mu)
+  // (key, name) -> requests waiting for one of its leases, oldest first.
+  std::unordered_map<std::string, std::deque<std::weak_ptr<ConcurrencyLimiter::Waiter>>>
+      waiters;  // GUARDED_BY(mu)
+
+  // A lease of (key, name) was given back here: the oldest waiter asks again now.
+  void Wake(const std::string& key, const std::string& name) {
+    std::shared_ptr<ConcurrencyLimiter::Waiter> w;
+    {
+      std::lock_guard lock(mu);
+      if (stopped) return;
+      auto it = waiters.find(WaitKey(key, name));
+      if (it == waiters.end()) return;
+      while (!it->second.empty() && !w) {
+        w = it->second.front().lock();
+        if (!w) it->second.pop_front();
+      }
+      if (!w) {
+        waiters.erase(it);
+        return;
+      }
+    }
+    net::dispatch(w->strand, [w] {
+      w->woken = true;
+      w->timer.cancel();
+    });
+  }
+
+  void Try(std::shared_ptr<Waiter> w);
+  void OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResult> r);
+  void Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o);
+
+  void LogError(std::string_view what, const Status& s) {
+    int64_t suppressed = 0;
+    if (!error_log.Admit(suppressed)) return;
+    if (suppressed > 0)
+      Log(Level::kWarn, "concurrency store errors suppressed", {{"count", suppressed}});
+    Log(Level::kWarn, what, {{"error", s.ToString()}});
+  }
+};
+
+LeaseGuard::LeaseGuard(std::shared_ptr<State> state, std::string key, std::string name,
+                       std::string id, std::string route)
+    : state_(std::move(state)),
+      key_(std::move(key)),
+      name_(std::move(name)),
+      id_(std::move(id)),
+      route_(std::move(route)) {
+  Metrics::Global().Concurrency(route_).in_flight.Add(1);
+}
+
+LeaseGuard::~LeaseGuard() { Release(); }
+
+std::string LeaseGuard::Detach() {
+  if (!std::exchange(released_, true)) Metrics::Global().Concurrency(route_).in_flight.Add(-1);
+  return id_;
+}
+
+void LeaseGuard::Release(std::function<void()> then) {
+  if (std::exchange(released_, true)) {
+    if (then) then();
+    return;
+  }
+  Metrics::Global().Concurrency(route_).in_flight.Add(-1);
+  std::shared_ptr<State> st = state_;
+  if (id_.starts_with(kLocalPrefix)) {
+    st->local.Release(key_, name_, std::string_view(id_).substr(kLocalPrefix.size()),
+                      [](StatusOr<bool>) {});
+    st->Wake(key_, name_);
+    if (then) then();
+    return;
+  }
+  ConcurrencyStore* store = st->store.load();
+  if (store == nullptr) {  // shutting down: the lease expires after its lease_ttl
+    if (then) then();
+    return;
+  }
+  store->Release(
+      key_, name_, id_, [st, key = key_, name = name_, then = std::move(then)](StatusOr<bool> r) {
+        if (!r.ok()) {
+          st->LogError("concurrency lease release failed: it expires by itself", r.status());
+        }
+        st->Wake(key, name);
+        if (then) then();
+      });
+}
+
+ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store,
+                                       const policy::StoreConfig& store_config)
+    : state_(std::make_shared<LeaseGuard::State>()) {
+  state_->executor = std::move(executor);
+  state_->store = &store;
+  state_->expected_instances = std::max(1, store_config.expected_instances);
+  state_->closed_status = store_config.closed_status;
+}
+
+ConcurrencyLimiter::~ConcurrencyLimiter() { Stop(); }
+
+void ConcurrencyLimiter::Stop() {
+  std::lock_guard lock(state_->mu);
+  state_->stopped = true;
+  state_->waiters.clear();
+}
+
+void ConcurrencyLimiter::DetachStore() { state_->store.store(nullptr); }
+
+void ConcurrencyLimiter::Sweep() { state_->local.Sweep(); }
+
+void ConcurrencyLimiter::Acquire(ConcurrencyRequest request,
+                                 std::function<void(ConcurrencyOutcome)> done) {
+  auto w = std::make_shared<Waiter>(state_->executor);
+  w->started = std::chrono::steady_clock::now();
+  w->deadline = w->started + request.config.max_wait;
+  w->cells = &Metrics::Global().Concurrency(request.route);
+  w->req = std::move(request);
+  w->done = std::move(done);
+  state_->Try(std::move(w));
+}
+
+void LeaseGuard::State::Try(std::shared_ptr<Waiter> w) {
+  const AcquireRequest r{.key = w->req.key,
+                         .name = w->req.name,
+                         .max_in_flight = w->req.config.max_in_flight,
+                         .lease_ttl = w->req.config.lease_ttl};
+  ConcurrencyStore* s = store.load();
+  if (s == nullptr) return OnResult(std::move(w), Unavailable("shutting down"));
+  s->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
+    st->OnResult(std::move(w), std::move(res));
+  });
+}
+
+void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResult> r) {
+  ConcurrencyOutcome o;
+  if (!r.ok()) {
+    if (r.status().code() == StatusCode::kInvalidArgument) {
+      o.status = 400;
+      o.error = r.status().message();
+      return Finish(std::move(w), std::move(o));
+    }
+    Metrics::Global().Degraded(CauseOf(r.status())).Inc();
+    LogError("concurrency store error: failure mode decides", r.status());
+    o.degraded = true;
+    switch (w->req.failure_mode) {
+      case FailureMode::kOpen:
+        o.result.acquired = true;
+        o.result.max_in_flight = w->req.config.max_in_flight;
+        return Finish(std::move(w), std::move(o));
+      case FailureMode::kClosed:
+        o.status = static_cast<unsigned>(closed_status);
+        o.error = "the concurrency limit store is unavailable";
+        return Finish(std::move(w), std::move(o));
+      case FailureMode::kLocal: {
+        const int64_t n = expected_instances;
+        const int64_t max = std::max<int64_t>(1, (w->req.config.max_in_flight + n - 1) / n);
+        r = local.AcquireSync({.key = w->req.key,
+                               .name = w->req.name,
+                               .max_in_flight = max,
+                               .lease_ttl = w->req.config.lease_ttl});
+        if (!r.ok()) {  // the local store is full too: let it through
+          o.result.acquired = true;
+          o.result.max_in_flight = max;
+          return Finish(std::move(w), std::move(o));
+        }
+        if (r->acquired) r->lease_id = std::string(kLocalPrefix) + r->lease_id;
+        break;
+      }
+    }
+  }
+  o.result = *std::move(r);
+  if (o.result.acquired) {
+    o.lease = std::make_unique<LeaseGuard>(shared_from_this(), w->req.key, w->req.name,
+                                           o.result.lease_id, w->req.route);
+    return Finish(std::move(w), std::move(o));
+  }
+  // Denied.
+  const auto now = std::chrono::steady_clock::now();
+  o.status = 429;
+  if (w->req.config.on_limit == ConcurrencyConfig::OnLimit::kReject) {
+    o.denial = ConcurrencyOutcome::Denial::kLimit;
+    return Finish(std::move(w), std::move(o));
+  }
+  if (now >= w->deadline) {
+    o.denial = ConcurrencyOutcome::Denial::kWaitTimeout;
+    return Finish(std::move(w), std::move(o));
+  }
+  if (!w->queued) {
+    std::lock_guard lock(mu);
+    if (stopped || w->cells->waiting.value() >= static_cast<int64_t>(w->req.config.max_waiting)) {
+      o.denial = ConcurrencyOutcome::Denial::kQueueFull;
+    } else {
+      w->queued = true;
+      w->cells->waiting.Add(1);
+      waiters[WaitKey(w->req.key, w->req.name)].push_back(w);
+    }
+  }
+  if (o.denial == ConcurrencyOutcome::Denial::kQueueFull) return Finish(std::move(w), std::move(o));
+  const auto delay = std::min<std::chrono::steady_clock::duration>(w->backoff, w->deadline - now);
+  w->backoff = std::min(w->backoff * 2, kMaxRetry);
+  net::dispatch(w->strand, [st = shared_from_this(), w, delay] {
+    if (std::exchange(w->woken, false)) return st->Try(w);
+    w->timer.expires_after(delay);
+    w->timer.async_wait([st, w](const boost::system::error_code&) {
+      w->woken = false;  // a wake-up cancels the timer: retry either way
+      st->Try(w);
+    });
+  });
+}
+
+void LeaseGuard::State::Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o) {
+  if (w->queued) {
+    w->cells->waiting.Add(-1);
+    std::lock_guard lock(mu);
+    auto it = waiters.find(WaitKey(w->req.key, w->req.name));
+    if (it != waiters.end()) {
+      std::erase_if(it->second, [&w](const std::weak_ptr<Waiter>& x) {
+        auto p = x.lock();
+        return !p || p == w;
+      });
+      if (it->second.empty()) waiters.erase(it);
+    }
+  }
+  switch (o.denial) {
+    case ConcurrencyOutcome::Denial::kNone: break;
+    case ConcurrencyOutcome::Denial::kLimit: w->cells->denied_limit.Inc(); break;
+    case ConcurrencyOutcome::Denial::kWaitTimeout: w->cells->denied_timeout.Inc(); break;
+    case ConcurrencyOutcome::Denial::kQueueFull: w->cells->denied_full.Inc(); break;
+  }
+  o.waited = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - w->started);
+  auto done = std::move(w->done);
+  done(std::move(o));
+}
+
+void ConcurrencyLimiter::Release(std::string_view key, std::string_view name,
+                                 std::string_view lease_id, ReleaseCallback done) {
+  std::shared_ptr<LeaseGuard::State> st = state_;
+  auto wake = [st, k = std::string(key), n = std::string(name),
+               done = std::move(done)](StatusOr<bool> r) {
+    if (r.ok() && *r) st->Wake(k, n);
+    done(std::move(r));
+  };
+  if (lease_id.starts_with(kLocalPrefix)) {
+    return st->local.Release(key, name, lease_id.substr(kLocalPrefix.size()), std::move(wake));
+  }
+  ConcurrencyStore* store = st->store.load();
+  if (store == nullptr) return wake(Unavailable("shutting down"));
+  store->Release(key, name, lease_id, std::move(wake));
+}
+
+std::string ConcurrencyExceededBody(const ConcurrencyOutcome& o, std::string_view name,
+                                    std::string_view instance) {
+  const std::string limit = "concurrency:" + std::string(name);
+  std::string detail = "concurrency limit '" + std::string(name) +
+                       "' reached: " + std::to_string(o.result.in_flight) + " of " +
+                       std::to_string(o.result.max_in_flight) + " requests in flight";
+  if (o.denial == ConcurrencyOutcome::Denial::kWaitTimeout) {
+    detail += " after waiting " + std::to_string(CeilMillis(o.waited)) + " ms";
+  } else if (o.denial == ConcurrencyOutcome::Denial::kQueueFull) {
+    detail += ", and too many requests already waiting";
+  }
+  nlohmann::json j = {
+      {"type", "https://iana.org/assignments/http-problem-types#quota-exceeded"},
+      {"title", "Too Many Requests"},
+      {"status", 429},
+      {"detail", detail},
+  };
+  if (!instance.empty()) j["instance"] = instance;
+  j["limit"] = limit;
+  j["max_in_flight"] = o.result.max_in_flight;
+  j["in_flight"] = o.result.in_flight;
+  j["retry_after_seconds"] = 1;
+  j["violated-policies"] = nlohmann::json::array({limit});
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace ratelimit::server

@@ -1,0 +1,128 @@
+// ConcurrencyLimiter: the server's side of concurrency limits (issue #10):
+// the failure mode, waiting for a lease, metrics, and the RAII lease guard.
+//
+//   limiter.Acquire({.key = plan.key, .name = route, .config = *plan.config,
+//                    .failure_mode = plan.failure_mode},
+//                   [](ConcurrencyOutcome o) {
+//                     if (o.status != 200) ...;  // 429 (or closed_status)
+//                     // keep o.lease alive until the upstream answer ended:
+//                     // destroying it releases the lease, on every path.
+//                   });
+//
+// When the store cannot decide (Redis down, breaker open, overloaded), the
+// failure mode decides, as for rate limits:
+//   open    admitted without a lease, degraded
+//   closed  refused with store.closed_status, degraded
+//   local   a process-local MemoryConcurrencyStore with max_in_flight divided
+//           by store.expected_instances (rounded up), degraded; its lease ids
+//           start with "l-" (the decision API's release finds them by that)
+//
+// on_limit: wait holds a denied request without a thread: it retries after
+// 10 ms, doubling up to 200 ms (other instances' releases are only seen by
+// asking), and at once when a lease of the same (key, name) is released on
+// this instance; after max_wait it is refused (429). At most max_waiting
+// requests of a route wait at once on this instance; beyond, 429 at once.
+//
+// Thread-safety: all methods may be called from any thread; `done` runs on
+// a store thread or a timer's strand, possibly inside the call.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "policy/config.h"
+#include "ratelimit/concurrency.h"
+
+namespace ratelimit::server {
+
+class ConcurrencyLimiter;
+
+// A held lease. Destroying it (or Release()) gives it back, exactly once;
+// a failed release is logged and the lease expires after its lease_ttl.
+class LeaseGuard {
+ public:
+  ~LeaseGuard();
+  LeaseGuard(const LeaseGuard&) = delete;
+  LeaseGuard& operator=(const LeaseGuard&) = delete;
+
+  void Release() { Release(nullptr); }
+  // Releases, and runs `then` once the store has answered (or failed; or at
+  // once when already released). The gateway answers the client only then,
+  // so a client that sends its next request after the answer never finds
+  // its own previous lease still held.
+  void Release(std::function<void()> then);
+  // Hands the lease to someone else (the decision API's caller, who releases
+  // it with POST /v1/release): the guard forgets it without releasing.
+  std::string Detach();
+  const std::string& id() const { return id_; }  // "l-..." for a local-fallback lease
+
+  struct State;  // the limiter's, shared with its leases
+  LeaseGuard(std::shared_ptr<State> state, std::string key, std::string name, std::string id,
+             std::string route);
+
+ private:
+  std::shared_ptr<State> state_;
+  std::string key_, name_, id_, route_;
+  bool released_ = false;
+};
+
+struct ConcurrencyOutcome {
+  enum class Denial { kNone, kLimit, kWaitTimeout, kQueueFull };
+  unsigned status = 200;  // 200 admitted; 429 denied; closed_status (store down, closed)
+  Denial denial = Denial::kNone;
+  AcquireResult result;   // the store's answer (the last one, after waiting)
+  bool degraded = false;  // the failure mode decided
+  std::string error;      // set for a closed failure and for 400 (bad request)
+  std::chrono::microseconds waited{0};
+  std::unique_ptr<LeaseGuard> lease;  // admitted with a lease (none when failing open)
+};
+
+struct ConcurrencyRequest {
+  std::string key;
+  std::string name;   // the limit's name: the route class
+  std::string route;  // the metrics label ("" for the decision API)
+  policy::ConcurrencyConfig config;
+  policy::FailureMode failure_mode = policy::FailureMode::kOpen;
+};
+
+class ConcurrencyLimiter {
+ public:
+  // `executor` runs the wait timers. `store` (shared by every instance) is
+  // not owned: it must outlive the limiter and every lease (the server
+  // destroys it after its io_context, where leases may still be held).
+  ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store,
+                     const policy::StoreConfig& store_config);
+  ~ConcurrencyLimiter();
+
+  void Acquire(ConcurrencyRequest request, std::function<void(ConcurrencyOutcome)> done);
+  // Gives back a lease taken by the decision API (a "l-" id: the local store's).
+  void Release(std::string_view key, std::string_view name, std::string_view lease_id,
+               ReleaseCallback done);
+
+  // Drops the local fallback's expired leases (the server's sweep timer).
+  void Sweep();
+  // No more wake-ups on the executor (it is about to go away).
+  void Stop();
+
+  // Shutdown, before the store goes: later releases and acquires no longer
+  // reach it (releases are left to expire; acquires fail by the failure mode).
+  void DetachStore();
+
+  struct Waiter;
+
+ private:
+  std::shared_ptr<LeaseGuard::State> state_;
+};
+
+// The RFC 9457 body of a concurrency 429:
+// {"type": ".../http-problem-types#quota-exceeded", "title": "Too Many Requests",
+//  "status": 429, "detail": "concurrency limit 'upload' reached: 3 of 3 requests in flight",
+//  "instance": "/upload", "limit": "concurrency:upload", "max_in_flight": 3, "in_flight": 3,
+//  "retry_after_seconds": 1, "violated-policies": ["concurrency:upload"]}
+std::string ConcurrencyExceededBody(const ConcurrencyOutcome& o, std::string_view name,
+                                    std::string_view instance);
+
+}  // namespace ratelimit::server

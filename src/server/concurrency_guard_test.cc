@@ -1,0 +1,190 @@
+// ConcurrencyLimiter: failure modes, the lease guard, waiting; ParseAcquire.
+#include "server/concurrency_guard.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/concurrency_api.h"
+
+namespace ratelimit::server {
+namespace {
+
+using std::chrono::milliseconds;
+using OnLimit = policy::ConcurrencyConfig::OnLimit;
+
+// Sanitizers slow every callback; latency bounds get slack there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr milliseconds kSlack{40};
+#else
+constexpr milliseconds kSlack{0};
+#endif
+
+class FailingConcurrencyStore final : public ConcurrencyStore {
+ public:
+  void Acquire(const AcquireRequest&, AcquireCallback done) override {
+    done(Unavailable("redis down"));
+  }
+  void Release(std::string_view, std::string_view, std::string_view,
+               ReleaseCallback done) override {
+    done(Unavailable("redis down"));
+  }
+};
+
+class LimiterTest : public testing::Test {
+ protected:
+  LimiterTest() : work_(ioc_.get_executor()), thread_([this] { ioc_.run(); }) {}
+  ~LimiterTest() override {
+    work_.reset();
+    ioc_.stop();
+    thread_.join();
+  }
+
+  ConcurrencyOutcome Acquire(ConcurrencyLimiter& l, policy::ConcurrencyConfig c,
+                             policy::FailureMode mode = policy::FailureMode::kOpen) {
+    std::promise<ConcurrencyOutcome> p;
+    auto f = p.get_future();
+    l.Acquire(
+        {.key = "user:ada", .name = "upload", .route = "upload", .config = c, .failure_mode = mode},
+        [&p](ConcurrencyOutcome o) { p.set_value(std::move(o)); });
+    return f.get();
+  }
+
+  boost::asio::io_context ioc_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  std::thread thread_;
+  MemoryConcurrencyStore memory_;
+  policy::StoreConfig store_config_;
+};
+
+TEST_F(LimiterTest, RejectThenTheGuardReleases) {
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_, store_config_);
+  ConcurrencyOutcome first = Acquire(l, {.max_in_flight = 1});
+  ASSERT_EQ(first.status, 200u);
+  ASSERT_NE(first.lease, nullptr);
+  EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 1);
+  ConcurrencyOutcome second = Acquire(l, {.max_in_flight = 1});
+  EXPECT_EQ(second.status, 429u);
+  EXPECT_EQ(second.denial, ConcurrencyOutcome::Denial::kLimit);
+  EXPECT_EQ(second.lease, nullptr);
+  EXPECT_EQ(second.result.in_flight, 1);
+  const std::string body = ConcurrencyExceededBody(second, "upload", "/up");
+  EXPECT_NE(body.find(R"("limit":"concurrency:upload")"), std::string::npos) << body;
+  EXPECT_NE(body.find("1 of 1 requests in flight"), std::string::npos) << body;
+  first.lease.reset();  // the RAII guard gives the lease back
+  EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
+  EXPECT_EQ(Acquire(l, {.max_in_flight = 1}).status, 200u);
+}
+
+TEST_F(LimiterTest, FailureModes) {
+  FailingConcurrencyStore down;
+  store_config_.closed_status = 503;
+  store_config_.expected_instances = 2;
+  ConcurrencyLimiter l(ioc_.get_executor(), down, store_config_);
+  ConcurrencyOutcome open = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kOpen);
+  EXPECT_EQ(open.status, 200u);
+  EXPECT_TRUE(open.degraded);
+  EXPECT_EQ(open.lease, nullptr);
+  ConcurrencyOutcome closed = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kClosed);
+  EXPECT_EQ(closed.status, 503u);
+  EXPECT_TRUE(closed.degraded);
+  // local: 3 over 2 instances -> 2 here.
+  ConcurrencyOutcome a = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kLocal);
+  ConcurrencyOutcome b = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kLocal);
+  ConcurrencyOutcome c = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kLocal);
+  ASSERT_EQ(a.status, 200u);
+  ASSERT_NE(a.lease, nullptr);
+  EXPECT_TRUE(a.lease->id().starts_with("l-"));
+  EXPECT_TRUE(a.degraded);
+  EXPECT_EQ(b.status, 200u);
+  EXPECT_EQ(c.status, 429u);
+  a.lease.reset();
+  EXPECT_EQ(Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kLocal).status, 200u);
+}
+
+TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_, store_config_);
+  const policy::ConcurrencyConfig wait{.max_in_flight = 1,
+                                       .on_limit = OnLimit::kWait,
+                                       .max_wait = milliseconds(5000),
+                                       .max_waiting = 1};
+  ConcurrencyOutcome first = Acquire(l, wait);
+  ASSERT_EQ(first.status, 200u);
+  std::promise<ConcurrencyOutcome> p;
+  auto f = p.get_future();
+  l.Acquire({.key = "user:ada", .name = "upload", .route = "upload", .config = wait},
+            [&p](ConcurrencyOutcome o) { p.set_value(std::move(o)); });
+  // The waiting room holds one: a third is refused at once.
+  ConcurrencyOutcome third = Acquire(l, wait);
+  EXPECT_EQ(third.status, 429u);
+  EXPECT_EQ(third.denial, ConcurrencyOutcome::Denial::kQueueFull);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(f.wait_for(milliseconds(0)), std::future_status::timeout);  // still waiting
+  const auto released = std::chrono::steady_clock::now();
+  first.lease.reset();
+  ConcurrencyOutcome second = f.get();
+  EXPECT_EQ(second.status, 200u);
+  EXPECT_GE(second.waited, milliseconds(300));
+  // Woken by the release, not by its next poll (up to 200 ms later).
+  EXPECT_LT(std::chrono::steady_clock::now() - released, milliseconds(150) + kSlack);
+}
+
+TEST_F(LimiterTest, GivesUpAfterMaxWait) {
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_, store_config_);
+  const policy::ConcurrencyConfig wait{
+      .max_in_flight = 1, .on_limit = OnLimit::kWait, .max_wait = milliseconds(100)};
+  ConcurrencyOutcome first = Acquire(l, wait);
+  ConcurrencyOutcome second = Acquire(l, wait);
+  EXPECT_EQ(second.status, 429u);
+  EXPECT_EQ(second.denial, ConcurrencyOutcome::Denial::kWaitTimeout);
+  EXPECT_GE(second.waited, milliseconds(100));
+  EXPECT_NE(ConcurrencyExceededBody(second, "upload", "").find("after waiting"), std::string::npos);
+}
+
+TEST(ParseAcquire, ContractAndErrors) {
+  auto parse = [](std::string_view text) {
+    return ParseAcquire(nlohmann::json::parse(text), nullptr);
+  };
+  StatusOr<ParsedAcquire> ok =
+      parse(R"({"key": "u", "name": "upload", "max_in_flight": 3, "lease_ttl": "2s"})");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->request.config.max_in_flight, 3);
+  EXPECT_EQ(ok->request.config.lease_ttl, milliseconds(2000));
+  EXPECT_EQ(
+      parse(R"({"key": "u", "name": "upload", "max_in_flight": 3})")->request.config.lease_ttl,
+      milliseconds(30'000));
+  auto error = [&](std::string_view text) {
+    StatusOr<ParsedAcquire> r = parse(text);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  EXPECT_EQ(error(R"({"name": "x", "max_in_flight": 1})"), "field 'key' is required");
+  EXPECT_EQ(error(R"({"key": "u", "max_in_flight": 1})"), "field 'name' (or 'route') is required");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x"})"), "field 'max_in_flight' is required");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "max_in_flight": 1.5})"),
+            "field 'max_in_flight' must be an integer in [1, 1000000]");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "max_in_flight": 1, "lease_ttl": 30})"),
+            "field 'lease_ttl' must be a duration string such as \"30s\"");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "max_in_flight": 1, "lease_ttl": "1ms"})"),
+            "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+  EXPECT_EQ(error(R"({"key": "u", "route": "nope"})"), "unknown route 'nope'");
+  EXPECT_EQ(error(R"({"key": "u", "route": "r", "max_in_flight": 1})"),
+            "field 'max_in_flight' does not go with 'route' (the route sets it)");
+  EXPECT_NE(error(R"({"key": "u", "name": "x", "max_in_flight": 1, "cost": 1})")
+                .find("unknown field 'cost'"),
+            std::string::npos);
+  StatusOr<ParsedAcquire> rel = ParseRelease(
+      nlohmann::json::parse(R"({"key": "u", "name": "x", "lease_id": "l-abc"})"), nullptr);
+  ASSERT_TRUE(rel.ok()) << rel.status().message();
+  EXPECT_EQ(rel->lease_id, "l-abc");
+  EXPECT_FALSE(
+      ParseRelease(nlohmann::json::parse(R"({"key": "u", "name": "x", "lease_id": "a b"})"),
+                   nullptr)
+          .ok());
+}
+
+}  // namespace
+}  // namespace ratelimit::server

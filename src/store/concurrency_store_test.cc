@@ -1,0 +1,228 @@
+// ConcurrencyStore: the memory store by a manual clock, the Redis store
+// against a real redis-server (both time sources), with the same contract.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/concurrency.h"
+#include "ratelimit/redis_store.h"
+#include "support/redis_server.h"
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::RedisServer;
+
+AcquireResult MustAcquire(ConcurrencyStore& s, std::string_view key, int64_t max,
+                          std::chrono::microseconds ttl = seconds(30),
+                          std::string_view name = "upload") {
+  StatusOr<AcquireResult> r =
+      s.AcquireSync({.key = key, .name = name, .max_in_flight = max, .lease_ttl = ttl});
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : AcquireResult{};
+}
+
+// The contract every store keeps, by a manual clock.
+void LeasesUpToTheLimit(ConcurrencyStore& s, ManualClock& clock) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    AcquireResult r = MustAcquire(s, "user:ada", 3, seconds(10));
+    ASSERT_TRUE(r.acquired) << i;
+    EXPECT_EQ(r.in_flight, i + 1);
+    EXPECT_EQ(r.max_in_flight, 3);
+    EXPECT_EQ(r.lease_id.size(), 32u);
+    ids.push_back(r.lease_id);
+  }
+  EXPECT_NE(ids[0], ids[1]);
+  clock.Advance(seconds(2));
+  AcquireResult denied = MustAcquire(s, "user:ada", 3, seconds(10));
+  EXPECT_FALSE(denied.acquired);
+  EXPECT_TRUE(denied.lease_id.empty());
+  EXPECT_EQ(denied.in_flight, 3);
+  EXPECT_EQ(denied.retry_after, seconds(8));  // the oldest lease expires in 8 s
+  // Another client and another name have capacity of their own.
+  EXPECT_TRUE(MustAcquire(s, "user:bob", 3).acquired);
+  EXPECT_TRUE(MustAcquire(s, "user:ada", 3, seconds(10), "search").acquired);
+  // A release frees one place, once.
+  EXPECT_TRUE(*s.ReleaseSync("user:ada", "upload", ids[1]));
+  EXPECT_FALSE(*s.ReleaseSync("user:ada", "upload", ids[1]));
+  EXPECT_FALSE(*s.ReleaseSync("user:ada", "search", ids[0]));  // wrong name: not held there
+  AcquireResult again = MustAcquire(s, "user:ada", 3, seconds(10));
+  EXPECT_TRUE(again.acquired);
+  EXPECT_EQ(again.in_flight, 3);
+  EXPECT_FALSE(MustAcquire(s, "user:ada", 3, seconds(10)).acquired);
+  // Leases expire: a crashed holder does not keep capacity. ids[0] and ids[2]
+  // were taken at t=0 and expire at t=10; `again` at t=2 expires at t=12.
+  clock.Advance(seconds(8));
+  AcquireResult after = MustAcquire(s, "user:ada", 3, seconds(10));
+  EXPECT_TRUE(after.acquired);
+  EXPECT_EQ(after.in_flight, 2);  // `again` and this one
+  // A lower limit (a reloaded config) applies to what is held now.
+  EXPECT_FALSE(MustAcquire(s, "user:ada", 2, seconds(10)).acquired);
+  EXPECT_FALSE(*s.ReleaseSync("user:ada", "upload", ids[0]));  // expired and swept
+}
+
+void RejectsBadInput(ConcurrencyStore& s) {
+  auto code = [&](AcquireRequest r) { return s.AcquireSync(r).status().code(); };
+  EXPECT_EQ(code({.key = "", .name = "n"}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.key = "k", .name = ""}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.key = "k", .name = "a b"}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.key = "k", .name = "n", .max_in_flight = 0}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.key = "k", .name = "n", .lease_ttl = std::chrono::microseconds(10)}),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({.key = std::string(600, 'k'), .name = "n"}), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.ReleaseSync("k", "n", "").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.ReleaseSync("k", "n", "a}b").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.ReleaseSync("k", "n", std::string(65, 'a')).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(MemoryConcurrencyStore, LeasesUpToTheLimit) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.clock = &clock});
+  LeasesUpToTheLimit(s, clock);
+}
+
+TEST(MemoryConcurrencyStore, RejectsBadInput) {
+  MemoryConcurrencyStore s;
+  RejectsBadInput(s);
+}
+
+TEST(MemoryConcurrencyStore, BoundedAndSwept) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.max_keys = 2, .clock = &clock});
+  EXPECT_TRUE(MustAcquire(s, "a", 1, seconds(1)).acquired);
+  EXPECT_TRUE(MustAcquire(s, "b", 1, seconds(5)).acquired);
+  StatusOr<AcquireResult> full = s.AcquireSync({.key = "c", .name = "upload"});
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  clock.Advance(seconds(1));  // a's lease expired: its place is reused
+  EXPECT_TRUE(MustAcquire(s, "c", 1).acquired);
+  EXPECT_EQ(s.InFlight("b", "upload"), 1);
+  clock.Advance(seconds(4));
+  EXPECT_EQ(s.InFlight("b", "upload"), 0);
+  EXPECT_EQ(s.Sweep(), 1u);  // b's
+}
+
+TEST(MemoryConcurrencyStore, NeverMoreThanTheLimitUnderContention) {
+  MemoryConcurrencyStore s;
+  std::atomic<int> held{0}, peak{0}, acquired{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 500; ++i) {
+        AcquireResult r = MustAcquire(s, "k", 3);
+        if (!r.acquired) continue;
+        const int now = held.fetch_add(1) + 1;
+        int p = peak.load();
+        while (now > p && !peak.compare_exchange_weak(p, now)) {
+        }
+        acquired.fetch_add(1);
+        held.fetch_sub(1);
+        EXPECT_TRUE(*s.ReleaseSync("k", "upload", r.lease_id));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LE(peak.load(), 3);
+  EXPECT_GT(acquired.load(), 0);
+  EXPECT_EQ(s.InFlight("k", "upload"), 0);
+}
+
+std::unique_ptr<RedisConcurrencyStore> MustCreate(RedisConcurrencyStore::Options o) {
+  auto s = RedisConcurrencyStore::Create(std::move(o));
+  if (!s.ok()) throw std::runtime_error(s.status().ToString());
+  return *std::move(s);
+}
+
+class RedisConcurrencyTest : public ::testing::Test {
+ protected:
+  RedisServer server_;
+  ManualClock clock_;
+  std::unique_ptr<RedisConcurrencyStore> local_ =
+      MustCreate({.url = server_.url(),
+                  .time_source = RedisConcurrencyStore::TimeSource::kLocal,
+                  .clock = &clock_});
+  std::unique_ptr<RedisConcurrencyStore> store_ = MustCreate({.url = server_.url()});
+};
+
+TEST_F(RedisConcurrencyTest, LeasesUpToTheLimit) { LeasesUpToTheLimit(*local_, clock_); }
+
+TEST_F(RedisConcurrencyTest, RejectsBadInput) { RejectsBadInput(*store_); }
+
+TEST_F(RedisConcurrencyTest, KeysShareTheClientsHashTagAndExpire) {
+  const std::string key = store_->KeyFor("user:{ada}", "upload");
+  EXPECT_EQ(key, "rl:{user:%7bada%7d}~c:upload");
+  Limit l = *Limit::TokenBucket("upload", 1, 1);
+  auto rate = RedisStore::Create({.url = server_.url()});
+  ASSERT_TRUE(rate.ok());
+  const std::string rate_key = (*rate)->KeyFor("user:{ada}", l);
+  EXPECT_EQ(key.substr(0, key.find('}') + 1), rate_key.substr(0, rate_key.find('}') + 1));
+
+  AcquireResult r = MustAcquire(*store_, "user:{ada}", 2, milliseconds(1500));
+  ASSERT_TRUE(r.acquired);
+  EXPECT_EQ(server_.Cli("ZCARD", key), "1");
+  EXPECT_EQ(server_.Cli("ZRANGE", key, "0", "-1"), r.lease_id);
+  // The key lives until its last lease expires plus a second, no longer.
+  const int64_t pttl = std::stoll(server_.Cli("PTTL", key));
+  EXPECT_GT(pttl, 2000);
+  EXPECT_LE(pttl, 2500);
+}
+
+TEST_F(RedisConcurrencyTest, LeasesExpireByRedisTime) {
+  // Real time: a holder that never releases (a crashed instance) frees its
+  // places after lease_ttl.
+  ASSERT_TRUE(MustAcquire(*store_, "k", 2, milliseconds(300)).acquired);
+  ASSERT_TRUE(MustAcquire(*store_, "k", 2, milliseconds(300)).acquired);
+  AcquireResult denied = MustAcquire(*store_, "k", 2, milliseconds(300));
+  ASSERT_FALSE(denied.acquired);
+  EXPECT_GT(denied.retry_after.count(), 0);
+  EXPECT_LE(denied.retry_after, milliseconds(300));
+  std::this_thread::sleep_for(milliseconds(350));
+  AcquireResult after = MustAcquire(*store_, "k", 2, milliseconds(300));
+  EXPECT_TRUE(after.acquired);
+  EXPECT_EQ(after.in_flight, 1);
+}
+
+TEST_F(RedisConcurrencyTest, TwoStoresShareTheLimitAtomically) {
+  auto other = MustCreate({.url = server_.url(), .connections = 2});
+  std::atomic<int> acquired{0};
+  std::vector<std::thread> threads;
+  for (ConcurrencyStore* s : {static_cast<ConcurrencyStore*>(store_.get()),
+                              static_cast<ConcurrencyStore*>(other.get())}) {
+    threads.emplace_back([s, &acquired] {
+      for (int i = 0; i < 20; ++i) acquired += MustAcquire(*s, "shared", 5).acquired ? 1 : 0;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(acquired.load(), 5);
+  EXPECT_EQ(server_.Cli("ZCARD", store_->KeyFor("shared", "upload")), "5");
+}
+
+TEST_F(RedisConcurrencyTest, AnotherTypeUnderTheKeyStartsFresh) {
+  server_.Cli("SET", store_->KeyFor("k", "upload"), "junk");
+  EXPECT_TRUE(MustAcquire(*store_, "k", 1).acquired);
+}
+
+TEST(RedisConcurrencyDown, FailsFastThenTheBreakerOpens) {
+  RedisServer server;
+  auto s = MustCreate({.url = server.url(),
+                       .deadline = milliseconds(100),
+                       .breaker = {.failure_threshold = 2, .open_for = seconds(10)}});
+  ASSERT_TRUE(MustAcquire(*s, "k", 1).acquired);
+  server.Kill();
+  for (int i = 0; i < 2; ++i) {
+    StatusOr<AcquireResult> r = s->AcquireSync({.key = "k", .name = "upload"});
+    EXPECT_FALSE(r.ok());
+  }
+  EXPECT_EQ(s->breaker_state(), CircuitBreaker::State::kOpen);
+  StatusOr<AcquireResult> r = s->AcquireSync({.key = "k", .name = "upload"});
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(s->ReleaseSync("k", "upload", "abc").ok());
+}
+
+}  // namespace
+}  // namespace ratelimit

@@ -1,0 +1,296 @@
+// Concurrency limits end to end (issue #10): real ratelimitd processes in
+// front of an upstream that counts how many requests it holds at once, with
+// the leases in a real Redis shared by two instances.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.h"
+#include "support/redis_server.h"
+
+namespace rltest {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+// An HTTP/1.1 upstream that holds each request for `hold` (/hang: 4 s) and
+// records how many it held at once. One thread per connection.
+class CountingUpstream {
+ public:
+  explicit CountingUpstream(milliseconds hold) : hold_(hold) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 128) != 0) {
+      throw std::runtime_error("upstream: cannot listen");
+    }
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    acceptor_ = std::thread([this] {
+      while (!stop_) {
+        const int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) continue;
+        if (stop_) {
+          ::close(c);
+          break;
+        }
+        std::lock_guard lock(mu_);
+        workers_.emplace_back([this, c] { Serve(c); });
+      }
+    });
+  }
+  ~CountingUpstream() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    acceptor_.join();
+    std::lock_guard lock(mu_);
+    for (auto& w : workers_) w.join();
+  }
+  int port() const { return port_; }
+  int peak() const { return peak_; }
+  int in_flight() const { return in_flight_; }
+  int served() const { return served_; }
+
+ private:
+  void Serve(int c) {
+    std::string buf;
+    char tmp[4096];
+    while (!stop_) {
+      const size_t head_end = buf.find("\r\n\r\n");
+      if (head_end == std::string::npos) {
+        const ssize_t n = ::read(c, tmp, sizeof tmp);
+        if (n <= 0) break;
+        buf.append(tmp, static_cast<size_t>(n));
+        continue;
+      }
+      const std::string target =
+          buf.substr(buf.find(' ') + 1, buf.find(' ', buf.find(' ') + 1) - buf.find(' ') - 1);
+      buf.erase(0, head_end + 4);  // the tests send no bodies
+      const int now = ++in_flight_;
+      int p = peak_;
+      while (now > p && !peak_.compare_exchange_weak(p, now)) {
+      }
+      const auto until =
+          Clock::now() + (target.rfind("/hang", 0) == 0 ? milliseconds(4000) : hold_);
+      while (!stop_ && Clock::now() < until) std::this_thread::sleep_for(milliseconds(5));
+      --in_flight_;
+      ++served_;
+      const std::string res = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+      if (::write(c, res.data(), res.size()) < 0) break;
+    }
+    ::close(c);
+  }
+
+  milliseconds hold_;
+  int fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> in_flight_{0}, peak_{0}, served_{0};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<std::thread> workers_;
+};
+
+std::string Config(int upstream_port, const std::string& concurrency) {
+  return "server:\n  upstream: \"http://127.0.0.1:" + std::to_string(upstream_port) +
+         "\"\n  threads: 2\nroutes:\n  - name: work\n    path: /\n    concurrency: " + concurrency +
+         "\n";
+}
+
+std::string WriteConfig(const std::string& text) {
+  const std::string path = MakeTempDir() + "/config.yaml";
+  WriteFile(path, text);
+  return path;
+}
+
+// `n` requests at once, alternating over `ports`; their answers in order.
+std::vector<HttpResponse> Burst(const std::vector<int>& ports, int n, const std::string& target) {
+  std::vector<HttpResponse> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      ++ready;
+      while (ready < n) std::this_thread::yield();
+      out[static_cast<size_t>(i)] =
+          Http(ports[static_cast<size_t>(i) % ports.size()], "GET", target);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+int Count(const std::vector<HttpResponse>& rs, int status) {
+  int n = 0;
+  for (const auto& r : rs) n += r.status == status ? 1 : 0;
+  return n;
+}
+
+TEST(ConcurrencyDaemon, TwoInstancesOnRedisNeverExceedTheLimit) {
+  ratelimit::testing::RedisServer redis;
+  CountingUpstream upstream(milliseconds(1500));
+  const std::string config =
+      WriteConfig(Config(upstream.port(), "{max_in_flight: 3, lease_ttl: 10s}"));
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+
+  std::vector<HttpResponse> rs = Burst({a.port(), b.port()}, 10, "/work");
+  EXPECT_LE(upstream.peak(), 3);
+  EXPECT_EQ(Count(rs, 200) + Count(rs, 429), 10);
+  // All ten start together and each holds the upstream 1.5 s: three get in.
+  // (A straggler may start after the first three ended: at most 6 by then.)
+  EXPECT_GE(Count(rs, 200), 3);
+  EXPECT_LE(Count(rs, 200), 6);
+  EXPECT_EQ(upstream.served(), Count(rs, 200));
+  for (const HttpResponse& r : rs) {
+    if (r.status != 429) continue;
+    EXPECT_EQ(r.Header("Content-Type"), "application/problem+json");
+    EXPECT_NE(r.body.find("\"limit\":\"concurrency:work\""), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("\"max_in_flight\":3"), std::string::npos) << r.body;
+    EXPECT_EQ(r.Header("Retry-After"), "1");
+    EXPECT_EQ(r.Header("RateLimit-Limit"), "3");
+    EXPECT_EQ(r.Header("RateLimit-Remaining"), "0");
+    break;
+  }
+  // Every lease was released when its answer ended: all 3 places are free.
+  EXPECT_EQ(redis.Cli("ZCARD", "rl:{ip:127.0.0.1}~c:work"), "0");
+  rs = Burst({a.port(), b.port()}, 3, "/again");
+  EXPECT_EQ(Count(rs, 200), 3);
+  // The denials are counted per route class.
+  HttpResponse m = Http(a.admin_port(), "GET", "/metrics");
+  HttpResponse m2 = Http(b.admin_port(), "GET", "/metrics");
+  EXPECT_NE((m.body + m2.body)
+                .find("ratelimit_concurrency_denied_total{route=\"work\",reason=\"limit\"}"),
+            std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_concurrency_in_flight{route=\"work\"} 0"), std::string::npos)
+      << m.body;
+}
+
+TEST(ConcurrencyDaemon, LeasesOfAKilledInstanceExpire) {
+  ratelimit::testing::RedisServer redis;
+  CountingUpstream upstream(milliseconds(10));
+  const std::string config =
+      WriteConfig(Config(upstream.port(), "{max_in_flight: 3, lease_ttl: 1500ms}"));
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+
+  // Three requests in the upstream through instance a: all places taken.
+  std::vector<std::thread> hung;
+  for (int i = 0; i < 3; ++i) hung.emplace_back([&] { Http(a.port(), "GET", "/hang"); });
+  const auto taken = Clock::now();
+  while (upstream.in_flight() < 3 && Clock::now() - taken < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(upstream.in_flight(), 3);
+  EXPECT_EQ(Http(b.port(), "GET", "/work").status, 429);
+
+  // a dies holding its leases; nobody releases them. They expire after
+  // lease_ttl, and b's clients get the capacity back.
+  a.Signal(SIGKILL);
+  const auto killed = Clock::now();
+  int status = 0;
+  while (Clock::now() - killed < std::chrono::seconds(6)) {
+    status = Http(b.port(), "GET", "/work").status;
+    if (status == 200) break;
+    EXPECT_EQ(status, 429);
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(status, 200);
+  // Not before the leases expired (1.5 s after they were taken).
+  EXPECT_GE(Clock::now() - taken, milliseconds(1500));
+  std::vector<HttpResponse> rs = Burst({b.port()}, 3, "/work");
+  EXPECT_EQ(Count(rs, 200), 3);
+  for (auto& t : hung) t.join();
+}
+
+TEST(ConcurrencyDaemon, SequentialRequestsNeverFindTheirOwnLease) {
+  // The answer goes out only after its lease is released in Redis: a client
+  // that waits for each answer is never refused, on either instance.
+  ratelimit::testing::RedisServer redis;
+  CountingUpstream upstream(milliseconds(1));
+  const std::string config = WriteConfig(Config(upstream.port(), "{max_in_flight: 1}"));
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(Http(i % 2 == 0 ? a.port() : b.port(), "GET", "/work").status, 200) << i;
+  }
+}
+
+TEST(ConcurrencyDaemon, WaitModeHoldsRequestsUntilALeaseFrees) {
+  CountingUpstream upstream(milliseconds(700));
+  const std::string config = WriteConfig(
+      Config(upstream.port(),
+             "{max_in_flight: 2, lease_ttl: 30s, on_limit: wait, max_wait: 8s, max_waiting: 3}"));
+  Daemon d({"--config", config});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const auto start = Clock::now();
+  std::vector<HttpResponse> rs = Burst({d.port()}, 6, "/work");
+  const auto took = Clock::now() - start;
+  // Two in the upstream, three wait their turn, the sixth finds the waiting
+  // room full: 429 at once.
+  EXPECT_LE(upstream.peak(), 2);
+  EXPECT_EQ(Count(rs, 200), 5);
+  EXPECT_EQ(Count(rs, 429), 1);
+  EXPECT_GE(took, milliseconds(3 * 700));  // three rounds of two
+  HttpResponse m = Http(d.admin_port(), "GET", "/metrics");
+  EXPECT_NE(
+      m.body.find("ratelimit_concurrency_denied_total{route=\"work\",reason=\"queue_full\"} 1"),
+      std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("ratelimit_concurrency_waiting{route=\"work\"} 0"), std::string::npos);
+}
+
+TEST(ConcurrencyDaemon, DecisionApiAcquireAndRelease) {
+  Daemon d({"--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const std::string acquire =
+      R"({"key": "user:ada", "name": "upload", "max_in_flight": 1, "lease_ttl": "30s"})";
+  HttpResponse r =
+      Http(d.port(), "POST", "/v1/acquire", {{"Content-Type", "application/json"}}, acquire);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const size_t at = r.body.find("\"lease_id\":\"");
+  ASSERT_NE(at, std::string::npos) << r.body;
+  const std::string id = r.body.substr(at + 12, 32);
+  EXPECT_NE(r.body.find("\"in_flight\":1"), std::string::npos) << r.body;
+  r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_NE(r.body.find("\"acquired\":false"), std::string::npos) << r.body;
+  EXPECT_EQ(r.Header("Retry-After"), "1");
+  const std::string release = R"({"key": "user:ada", "name": "upload", "lease_id": ")" + id + "\"}";
+  r = Http(d.port(), "POST", "/v1/release", {}, release);
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, R"({"released":true})");
+  r = Http(d.port(), "POST", "/v1/release", {}, release);
+  EXPECT_EQ(r.body, R"({"released":false})");
+  EXPECT_EQ(Http(d.port(), "POST", "/v1/acquire", {}, acquire).status, 200);
+  // Bad input: 400 problem+json naming the field; wrong method: 405.
+  r = Http(d.port(), "POST", "/v1/acquire", {}, R"({"key": "k", "name": "x", "max_in_flight": 0})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.Header("Content-Type"), "application/problem+json");
+  EXPECT_NE(r.body.find("max_in_flight"), std::string::npos) << r.body;
+  r = Http(d.port(), "POST", "/v1/release", {}, R"({"key": "k", "name": "x", "lease": "a"})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("unknown field 'lease'"), std::string::npos) << r.body;
+  EXPECT_EQ(Http(d.port(), "GET", "/v1/acquire").status, 405);
+}
+
+}  // namespace
+}  // namespace rltest
