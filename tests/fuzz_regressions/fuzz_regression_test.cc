@@ -36,6 +36,7 @@ constexpr Target kTargets[] = {
     {"redis_url", FuzzRedisUrl},
     {"decision_api", FuzzDecisionApi},
     {"http", FuzzHttp},
+    {"gateway", FuzzGateway},
 };
 
 struct Input {
