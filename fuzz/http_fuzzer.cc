@@ -1,16 +1,24 @@
 // http_fuzzer: raw HTTP/1.1 bytes -> Beast's request parser (with the
-// session's limits) -> Router::Handle (src/server/router.cc) -> every face:
-// decision API, /v1/auth, the demo page, and the rules (Policy::Resolve,
-// client identity behind proxies, Enforcer) on a MemoryStore.
+// session's limits) -> Router::Handle (src/server/router.cc) -> every face
+// but the gateway's upstream exchange (fuzz/gateway_fuzzer.cc): decision API
+// and batch, /v1/auth (nginx auth_request), the demo page and /demo/state,
+// the rules (Policy::Resolve, client identity behind proxies, Enforcer) on
+// a MemoryStore, and the admin listener (AdminApi).
 //
 // Input: one selector byte, then the bytes a client sends (pipelined
-// requests are answered in order, at most 8). The selector picks the TCP
-// peer (bits 0-1: 10.0.0.1 and ::1 are trusted proxies, 203.0.113.7 and
-// 2001:db8::7 are not) and the config (bits 2-3: header dialect draft06,
-// structured, legacy or none, with failure modes open / closed / local).
+// requests are answered in order, at most 8). The selector picks
+//   bits 0-1  the TCP peer: 10.0.0.1 and ::1 are trusted proxies,
+//             203.0.113.7 and 2001:db8::7 are not;
+//   bits 2-3  the config: header dialect draft06, structured, legacy or
+//             none, with failure modes open / closed / local / open;
+//   bits 4-5  the listener (printable selectors in brackets):
+//             3 ['0'-'?']  public, demo on, no admin API
+//             0 ['@'-'O']  public, demo on, with the admin API (/demo/state)
+//             1 ['P'-'_']  admin listener, no token
+//             2 [' '-'/']  admin listener, token kAdminToken required.
 //
 // Invariants: CheckReply (server_fixture.h) for every answer; each request
-// is answered exactly once, before Handle returns.
+// is answered exactly once, before Handle returns (MemoryStore is synchronous).
 #include <array>
 #include <string>
 #include <string_view>
@@ -19,6 +27,7 @@
 
 #include "fuzz/server_fixture.h"
 #include "fuzz/targets.h"
+#include "server/admin.h"
 #include "server/http.h"
 #include "server/session.h"
 
@@ -101,6 +110,10 @@ std::string Config(int index) {
   return yaml;
 }
 
+constexpr std::string_view kAdminToken = "fuzz-admin-token";
+
+enum class Listener { kPublicAdmin = 0, kAdmin = 1, kAdminToken = 2, kPublic = 3 };
+
 struct Peer {
   const char* text;
   policy::IpAddress address;
@@ -120,6 +133,19 @@ int FuzzHttp(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const Peer& peer = kPeers[data[0] & 3];
   ServerFixture f(kPolicies[(data[0] >> 2) & 3]);
+  const auto listener = static_cast<Listener>((data[0] >> 4) & 3);
+  server::AdminApi admin(f.enforcer(),
+                         listener == Listener::kAdminToken ? std::string(kAdminToken) : "");
+  std::unique_ptr<server::Router> admin_router;
+  server::Router* router = &f.router();
+  if (listener == Listener::kAdmin || listener == Listener::kAdminToken) {
+    admin_router = server::Router::Admin(f.holder(), f.enforcer(), admin);
+    router = admin_router.get();
+  } else if (listener == Listener::kPublicAdmin) {
+    admin_router = std::make_unique<server::Router>(f.holder(), f.enforcer(), /*gateway=*/nullptr,
+                                                    /*demo=*/true, &admin);
+    router = admin_router.get();
+  }
   const server::SessionLimits limits;  // the defaults of ServerConfig, as the server uses them
 
   std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
@@ -142,7 +168,7 @@ int FuzzHttp(const uint8_t* data, size_t size) {
     if (ec || !parser.is_done()) break;  // the session answers 400/413/431 and closes
     const server::Request req = parser.release();
     int answers = 0;
-    f.router().Handle(req, peer.address, peer.text, [&](server::Reply r) {
+    router->Handle(req, peer.address, peer.text, [&](server::Reply r) {
       ++answers;
       CheckReply(r, std::string(req.method_string()) + " " + std::string(req.target()));
     });

@@ -50,6 +50,7 @@ class ServerFixture {
         router_(holder_, enforcer_, /*gateway=*/nullptr, policy_->config().server.demo) {}
 
   const std::shared_ptr<const policy::Policy>& policy() const { return policy_; }
+  server::PolicyHolder& holder() { return holder_; }
   server::Enforcer& enforcer() { return enforcer_; }
   server::Router& router() { return router_; }
   ManualClock& clock() { return clock_; }

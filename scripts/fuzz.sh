@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (clang, ASan + UBSan, in build-fuzz/) and runs
 # each one for SECONDS (default 30). Fails (non-zero) if any target crashes,
-# leaks, times out (5 s per input) or exceeds 2 GB.
+# leaks, times out (an input taking more than 5 s) or exceeds 2 GB of RSS,
+# and prints the reproducer input's path and how to replay it.
 #
 #   scripts/fuzz.sh [SECONDS]
 #
-# Each run starts from a COPY of fuzz/corpus/<target>/ and fuzz/regressions/<target>/
-# in build-fuzz/fuzz-run/<target>/, so runs never modify the repository; what a
-# run found (new corpus entries, crash-* files, the log) stays there. A crash:
-# minimize it (<target>_fuzzer -minimize_crash=1 -runs=10000 crash-...),
-# put it in fuzz/regressions/<target>/ and fix the bug; tests/fuzz_regressions
-# replays it on every build from then on.
+# Only the fuzz targets and the libraries they link are built (target
+# `fuzzers`; -O1 -gline-tables-only, as OSS-Fuzz builds; with ccache when it
+# is installed). Each run starts from a fresh COPY of fuzz/corpus/<target>/
+# and fuzz/regressions/<target>/ in build-fuzz/fuzz-run/<target>/corpus, so
+# runs never write into the repository; what a run found (new corpus
+# entries, crash-*/leak-*/timeout-*/oom-* files, the log) stays there until
+# the next run. A crash: minimize it
+# (build-fuzz/fuzz/<target>_fuzzer -minimize_crash=1 -runs=10000 crash-...),
+# put it in fuzz/regressions/<target>/ under a name that says what it is and
+# fix the bug; tests/fuzz_regressions replays it on every build from then on.
 #
 # Environment: JOBS (ninja parallelism, and how many targets fuzz at once;
 # default nproc), FUZZ_TARGETS (space-separated subset, default all),
 # FUZZ_BUILD_DIR (default build-fuzz), FUZZ_SOURCE_DIR (the CMake source
-# folder, default the repository). Called by `make fuzz` and by
-# scripts/run-tests.sh.
+# folder, default the repository). Called by `make fuzz` (FUZZ_SECONDS) and
+# by scripts/run-tests.sh (30 s per target). docs/fuzzing.md is the manual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -24,7 +29,7 @@ SECONDS_PER_TARGET=${1:-30}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 SOURCE=${FUZZ_SOURCE_DIR:-$REPO}
-ALL_TARGETS="config path client_ip duration redis_reply redis_url decision_api http"
+ALL_TARGETS="config path client_ip duration redis_reply redis_url decision_api http gateway"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 
 if ! [[ $SECONDS_PER_TARGET =~ ^[1-9][0-9]*$ ]]; then
@@ -35,14 +40,20 @@ for tool in clang clang++ cmake ninja; do
   command -v "$tool" >/dev/null || { echo "fuzz.sh: $tool is missing (scripts/install-deps.sh)" >&2; exit 1; }
 done
 
-if [[ ! -f $BUILD/build.ninja ]]; then
-  CC=clang CXX=clang++ cmake -S "$SOURCE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DRL_FUZZ=ON -DRL_SANITIZE=address -DRL_BUILD_TESTS=OFF -DRL_BUILD_BENCH=OFF >/dev/null
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 fi
+# Configured on every run (a no-op when nothing changed), so an old build-fuzz/
+# with other flags is brought to these.
+CC=clang CXX=clang++ cmake -S "$SOURCE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DRL_FUZZ=ON -DRL_SANITIZE=address \
+  -DRL_BUILD_TESTS=OFF -DRL_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
 targets=()
 for t in $TARGETS; do targets+=("${t}_fuzzer"); done
 ninja -C "$BUILD" -j "$JOBS" "${targets[@]}"
 
+# Leaks fail a run too (libFuzzer checks for them after each input that grew the heap).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
@@ -60,16 +71,22 @@ run_one() {
 
 report() {  # TARGET
   local t=$1 work=$BUILD/fuzz-run/$1
-  local status runs
+  local status runs speed last cov ft
   status=$(cat "$work/status" 2>/dev/null || echo "?")
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$' || true)
+  speed=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$work/log" | grep -o '[0-9]*$' || true)
+  # The last status line ("#N DONE/pulse cov: C ft: F corp: ...") has the coverage reached.
+  last=$(grep -E '^#[0-9]+' "$work/log" | tail -1 || true)
+  cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*$' || true)
+  ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*$' || true)
   if [[ $status == 0 ]]; then
-    printf '  %-13s ok      %s runs in %s s\n' "$t" "${runs:-?}" "$SECONDS_PER_TARGET"
+    printf '  %-13s ok      %9s runs in %s s (%s exec/s), cov %s ft %s\n' "$t" "${runs:-?}" \
+      "$SECONDS_PER_TARGET" "${speed:-?}" "${cov:-?}" "${ft:-?}"
     return 0
   fi
   printf '  %-13s FAILED  (exit %s) log: %s\n' "$t" "$status" "$work/log"
-  grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz invariant failed)|runtime error' "$work/log" | head -5 |
-    sed 's/^/      /' || true
+  grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz invariant failed)|runtime error|^    #[0-9] ' \
+    "$work/log" | head -12 | sed 's/^/      /' || true
   for a in "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-*; do
     if [[ -e $a ]]; then echo "      input: $a  (replay: $BUILD/fuzz/${t}_fuzzer $a)"; fi
   done

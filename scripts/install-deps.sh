@@ -18,7 +18,11 @@ test_pkgs=(
   curl wrk openssl           # HTTP client, load generator, test certificates
   chromium                   # the demo page's browser test (headless)
   prometheus                 # promtool checks the /metrics output
-  clang libclang-rt-14-dev clang-format clang-tidy  # fuzzing, format and lint
+  clang-format clang-tidy    # format and lint
+  # Fuzzing (scripts/fuzz.sh): clang 14, its libFuzzer/ASan/UBSan runtimes
+  # (libclang-rt-14-dev), llvm-symbolizer for readable crash stacks (llvm; only
+  # recommended by clang), ccache for the clang build.
+  clang libclang-rt-14-dev llvm ccache
   procps psmisc iproute2
 )
 

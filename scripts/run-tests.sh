@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the whole suite three times: a normal build (all tests),
-# ASan+UBSan (all tests) and TSan (tests labelled "concurrency"). Exits
-# non-zero on the first failure. Called by `make test` and CI.
+# ASan+UBSan (all tests) and TSan (tests labelled "concurrency"); then every
+# libFuzzer target for 30 s under ASan+UBSan (scripts/fuzz.sh: a clang build
+# of only the fuzz targets in build-fuzz/). Exits non-zero on the first
+# failure. Called by `make test` and CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
@@ -45,5 +47,9 @@ configure build-tsan Debug -DRL_SANITIZE=thread "${SAN_FLAGS[@]}"
 ninja -C build-tsan -j "$JOBS" concurrency_tests
 step "test (TSan, concurrency tests)"
 ctest --test-dir build-tsan --output-on-failure -j 2 --timeout 900 -L concurrency -LE no-sanitizer
+
+step "fuzz (libFuzzer, ASan + UBSan, 30 s per target)"
+# Fails on any crash, leak, timeout or out-of-memory and prints the input.
+scripts/fuzz.sh 30
 
 step "all test runs passed"

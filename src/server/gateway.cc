@@ -256,8 +256,13 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
     return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
   }
   Request up;
-  up.method(request.method());
-  if (request.method() == http::verb::unknown) up.method_string(request.method_string());
+  // An extension method ("PURGE", "!GET": any token) is verb::unknown, which
+  // method() rejects with an exception: copy its text instead.
+  if (request.method() == http::verb::unknown) {
+    up.method_string(request.method_string());
+  } else {
+    up.method(request.method());
+  }
   up.target(request.target());
   up.version(11);
   std::string xff;

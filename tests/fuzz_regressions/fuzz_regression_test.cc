@@ -35,8 +35,8 @@ constexpr Target kTargets[] = {
     {"redis_reply", FuzzRedisReply},
     {"redis_url", FuzzRedisUrl},
     {"decision_api", FuzzDecisionApi},
-    // http: replayed by `make fuzz` only for now (its replay crashes in the
-    // GCC build; see the open hardening issue).
+    {"http", FuzzHttp},
+    {"gateway", FuzzGateway},
 };
 
 struct Input {
