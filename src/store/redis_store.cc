@@ -187,19 +187,30 @@ struct RedisStore::Impl {
       p.args.push_back(std::to_string(peek ? 0 : want > 1 ? want : c.cost));
     }
     if (fp) {
-      WaiterShard& shard = WaitersOf(*fp);
-      std::lock_guard lock(shard.mu);
-      auto [it, first_of_key] = shard.by_fp.try_emplace(*fp);
-      if (!first_of_key) {
-        // Same key and limits already in flight: its answer may serve this one.
-        if (in_flight.fetch_add(1, std::memory_order_relaxed) >= opts.max_pending) {
+      std::optional<StatusOr<CheckResult>> answer;
+      {
+        WaiterShard& shard = WaitersOf(*fp);
+        std::lock_guard lock(shard.mu);
+        auto [it, first_of_key] = shard.by_fp.try_emplace(*fp);
+        if (!first_of_key) {
+          // Same key and limits already in flight: its answer may serve this one.
+          if (in_flight.fetch_add(1, std::memory_order_relaxed) < opts.max_pending) {
+            it->second.push_back(std::move(p));
+            return;
+          }
           in_flight.fetch_sub(1, std::memory_order_relaxed);
-          return p.done(Overloaded());
+          answer = Overloaded();
+        } else if (std::optional<CheckResult> hit = cache->Lookup(*fp, now_local)) {
+          // A leader answered between our first look and now (it fills the
+          // cache before it lets go of its waiters): no call needed.
+          shard.by_fp.erase(it);
+          stat_hits.fetch_add(1, std::memory_order_relaxed);
+          answer = *std::move(hit);
+        } else {
+          p.leader = true;
         }
-        it->second.push_back(std::move(p));
-        return;
       }
-      p.leader = true;
+      if (answer) return p.done(*std::move(answer));
     }
     Dispatch(std::move(p));
   }
