@@ -69,7 +69,7 @@ class RedisStore final : public Store {
     // Denials of cost-1 requests are remembered until their retry time and
     // answered locally (see src/store/over_limit_cache.h). 0 entries: off.
     size_t over_limit_cache_entries = 100'000;
-    std::chrono::milliseconds over_limit_cache_min_retry{10};
+    std::chrono::milliseconds over_limit_cache_min_retry{0};
   };
 
   // Counters since start, for metrics.
@@ -77,6 +77,7 @@ class RedisStore final : public Store {
     uint64_t checks = 0;        // Check() calls that reached the store
     uint64_t script_calls = 0;  // EVALSHA calls sent
     uint64_t cache_hits = 0;    // checks answered by the over-limit cache
+    uint64_t lease_hits = 0;    // checks answered with a leased token (Limit::lease)
     uint64_t failures = 0;      // checks that completed with an error
   };
 

@@ -1,5 +1,6 @@
 #include "ratelimit/limit.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -199,11 +200,31 @@ Status Limit::ValidateCost(int64_t cost) const {
   return Status::Ok();
 }
 
+StatusOr<Limit> Limit::WithLease(int64_t n) const {
+  if (n == 0) {
+    Limit l = *this;
+    l.lease_ = 0;
+    return l;
+  }
+  if (algorithm_ != Algorithm::kTokenBucket) {
+    return InvalidArgument("lease is for token_bucket limits only");
+  }
+  if (n < 2 || n > std::min(limit_, kMaxLease)) {
+    return InvalidArgument(
+        "lease must be 0 (off) or 2.." + std::to_string(std::min(limit_, kMaxLease)) +
+        " (at most the capacity and " + std::to_string(kMaxLease) + "), got " + std::to_string(n));
+  }
+  Limit l = *this;
+  l.lease_ = n;
+  return l;
+}
+
 std::string Limit::ToString() const {
   std::ostringstream o;
   o << AlgorithmName(algorithm_) << "(";
   if (algorithm_ == Algorithm::kTokenBucket) {
     o << "capacity=" << limit_ << ", refill_per_second=" << refill_per_second();
+    if (lease_ > 0) o << ", lease=" << lease_;
   } else if (algorithm_ == Algorithm::kLeakyBucket) {
     o << "depth=" << limit_ << ", rate_per_second=" << refill_per_second();
   } else {

@@ -250,6 +250,7 @@ class Loader {
   // ---- sections -----------------------------------------------------------
   Status Server(const YAML::Node& n, ServerConfig* s);
   Status Store(const YAML::Node& n, StoreConfig* s);
+  Status ClusterNodes(const YAML::Node& n, StoreConfig* s);
   Status Clients(const YAML::Node& n, ClientConfig* s);
   // A limit definition: `spec` holds algorithm and its parameters.
   Status LimitSpec(const YAML::Node& spec, const std::string& name, const YAML::Node& name_node,
@@ -312,18 +313,20 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
       CheckMap(n, "store",
                {"type", "url", "deadline", "key_prefix", "time_source", "failure_mode",
                 "closed_status", "expected_instances", "max_keys", "max_key_length", "connections",
-                "max_pending", "breaker", "local_max_keys"}));
+                "max_pending", "breaker", "local_max_keys", "nodes"}));
   RL_RETURN_IF_ERROR(Enum<StoreConfig::Type>(
       n, "type", {{"memory", StoreConfig::Type::kMemory}, {"redis", StoreConfig::Type::kRedis}},
       &s->type));
   RL_RETURN_IF_ERROR(String(n, "url", &s->url));
+  RL_RETURN_IF_ERROR(ClusterNodes(n, s));
   if (s->type == StoreConfig::Type::kRedis) {
     if (s->url.empty()) return Error(n, "store type redis needs a 'url' (redis://host:6379)");
-    if (s->url.rfind("redis://", 0) != 0 && s->url.rfind("rediss://", 0) != 0 &&
-        s->url.rfind("redis+cluster://", 0) != 0) {
+    if (!s->url.starts_with("redis://") && !s->url.starts_with("rediss://") &&
+        !s->url.starts_with("redis+cluster://") && !s->url.starts_with("rediss+cluster://")) {
       // Never echo the URL: it may hold a password.
       return Error(Get(n, "url"),
-                   "store 'url' must start with redis://, rediss:// or redis+cluster://");
+                   "store 'url' must start with redis://, rediss://, redis+cluster:// or "
+                   "rediss+cluster://");
     }
   } else if (!s->url.empty()) {
     return Error(Get(n, "url"), "store 'url' is only used with type: redis");
@@ -371,6 +374,51 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
                            std::to_string(br.open_for.count()) + "ms)");
     }
   }
+  return Status::Ok();
+}
+
+// `nodes: [host:port, ...]`: Redis Cluster seed nodes, added to the host list
+// of a redis+cluster:// or rediss+cluster:// `url` (which then holds only the
+// credentials and options, e.g. "rediss+cluster://rl:secret@?tls_ca_file=..."),
+// or making the url "redis+cluster://<nodes>" when there is none.
+Status Loader::ClusterNodes(const YAML::Node& n, StoreConfig* s) {
+  YAML::Node nodes = Get(n, "nodes");
+  if (!nodes.IsDefined()) return Status::Ok();
+  if (!nodes.IsSequence() || nodes.size() == 0) {
+    return Error(nodes, "store 'nodes' must be a non-empty list of host:port");
+  }
+  std::string list;
+  for (const YAML::Node& e : nodes) {
+    std::string node;
+    RL_RETURN_IF_ERROR(Scalar(e, "nodes", &node));
+    const size_t colon = node.rfind(':');
+    if (node.empty() || colon == std::string::npos || colon == 0 || colon + 1 == node.size() ||
+        node.find_first_of(",@/?# \t") != std::string::npos) {
+      return Error(e, "store 'nodes' entries must be host:port, got " + Quote(node));
+    }
+    list += (list.empty() ? "" : ",") + node;
+  }
+  if (s->type != StoreConfig::Type::kRedis) {
+    return Error(nodes, "store 'nodes' is only used with type: redis");
+  }
+  if (s->url.empty()) {
+    s->url = "redis+cluster://" + list;
+    return Status::Ok();
+  }
+  const size_t scheme_end = s->url.find("://");
+  const std::string scheme = s->url.substr(0, scheme_end);
+  if (scheme_end == std::string::npos ||
+      (scheme != "redis+cluster" && scheme != "rediss+cluster")) {
+    return Error(nodes,
+                 "store 'nodes' needs a redis+cluster:// or rediss+cluster:// 'url' (or none)");
+  }
+  // The host list runs from after the userinfo to the first '/' or '?'.
+  const size_t start = scheme_end + 3;
+  size_t end = s->url.find_first_of("/?", start);
+  if (end == std::string::npos) end = s->url.size();
+  const size_t at = s->url.rfind('@', end);
+  const size_t hosts = at != std::string::npos && at >= start ? at + 1 : start;
+  s->url.insert(end, hosts == end ? list : "," + list);
   return Status::Ok();
 }
 
@@ -456,6 +504,12 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
       return Wrap(window_error ? spec["window"] : spec["limit"], limit.status());
     }
   }
+  if (YAML::Node lease = Get(spec, "lease"); lease.IsDefined()) {
+    int64_t n = 0;
+    RL_RETURN_IF_ERROR(Int(lease, "lease", &n));
+    limit = limit->WithLease(n);
+    if (!limit.ok()) return Error(lease, what + ": " + limit.status().message());
+  }
   *out = *limit;
   return Status::Ok();
 }
@@ -496,7 +550,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       RL_RETURN_IF_ERROR(
           CheckMap(e, "limit of " + what,
                    {"name", "algorithm", "capacity", "refill_per_second", "depth",
-                    "rate_per_second", "limit", "window", "shadow", "failure_mode"}));
+                    "rate_per_second", "limit", "window", "lease", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -506,8 +560,8 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         RL_RETURN_IF_ERROR(Define(*limit, name_node));
         rule.limit = *limit;
       } else {
-        for (const char* key :
-             {"capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"}) {
+        for (const char* key : {"capacity", "refill_per_second", "depth", "rate_per_second",
+                                "limit", "window", "lease"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);
@@ -733,7 +787,7 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
       if (top_level_.count(name)) return Error(kv.first, "duplicate limit " + Quote(name));
       RL_RETURN_IF_ERROR(CheckMap(kv.second, "limit " + Quote(name),
                                   {"algorithm", "capacity", "refill_per_second", "depth",
-                                   "rate_per_second", "limit", "window"}));
+                                   "rate_per_second", "limit", "window", "lease"}));
       std::optional<Limit> limit;
       RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
       RL_RETURN_IF_ERROR(Define(*limit, kv.first));

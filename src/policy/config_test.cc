@@ -191,6 +191,52 @@ routes:
   EXPECT_TRUE(c.ok()) << c.status().message();
 }
 
+TEST(ParseConfig, LeasePerTokenBucketLimit) {
+  StatusOr<Config> c = ParseConfig(R"(
+limits:
+  hot: {algorithm: token_bucket, capacity: 100, refill_per_second: 50, lease: 10}
+  cold: {algorithm: token_bucket, capacity: 100, refill_per_second: 50}
+)",
+                                   "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->named_limits.at("hot").lease(), 10);
+  EXPECT_EQ(c->named_limits.at("cold").lease(), 0);
+  // Round trip through the dump keeps it.
+  StatusOr<Config> again = ParseConfig(DumpRedacted(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->named_limits.at("hot").lease(), 10);
+  for (const char* bad : {"lease: 1", "lease: -3", "lease: 101", "lease: 2.5", "lease: ten"}) {
+    StatusOr<Config> e = ParseConfig(
+        std::string("limits: {x: {algorithm: token_bucket, capacity: 100, refill_per_second: 1, ") +
+            bad + "}}\n",
+        "t.yaml");
+    EXPECT_FALSE(e.ok()) << bad;
+  }
+}
+
+TEST(ParseConfig, ClusterUrlsAndNodes) {
+  auto url_of = [](const std::string& store) -> std::string {
+    StatusOr<Config> c = ParseConfig("store: " + store + "\n", "t.yaml");
+    return c.ok() ? c->store.url : "error: " + c.status().message();
+  };
+  EXPECT_EQ(url_of(R"({type: redis, url: "rediss+cluster://a:7000,b:7000"})"),
+            "rediss+cluster://a:7000,b:7000");
+  EXPECT_EQ(url_of(R"({type: redis, nodes: ["10.0.0.1:7000", "10.0.0.2:7000"]})"),
+            "redis+cluster://10.0.0.1:7000,10.0.0.2:7000");
+  EXPECT_EQ(
+      url_of(
+          R"({type: redis, url: "rediss+cluster://rl:pw@?tls_ca_file=/ca.pem", nodes: ["a:1", "b:2"]})"),
+      "rediss+cluster://rl:pw@a:1,b:2?tls_ca_file=/ca.pem");
+  EXPECT_EQ(url_of(R"({type: redis, url: "redis+cluster://a:1", nodes: ["b:2"]})"),
+            "redis+cluster://a:1,b:2");
+  for (const char* bad :
+       {R"({type: redis, url: "redis://a:1", nodes: ["b:2"]})", R"({type: redis, nodes: []})",
+        R"({type: redis, nodes: ["b"]})", R"({type: redis, nodes: ["a:1,b:2"]})",
+        R"({type: memory, nodes: ["b:2"]})", R"({type: redis, nodes: "a:1"})"}) {
+    EXPECT_EQ(url_of(bad).rfind("error: ", 0), 0u) << bad << " -> " << url_of(bad);
+  }
+}
+
 TEST(ParseConfig, RedisUrlErrorNeverEchoesThePassword) {
   StatusOr<Config> c = ParseConfig("store: {type: redis, url: \"http://:hunter2@h\"}\n", "t.yaml");
   ASSERT_FALSE(c.ok());

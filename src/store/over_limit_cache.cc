@@ -33,18 +33,46 @@ std::optional<CheckResult> OverLimitCache::Lookup(uint64_t fp, int64_t now) {
     s.entries.erase(it);
     return std::nullopt;
   }
-  CheckResult r = it->second.result;
-  const microseconds elapsed(now - it->second.at);
+  return CountDown(it->second.result, microseconds(std::max<int64_t>(0, now - it->second.at)));
+}
+
+CheckResult OverLimitCache::CountDown(CheckResult result, microseconds elapsed) {
   auto count_down = [&](Decision& d) {
     d.retry_after = std::max(microseconds(0), d.retry_after - elapsed);
     d.reset_after = std::max(microseconds(0), d.reset_after - elapsed);
   };
-  count_down(r.overall);
-  for (Decision& d : r.decisions) count_down(d);
-  return r;
+  count_down(result.overall);
+  for (Decision& d : result.decisions) count_down(d);
+  return result;
 }
 
-void OverLimitCache::Remember(uint64_t fp, const CheckResult& result, int64_t now) {
+std::optional<Decision> OverLimitCache::DenialAfterLastUnit(Algorithm algorithm,
+                                                            int64_t window_micros,
+                                                            int64_t interval_micros,
+                                                            const Decision& allowed) {
+  if (!allowed.allowed || allowed.remaining != 0) return std::nullopt;
+  Decision d = allowed;
+  d.allowed = false;
+  switch (algorithm) {
+    case Algorithm::kTokenBucket:
+      // GCRA (src/core/algorithms.cc): after the allowance TAT = now +
+      // reset_after; the next unit is allowed at TAT + interval - tau, and a
+      // denial leaves TAT (so reset_after) as it is.
+      d.retry_after = allowed.reset_after + microseconds(interval_micros - window_micros);
+      break;
+    case Algorithm::kFixedWindow:
+      // The window is full until it ends, which is when it resets.
+      d.retry_after = allowed.reset_after;
+      break;
+    default: return std::nullopt;
+  }
+  if (d.retry_after <= microseconds(0)) return std::nullopt;
+  return d;
+}
+
+void OverLimitCache::Remember(uint64_t fp, const CheckResult& result, int64_t submitted,
+                              int64_t replied) {
+  const int64_t now = replied;
   if (result.overall.allowed || result.overall.retry_after < opts_.min_retry) return;
   Shard& s = shards_[fp % kShards];
   std::lock_guard lock(s.mu);
@@ -52,7 +80,7 @@ void OverLimitCache::Remember(uint64_t fp, const CheckResult& result, int64_t no
     std::erase_if(s.entries, [now](const auto& kv) { return kv.second.until <= now; });
     if (s.entries.size() >= opts_.max_entries / kShards) return;
   }
-  s.entries[fp] = Entry{result, now, now + result.overall.retry_after.count()};
+  s.entries[fp] = Entry{result, replied, submitted + result.overall.retry_after.count()};
 }
 
 void OverLimitCache::Forget(uint64_t fp) {

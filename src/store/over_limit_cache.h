@@ -7,6 +7,11 @@
 // make room). Until then the cached CheckResult is returned with its times
 // counted down. Only denials with retry_after >= `min_retry` are cached.
 //
+// An allowed cost-1 request that took the last unit of a token bucket or a
+// fixed window also tells when the next one can be allowed
+// (DenialAfterLastUnit): RedisStore caches that denial at once, so a flood
+// costs one script call per unit that comes free and none for its denials.
+//
 // Exactness: on this instance a cached denial is exactly what the store would
 // answer. What it cannot see is a reset of the key made elsewhere (admin API
 // on another instance): such a client stays denied here for at most the
@@ -30,7 +35,7 @@ class OverLimitCache {
  public:
   struct Options {
     size_t max_entries = 100'000;
-    std::chrono::microseconds min_retry{10'000};
+    std::chrono::microseconds min_retry{0};
   };
 
   explicit OverLimitCache(Options options);
@@ -41,8 +46,21 @@ class OverLimitCache {
 
   // The cached denial with times counted down to `now`, if still valid.
   std::optional<CheckResult> Lookup(uint64_t fp, int64_t now);
-  // Remembers `result` if it is a denial worth caching.
-  void Remember(uint64_t fp, const CheckResult& result, int64_t now);
+  // The denial Redis would give a cost-1 request right after `allowed` (one
+  // limit, cost 1, remaining 0), for a token bucket or a fixed window; nullopt
+  // for other algorithms or when room is left. `window_micros` and
+  // `interval_micros` are the Limit's.
+  static std::optional<Decision> DenialAfterLastUnit(Algorithm algorithm, int64_t window_micros,
+                                                     int64_t interval_micros,
+                                                     const Decision& allowed);
+
+  // Remembers `result` if it is a denial worth caching. `submitted` is a time
+  // no later than the one the store decided at (so the entry never outlives
+  // the denial), `replied` one no earlier (so counted-down retry times are
+  // never too early).
+  void Remember(uint64_t fp, const CheckResult& result, int64_t submitted, int64_t replied);
+  // `result` as it stands `elapsed` later: its wait times counted down.
+  static CheckResult CountDown(CheckResult result, std::chrono::microseconds elapsed);
   void Forget(uint64_t fp);
   // Forgets everything (after an admin reset: entries are not indexed by key).
   void Clear();
@@ -52,7 +70,7 @@ class OverLimitCache {
  private:
   struct Entry {
     CheckResult result;
-    int64_t at = 0;     // when the result was current
+    int64_t at = 0;     // when the result was current (at the latest)
     int64_t until = 0;  // when a request may be allowed again
   };
   struct Shard {

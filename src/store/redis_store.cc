@@ -7,7 +7,9 @@
 #include <charconv>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/algorithms.h"
@@ -15,6 +17,8 @@
 #include "redis/cluster_client.h"
 #include "redis/io_thread.h"
 #include "redis/slot.h"
+#include "store/hash.h"
+#include "store/lease_table.h"
 #include "store/lua/scripts.h"
 #include "store/over_limit_cache.h"
 
@@ -40,6 +44,14 @@ struct PendingCheck {
   std::optional<uint64_t> cache_fp;  // set when the over-limit cache may keep its denial
   int64_t submitted_at = 0;          // store clock, before Redis evaluated it
   bool peek = false;
+  bool leader = false;  // other checks of cache_fp wait for its reply (Impl::waiters)
+  // The first limit's shape, to tell when the unit it took was the last one.
+  Algorithm algorithm = Algorithm::kTokenBucket;
+  int64_t window_micros = 0, interval_micros = 0;
+  // Token lease: the limit's lease size (0: none) and the tokens asked for
+  // (> 1: a "T" evaluation that may take several).
+  uint64_t lease_fp = 0;
+  int64_t lease = 0, want = 1;
   uint16_t slot = 0;                  // cluster: the slot of every key of the check
   CircuitBreaker* breaker = nullptr;  // the breaker that let it through
   std::vector<std::string> keys;
@@ -84,7 +96,10 @@ struct RedisStore::Impl {
   redis::Script script;
   std::unique_ptr<CircuitBreaker> breaker;
   std::unique_ptr<store::OverLimitCache> cache;  // nullptr: off
-  std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_hits{0}, stat_failures{0};
+  store::LeaseTable leases;
+  const uint64_t lease_seed = std::random_device{}();
+  std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_hits{0}, stat_failures{0},
+      stat_lease_hits{0};
   redis::IoThread io;                     // declared before the clients: destroyed after them
   std::unique_ptr<redis::Client> client;  // standalone; or:
   std::unique_ptr<redis::ClusterClient> cluster;
@@ -92,6 +107,15 @@ struct RedisStore::Impl {
   // while the slot map is unknown.
   std::mutex breakers_mu;
   std::vector<std::unique_ptr<CircuitBreaker>> node_breakers;  // GUARDED_BY(breakers_mu)
+
+  // Checks that may be cached wait while one with the same fingerprint is in
+  // flight (its `leader`), and share its denial instead of a call of their own.
+  struct WaiterShard {
+    std::mutex mu;
+    std::unordered_map<uint64_t, std::vector<PendingCheck>> by_fp;  // GUARDED_BY(mu)
+  };
+  WaiterShard waiters[16];
+  WaiterShard& WaitersOf(uint64_t fp) { return waiters[fp % std::size(waiters)]; }
 
   std::mutex mu;
   std::vector<PendingCheck> queue;   // GUARDED_BY(mu)
@@ -123,27 +147,33 @@ struct RedisStore::Impl {
         }
       }
     }
+    // A hot key of a leased limit: spend a token taken earlier, or ask for a lease.
+    const LimitCheck& only = req.checks.front();
+    uint64_t lease_fp = 0;
+    int64_t want = 1;
+    if (!peek && req.checks.size() == 1 && only.cost == 1 && only.limit->lease() > 1) {
+      lease_fp = store::Mix(store::Hash64(req.key, lease_seed) ^ only.limit->identity_hash(),
+                            0x9E3779B97F4A7C15ULL);
+      if (std::optional<CheckResult> spent = leases.Spend(lease_fp, now_local)) {
+        stat_lease_hits.fetch_add(1, std::memory_order_relaxed);
+        return done(*std::move(spent));
+      }
+      want = leases.Want(lease_fp, now_local, *only.limit);
+    }
     stat_checks.fetch_add(1, std::memory_order_relaxed);
     std::string first_key = Key(req.key, *req.checks.front().limit);
-    const uint16_t slot = cluster ? redis::KeySlot(first_key) : 0;
-    CircuitBreaker* node_breaker = BreakerFor(slot);
-    if (!node_breaker->Allow()) {
-      // The node may be gone for good (failover): look for a new owner meanwhile.
-      if (cluster) cluster->RequestRefresh();
-      stat_failures.fetch_add(1, std::memory_order_relaxed);
-      return done(BreakerOpenStatus(BreakerSubject(slot)));
-    }
-    if (in_flight.fetch_add(1, std::memory_order_relaxed) >= opts.max_pending) {
-      in_flight.fetch_sub(1, std::memory_order_relaxed);
-      return done(ResourceExhausted("redis store overloaded: " + std::to_string(opts.max_pending) +
-                                    " calls already queued or in flight"));
-    }
+    const Limit& first = *req.checks.front().limit;
     PendingCheck p{.deadline = std::chrono::steady_clock::now() + opts.deadline,
                    .cache_fp = fp,
                    .submitted_at = now_local,
                    .peek = peek,
-                   .slot = slot,
-                   .breaker = node_breaker,
+                   .algorithm = first.algorithm(),
+                   .window_micros = first.window_micros(),
+                   .interval_micros = first.interval_micros(),
+                   .lease_fp = lease_fp,
+                   .lease = lease_fp != 0 ? first.lease() : 0,
+                   .want = want,
+                   .slot = cluster ? redis::KeySlot(first_key) : uint16_t{0},
                    .done = std::move(done)};
     p.keys.reserve(req.checks.size());
     p.args.reserve(2 + 5 * req.checks.size());
@@ -152,12 +182,64 @@ struct RedisStore::Impl {
     for (const LimitCheck& c : req.checks) {
       const Limit& l = *c.limit;
       p.keys.push_back(p.keys.empty() ? std::move(first_key) : Key(req.key, l));
-      p.args.emplace_back(1, AlgorithmCode(l.algorithm()));
+      p.args.emplace_back(1, want > 1 ? 'T' : AlgorithmCode(l.algorithm()));
       p.args.push_back(std::to_string(l.limit()));
       p.args.push_back(std::to_string(l.window_micros()));
       p.args.push_back(std::to_string(l.interval_micros()));
-      p.args.push_back(std::to_string(peek ? 0 : c.cost));
+      p.args.push_back(std::to_string(peek ? 0 : want > 1 ? want : c.cost));
     }
+    if (fp) {
+      std::optional<StatusOr<CheckResult>> answer;
+      {
+        WaiterShard& shard = WaitersOf(*fp);
+        std::lock_guard lock(shard.mu);
+        auto [it, first_of_key] = shard.by_fp.try_emplace(*fp);
+        if (!first_of_key) {
+          // Same key and limits already in flight: its answer may serve this one.
+          if (in_flight.fetch_add(1, std::memory_order_relaxed) < opts.max_pending) {
+            it->second.push_back(std::move(p));
+            return;
+          }
+          in_flight.fetch_sub(1, std::memory_order_relaxed);
+          answer = Overloaded();
+        } else if (std::optional<CheckResult> hit = cache->Lookup(*fp, now_local)) {
+          // A leader answered between our first look and now (it fills the
+          // cache before it lets go of its waiters): no call needed.
+          shard.by_fp.erase(it);
+          stat_hits.fetch_add(1, std::memory_order_relaxed);
+          answer = *std::move(hit);
+        } else {
+          p.leader = true;
+        }
+      }
+      if (answer) return p.done(*std::move(answer));
+    }
+    Dispatch(std::move(p));
+  }
+
+  Status Overloaded() const {
+    return ResourceExhausted("redis store overloaded: " + std::to_string(opts.max_pending) +
+                             " calls already queued or in flight");
+  }
+
+  // Through the slot's breaker and the pending bound into the queue.
+  void Dispatch(PendingCheck p) {
+    CircuitBreaker* node_breaker = BreakerFor(p.slot);
+    Status refused;
+    if (!node_breaker->Allow()) {
+      // The node may be gone for good (failover): look for a new owner meanwhile.
+      if (cluster) cluster->RequestRefresh();
+      refused = BreakerOpenStatus(BreakerSubject(p.slot));
+    } else if (in_flight.fetch_add(1, std::memory_order_relaxed) >= opts.max_pending) {
+      in_flight.fetch_sub(1, std::memory_order_relaxed);
+      refused = Overloaded();
+    }
+    if (!refused.ok()) {
+      stat_failures.fetch_add(1, std::memory_order_relaxed);
+      ReleaseWaiters(p, nullptr);
+      return p.done(refused);
+    }
+    p.breaker = node_breaker;
     bool schedule = false;
     {
       std::lock_guard lock(mu);
@@ -165,6 +247,44 @@ struct RedisStore::Impl {
       schedule = !std::exchange(flush_scheduled, true);
     }
     if (schedule) boost::asio::post(io.executor(), [this] { Flush(); });
+  }
+
+  // `leader` is answered: the checks that waited for it get `denial` if it
+  // was still in force when they arrived (nothing they could see differs: a
+  // denied request changes no state and time must pass for room to come),
+  // and otherwise go out themselves, together (no leader: one batch).
+  void ReleaseWaiters(PendingCheck& leader, const CheckResult* denial) {
+    if (!leader.leader) return;
+    leader.leader = false;
+    std::vector<PendingCheck> released;
+    {
+      WaiterShard& shard = WaitersOf(*leader.cache_fp);
+      std::lock_guard lock(shard.mu);
+      auto it = shard.by_fp.find(*leader.cache_fp);
+      if (it == shard.by_fp.end()) return;
+      released = std::move(it->second);
+      shard.by_fp.erase(it);
+    }
+    for (PendingCheck& w : released) {
+      in_flight.fetch_sub(1, std::memory_order_relaxed);
+      if (denial != nullptr &&
+          w.submitted_at < leader.submitted_at + denial->overall.retry_after.count()) {
+        stat_hits.fetch_add(1, std::memory_order_relaxed);
+        w.done(*denial);
+      } else if (std::optional<CheckResult> spent =
+                     w.lease_fp != 0 ? leases.Spend(w.lease_fp, clock->NowMicros())
+                                     : std::nullopt) {
+        stat_lease_hits.fetch_add(1, std::memory_order_relaxed);
+        w.done(*std::move(spent));
+      } else {
+        if (w.want > 1) {  // the leader asked for the lease: this one takes one token
+          w.want = 1;
+          w.args[2] = "t";
+          w.args[6] = "1";
+        }
+        Dispatch(std::move(w));
+      }
+    }
   }
 
   // The breaker guarding the node that serves `slot` (the only one standalone).
@@ -210,6 +330,7 @@ struct RedisStore::Impl {
       if (p.deadline <= now) {  // waited its whole deadline in the queue: never sent
         in_flight.fetch_sub(1, std::memory_order_relaxed);
         stat_failures.fetch_add(1, std::memory_order_relaxed);
+        ReleaseWaiters(p, nullptr);
         p.done(DeadlineExceeded("redis store: no reply slot within the deadline (overloaded)"));
         continue;
       }
@@ -300,7 +421,10 @@ struct RedisStore::Impl {
     }
     if (!failure.ok()) {
       stat_failures.fetch_add(group.size(), std::memory_order_relaxed);
-      for (PendingCheck& p : group) p.done(failure);
+      for (PendingCheck& p : group) {
+        ReleaseWaiters(p, nullptr);
+        p.done(failure);
+      }
       return;
     }
     size_t at = 0;
@@ -309,7 +433,7 @@ struct RedisStore::Impl {
       r.decisions.resize(p.keys.size());
       for (Decision& d : r.decisions) {
         const auto& e = reply->elements;
-        d.allowed = e[at].integer == 1;
+        d.allowed = e[at].integer > 0;  // a lease ("T"): the tokens taken
         d.remaining = e[at + 1].integer;
         d.retry_after = microseconds(e[at + 2].integer);
         d.reset_after = microseconds(e[at + 3].integer);
@@ -330,8 +454,40 @@ struct RedisStore::Impl {
           d.delay = core::LeakyDelay(arg(i, 3), d.reset_after, arg(i, 4));
         }
       }
+      int64_t granted = 0;
+      if (p.want > 1) {
+        granted = reply->elements[at - 4].integer;
+        leases.Grant(p.lease_fp, p.lease, granted, r.decisions[0], p.submitted_at,
+                     clock->NowMicros());
+        if (granted > 1) r.decisions[0].remaining += granted - 1;
+      }
       r.overall = Combine(r.decisions);
-      if (p.cache_fp && !r.overall.allowed) cache->Remember(*p.cache_fp, r, p.submitted_at);
+      if (p.cache_fp) {
+        // A denial, or the denial that follows taking the last unit.
+        std::optional<CheckResult> denial;
+        if (!r.overall.allowed) {
+          denial = r;
+        } else if (r.decisions.size() == 1 && granted <= 1) {
+          if (std::optional<Decision> next = store::OverLimitCache::DenialAfterLastUnit(
+                  p.algorithm, p.window_micros, p.interval_micros, r.decisions[0])) {
+            denial = CheckResult{.overall = *next, .decisions = {*next}};
+          }
+        }
+        if (denial && p.lease > 1) {
+          // A leased limit: hold the key back until a whole lease has come
+          // free, so that the next call takes n tokens rather than one (a
+          // flood then costs about 2 calls per n tokens). Tokens left in the
+          // bucket meanwhile are taken by that call: only the timing moves.
+          const microseconds hold((p.lease - 1) * p.interval_micros);
+          denial->overall.retry_after += hold;
+          for (Decision& d : denial->decisions) {
+            if (!d.allowed) d.retry_after += hold;
+          }
+          if (!r.overall.allowed) r = *denial;
+        }
+        if (denial) cache->Remember(*p.cache_fp, *denial, p.submitted_at, clock->NowMicros());
+        ReleaseWaiters(p, denial ? &*denial : nullptr);
+      }
       p.done(std::move(r));
     }
   }
@@ -427,6 +583,7 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
                        ResetCallback done) {
   if (limits.empty()) return done(Status::Ok());
   if (impl_->cache != nullptr) impl_->cache->Clear();
+  impl_->leases.Clear();
   std::vector<std::string> args = {"DEL"};
   for (const Limit* l : limits) args.push_back(impl_->Key(key, *l));
   auto on_reply = [done = std::move(done)](StatusOr<redis::Reply> r) {
@@ -464,6 +621,7 @@ RedisStore::Stats RedisStore::stats() const {
   return {.checks = impl_->stat_checks.load(std::memory_order_relaxed),
           .script_calls = impl_->stat_calls.load(std::memory_order_relaxed),
           .cache_hits = impl_->stat_hits.load(std::memory_order_relaxed),
+          .lease_hits = impl_->stat_lease_hits.load(std::memory_order_relaxed),
           .failures = impl_->stat_failures.load(std::memory_order_relaxed)};
 }
 

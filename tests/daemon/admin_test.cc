@@ -319,6 +319,7 @@ TEST(Metrics, PromtoolAcceptsTheRedisScrapeWithDegradedDecisions) {
   EXPECT_NE(m.body.find("outcome=\"degraded\"} 3\n"), std::string::npos) << m.body;
   EXPECT_NE(m.body.find("ratelimit_store_breaker_state "), std::string::npos);
   EXPECT_NE(m.body.find("ratelimit_over_limit_cache_hits_total "), std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_lease_hits_total "), std::string::npos);
   // Each degraded decision is counted under its cause (refused, then breaker_open).
   int64_t degraded = 0;
   for (const char* cause : {"timeout", "refused", "breaker_open", "overload", "error"}) {

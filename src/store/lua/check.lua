@@ -10,14 +10,17 @@
 --            "c" to check and consume or "p" to peek (never writes),
 --            the number of limits n, then for each limit (5 values):
 --            algorithm ("t" token bucket, "k" leaky bucket, "f" fixed window,
---            "s" sliding window, "l" sliding log), limit, window (us; token and
---            leaky bucket: capacity or depth x interval), interval (us, token
---            and leaky bucket only), cost
+--            "s" sliding window, "l" sliding log; "T" a token bucket lease,
+--            below), limit, window (us; token and leaky bucket: capacity or
+--            depth x interval), interval (us, token and leaky bucket only), cost
 -- KEYS     one per limit, in the same order.
 -- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
 --          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
 --          the caller derives an allowed request's delay, reset_after - cost x
 --          interval (core::LeakyDelay), so the reply keeps 4 values per limit.
+--          "T" (lease) takes as many tokens as there are, at most `cost`, at
+--          least 1 (else it is denied as a cost of 1 would be); its allowed
+--          value is the number of tokens taken.
 --          A check is all or nothing: state is written only when all its limits allow.
 
 local now = tonumber(ARGV[1])
@@ -57,6 +60,15 @@ local function token_bucket(key, cap, tau, iv, cost)
     end
   end
   return 0, floor(math.max(0, tau - (tat - now)) / iv), allow_at - now, tat - now, nil
+end
+
+local function token_lease(key, cap, tau, iv, want)
+  local tat = tonumber(get(key)) or 0
+  if tat < now then tat = now end
+  local n = math.max(1, math.min(want, floor((now + tau - tat) / iv)))
+  local allowed, rem, retry, reset, writer = token_bucket(key, cap, tau, iv, n)
+  if allowed == 1 then allowed = n end
+  return allowed, rem, retry, reset, writer
 end
 
 local function parse_window(key)
@@ -169,6 +181,7 @@ end
 local evaluators = {
   t = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
   k = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
+  T = function(key, limit, w, iv, cost) return token_lease(key, limit, w, iv, cost) end,
   f = function(key, limit, w, _, cost) return fixed_window(key, limit, w, cost) end,
   s = function(key, limit, w, _, cost) return sliding_window(key, limit, w, cost) end,
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
@@ -193,7 +206,7 @@ for _ = 1, checks do
     out[#out + 1] = rem
     out[#out + 1] = retry
     out[#out + 1] = reset
-    if allowed == 1 then
+    if allowed > 0 then
       writers[#writers + 1] = writer
     else
       all = false
