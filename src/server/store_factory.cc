@@ -30,6 +30,7 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
       o.breaker.failure_threshold = config.breaker.failures;
       o.breaker.open_for = config.breaker.open_for;
       o.breaker.max_open_for = config.breaker.max_open_for;
+      o.reconnect_max_backoff = config.reconnect_max_backoff;
       // Every state change is one log line (a cluster has a breaker per node;
       // each logs its own changes). Runs under the breaker's lock: one write(2).
       o.breaker.on_change = [](CircuitBreaker::State from, CircuitBreaker::State to) {
