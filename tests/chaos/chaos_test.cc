@@ -59,8 +59,6 @@ constexpr const char* kBreakerAndBound =
     "  breaker: {failures: 5, open_for: 100ms, max_open_for: 500ms}\n"
     "  max_pending: 10000\n";
 
-// The daemon's admin API (the harness turns it on) serves /metrics.
-// `breaker_and_bound`: the store's breaker and max_pending lines.
 // The bounds are a few milliseconds. ctest runs these tests alone
 // (RUN_SERIAL), but on a shared machine other work (builds) still keeps the
 // daemon, Redis or the load waiting for a CPU: under the EEVDF scheduler a
@@ -88,6 +86,8 @@ class HighPriority : public testing::Environment {
 [[maybe_unused]] testing::Environment* const kHighPriority =
     testing::AddGlobalTestEnvironment(new HighPriority);
 
+// The daemon's admin API (the harness turns it on) serves /metrics.
+// `breaker_and_bound`: the store's breaker and max_pending lines.
 std::string WriteConfig(const std::string& url, const std::string& mode,
                         const std::string& breaker_and_bound = kBreakerAndBound) {
   const std::string dir = rltest::MakeTempDir();
