@@ -36,7 +36,8 @@ run: build-deps build/build.ninja
 test: deps
 	scripts/run-tests.sh
 
-# Redis killed / frozen / flushed under load (tests/chaos), one at a time.
+# Only the chaos tests (tests/chaos: Redis killed / frozen / flushed under
+# load), one at a time; `make test` runs them too.
 chaos: deps build
 	ctest --test-dir build --output-on-failure -L chaos
 

@@ -313,7 +313,7 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
       CheckMap(n, "store",
                {"type", "url", "deadline", "key_prefix", "time_source", "failure_mode",
                 "closed_status", "expected_instances", "max_keys", "max_key_length", "connections",
-                "max_pending", "breaker", "local_max_keys", "nodes"}));
+                "max_pending", "breaker", "reconnect_max_backoff", "local_max_keys", "nodes"}));
   RL_RETURN_IF_ERROR(Enum<StoreConfig::Type>(
       n, "type", {{"memory", StoreConfig::Type::kMemory}, {"redis", StoreConfig::Type::kRedis}},
       &s->type));
@@ -359,6 +359,12 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
   RL_RETURN_IF_ERROR(IntIn(n, "connections", 1, 64, &s->connections));
   RL_RETURN_IF_ERROR(IntIn(n, "max_pending", 1, 10'000'000, &s->max_pending));
   RL_RETURN_IF_ERROR(IntIn(n, "local_max_keys", 1, int64_t{1} << 40, &s->local_max_keys));
+  RL_RETURN_IF_ERROR(Millis(n, "reconnect_max_backoff", &s->reconnect_max_backoff));
+  if (s->reconnect_max_backoff < std::chrono::milliseconds(10) ||
+      s->reconnect_max_backoff > std::chrono::minutes(1)) {
+    return Error(Get(n, "reconnect_max_backoff"),
+                 "store 'reconnect_max_backoff' must be between 10ms (the first backoff) and 1m");
+  }
   if (YAML::Node b = Get(n, "breaker"); b.IsDefined() && !b.IsNull()) {
     RL_RETURN_IF_ERROR(CheckMap(b, "breaker", {"failures", "open_for", "max_open_for"}));
     StoreConfig::Breaker& br = s->breaker;

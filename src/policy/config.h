@@ -56,6 +56,10 @@ struct StoreConfig {
     std::chrono::milliseconds open_for{100};
     std::chrono::milliseconds max_open_for{500};
   } breaker;
+  // Redis only: the longest wait between reconnect attempts (jittered
+  // exponential backoff from 10ms); bounds how long after Redis returns a
+  // connection is back.
+  std::chrono::milliseconds reconnect_max_backoff{250};
   size_t local_max_keys = 100'000;  // the `local` failure mode's in-memory bound
 };
 

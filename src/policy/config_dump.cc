@@ -109,6 +109,7 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "open_for" << YAML::Value << Millis(st.breaker.open_for);
   out << YAML::Key << "max_open_for" << YAML::Value << Millis(st.breaker.max_open_for);
   out << YAML::EndMap;
+  out << YAML::Key << "reconnect_max_backoff" << YAML::Value << Millis(st.reconnect_max_backoff);
   out << YAML::Key << "local_max_keys" << YAML::Value << st.local_max_keys;
   out << YAML::EndMap;
 

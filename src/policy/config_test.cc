@@ -294,6 +294,24 @@ TEST(LoadConfigFile, MissingFileIsNotFound) {
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
 }
 
+TEST(ParseConfig, StoreReconnectMaxBackoff) {
+  StatusOr<Config> c = ParseConfig("store: {type: memory}\n", "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->store.reconnect_max_backoff, std::chrono::milliseconds(250));
+  c = ParseConfig(
+      "store: {type: redis, url: \"redis://127.0.0.1:6379\", reconnect_max_backoff: 2s}\n",
+      "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->store.reconnect_max_backoff, std::chrono::milliseconds(2000));
+  EXPECT_NE(DumpRedacted(*c).find("reconnect_max_backoff: 2s"), std::string::npos)
+      << DumpRedacted(*c);
+  for (const char* bad : {"5ms", "2m", "1.5ms", "soon"}) {
+    c = ParseConfig(std::string("store: {type: memory, reconnect_max_backoff: ") + bad + "}\n",
+                    "t.yaml");
+    EXPECT_FALSE(c.ok()) << bad;
+  }
+}
+
 // ---- the dump ----
 TEST(DumpRedacted, HidesSecretsKeepsTheRest) {
   StatusOr<Config> c = ParseConfig(R"(

@@ -61,6 +61,31 @@ TEST(Enforcer, FailLocalUsesTheScaledLimit) {
   EXPECT_EQ(allowed, 3);  // ceil(10 / 4)
 }
 
+// The local fallback's memory is bounded by local_max_keys: once full, a new
+// client is let through (degraded) without taking memory, and a client that
+// already has state there keeps being limited (never evicted by the flood).
+TEST(Enforcer, FailLocalIsBoundedByLocalMaxKeys) {
+  Enforcer e(std::make_shared<FailingStore>(Unavailable("redis down")), /*local_max_keys=*/2);
+  Limit l = *Limit::TokenBucket("burst", 2, 0.001);
+  LimitCheck checks[] = {{&l, 1}};
+  auto decide = [&](const std::string& key) {
+    GroupOutcome out;
+    e.DecideGroup(key, checks, FailureMode::kLocal, policy::StoreConfig{},
+                  [&](GroupOutcome g) { out = std::move(g); });
+    EXPECT_TRUE(out.degraded);
+    return out.result.overall.allowed;
+  };
+  EXPECT_TRUE(decide("a"));
+  EXPECT_TRUE(decide("a"));
+  EXPECT_FALSE(decide("a"));
+  EXPECT_TRUE(decide("b"));
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(decide("flood" + std::to_string(i)));
+  EXPECT_EQ(e.local_store().size(), 2u);
+  EXPECT_FALSE(decide("a"));
+  EXPECT_TRUE(decide("b"));
+  EXPECT_FALSE(decide("b"));
+}
+
 TEST(Enforcer, InvalidArgumentIsTheRequestsFault) {
   Enforcer e(std::make_shared<FailingStore>(InvalidArgument("key too long")), 100);
   Limit l = *Limit::TokenBucket("burst", 10, 1);

@@ -197,8 +197,10 @@ void Server::Impl::Reload() {
   note(a.max_keys != b.max_keys, "store.max_keys");
   note(a.connections != b.connections || a.max_pending != b.max_pending ||
            a.breaker.failures != b.breaker.failures || a.breaker.open_for != b.breaker.open_for ||
-           a.breaker.max_open_for != b.breaker.max_open_for || a.local_max_keys != b.local_max_keys,
-       "store connections, max_pending, breaker, local_max_keys");
+           a.breaker.max_open_for != b.breaker.max_open_for ||
+           a.reconnect_max_backoff != b.reconnect_max_backoff ||
+           a.local_max_keys != b.local_max_keys,
+       "store connections, max_pending, breaker, reconnect_max_backoff, local_max_keys");
   const policy::ServerConfig& x = start_config.server;
   const policy::ServerConfig& y = c->server;
   note(x.listen != y.listen, "server.listen");

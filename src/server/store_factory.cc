@@ -69,6 +69,7 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
       o.breaker.failure_threshold = config.breaker.failures;
       o.breaker.open_for = config.breaker.open_for;
       o.breaker.max_open_for = config.breaker.max_open_for;
+      o.reconnect_max_backoff = config.reconnect_max_backoff;
       LogBreakerChanges(o.breaker, "redis circuit breaker");
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();

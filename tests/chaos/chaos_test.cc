@@ -10,13 +10,17 @@
 // Loopback only; every test is bounded (a few seconds of load). A missing
 // redis-server is a failure, never a skip.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -45,12 +49,50 @@ constexpr int64_t kDeadlineMs = 100;        // store.deadline in every config be
 constexpr int64_t kExpectedInstances = 50;  // local: each instance gets limit / 50
 constexpr int64_t kLoadLimit = 5000;        // per load key, per hour: Redis never denies
 
-std::string WriteConfig(const std::string& url, const std::string& mode) {
+constexpr int kConnections = 2;  // store.connections
+// Slack for a loaded 2-core machine (other builds running) on bounds that are
+// not the issue's own; the issue's (p99 < 5 ms, deadline + 10 ms, 1 s, 10%)
+// are kept as they are.
+constexpr int64_t kSlackMs = 50;
+
+constexpr const char* kBreakerAndBound =
+    "  breaker: {failures: 5, open_for: 100ms, max_open_for: 500ms}\n"
+    "  max_pending: 10000\n";
+
+// The bounds are a few milliseconds. ctest runs these tests alone
+// (RUN_SERIAL), but on a shared machine other work (builds) still keeps the
+// daemon, Redis or the load waiting for a CPU: under the EEVDF scheduler a
+// woken thread may wait for the next tick (4 ms) or longer, whatever its
+// nice value, and that says nothing about the daemon. So before any test
+// starts a process or thread, the test moves itself to the lowest real-time
+// priority (SCHED_RR 1); the daemon, Redis and the load's threads inherit
+// it and so run as soon as they wake. They are idle most of the time, and the
+// kernel keeps 5% of each second for everything else (sched_rt_runtime_us).
+// Without the right (root or CAP_SYS_NICE) it falls back to nice -20, else
+// to the normal priority, and says so.
+class HighPriority : public testing::Environment {
+ public:
+  void SetUp() override {
+    const sched_param rr{.sched_priority = 1};
+    if (::sched_setscheduler(0, SCHED_RR, &rr) == 0) return;
+    const std::string why = std::strerror(errno);
+    if (::setpriority(PRIO_PROCESS, 0, -20) == 0) {
+      std::printf("CHAOS note: SCHED_RR refused (%s); running at nice -20\n", why.c_str());
+    } else {
+      std::printf("CHAOS note: running at normal priority (%s)\n", why.c_str());
+    }
+  }
+};
+[[maybe_unused]] testing::Environment* const kHighPriority =
+    testing::AddGlobalTestEnvironment(new HighPriority);
+
+// The daemon's admin API (the harness turns it on) serves /metrics.
+// `breaker_and_bound`: the store's breaker and max_pending lines.
+std::string WriteConfig(const std::string& url, const std::string& mode,
+                        const std::string& breaker_and_bound = kBreakerAndBound) {
   const std::string dir = rltest::MakeTempDir();
   const std::string path = dir + "/ratelimitd.yaml";
   rltest::WriteFile(path,
-                    "server:\n"
-                    "  admin_listen: \"\"\n"
                     "store:\n"
                     "  type: redis\n"
                     "  url: \"" +
@@ -65,9 +107,11 @@ std::string WriteConfig(const std::string& url, const std::string& mode) {
                         "  expected_instances: " +
                         std::to_string(kExpectedInstances) +
                         "\n"
-                        "  breaker: {failures: 5, open_for: 100ms, max_open_for: 500ms}\n"
-                        "  max_pending: 10000\n"
-                        "  local_max_keys: 10000\n");
+                        "  connections: " +
+                        std::to_string(kConnections) +
+                        "\n"
+                        "  local_max_keys: 10000\n" +
+                        breaker_and_bound);
   return path;
 }
 
@@ -86,7 +130,7 @@ int64_t WallMicros() {
 // (`offset_us` = wall clock - load clock; the log has millisecond stamps).
 struct BreakerChange {
   int64_t t_us;
-  std::string to;
+  std::string from, to;
 };
 std::vector<BreakerChange> BreakerChanges(const std::string& log, int64_t offset_us) {
   std::vector<BreakerChange> out;
@@ -103,9 +147,23 @@ std::vector<BreakerChange> BreakerChanges(const std::string& log, int64_t offset
     if (rest == nullptr) continue;
     int64_t us = int64_t{timegm(&t)} * 1'000'000;
     if (*rest == '.') us += std::atoi(rest + 1) * kMs;  // three digits: milliseconds
-    out.push_back({us - offset_us, j.value("to", "")});
+    out.push_back({us - offset_us, j.value("from", ""), j.value("to", "")});
   }
   return out;
+}
+
+// One log line per change: the lines chain (each starts where the previous
+// ended, from the initial closed) and none repeats a state. "" if so.
+std::string BreakerChainProblems(const std::vector<BreakerChange>& changes) {
+  std::string problems;
+  std::string state = "closed";
+  for (const BreakerChange& c : changes) {
+    if (c.from != state || c.to == c.from) {
+      problems += "unexpected change " + c.from + " -> " + c.to + " after " + state + "; ";
+    }
+    state = c.to;
+  }
+  return problems;
 }
 
 // First change to `to` at or after `from_us`; -1 if none.
@@ -136,6 +194,108 @@ int64_t RssKb(pid_t pid) {
 }
 
 bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+
+// The daemon's connections to `redis`: CLIENT LIST less the asking connection.
+int DaemonConnections(RedisServer& redis) {
+  std::istringstream lines(redis.Cli("CLIENT", "LIST"));
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    if (line.find(" fd=") != std::string::npos &&
+        line.find("cmd=client|list") == std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// Before the load starts: the daemon's Redis connections are all up and its
+// decisions come from Redis (20 exact answers in a row on a key of its own).
+// The daemon logs "listening" before it has connected to Redis, and its first
+// call also loads the script (NOSCRIPT, SCRIPT LOAD, retry); a load started
+// at once would measure the start-up, not the system before the failure.
+// Returns "" or what did not happen within 10 s.
+std::string WaitUntilExact(RedisServer& redis, const Daemon& d) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Connection c(d.port());
+  int exact = 0;
+  while (exact < 20 || DaemonConnections(redis) < kConnections) {
+    if (std::chrono::steady_clock::now() > give_up) {
+      return "after 10 s: " + std::to_string(exact) + " exact answers in a row, " +
+             std::to_string(DaemonConnections(redis)) + " of " + std::to_string(kConnections) +
+             " connections\n" + d.Log();
+    }
+    bool degraded = false;
+    const int status = c.Post("/v1/check", CheckBody("warm-up", kLoadLimit), &degraded);
+    exact = status == 200 && !degraded ? exact + 1 : 0;
+    if (exact == 0 || exact >= 20) std::this_thread::sleep_for(milliseconds(10));
+  }
+  return "";
+}
+
+// What the daemon's /metrics says about the store: degraded decisions by
+// cause, and the breaker state gauge (0 closed, 1 open, 2 half-open).
+struct StoreMetrics {
+  std::map<std::string, int64_t> degraded;  // timeout, refused, breaker_open, overload, error
+  int breaker_state = -1;                   // -1: not in the scrape
+  int64_t Cause(const std::string& cause) const {
+    auto it = degraded.find(cause);
+    return it == degraded.end() ? 0 : it->second;
+  }
+  int64_t Degraded() const {
+    int64_t n = 0;
+    for (const auto& [cause, count] : degraded) n += count;
+    return n;
+  }
+  std::string ToString() const {
+    std::string out = "breaker_state=" + std::to_string(breaker_state);
+    for (const auto& [cause, count] : degraded) out += " " + cause + "=" + std::to_string(count);
+    return out;
+  }
+};
+StoreMetrics ScrapeStore(const Daemon& d) {
+  StoreMetrics m;
+  const rltest::HttpResponse r = rltest::Http(d.admin_port(), "GET", "/metrics");
+  std::istringstream lines(r.body);
+  std::string line;
+  const std::string cause_prefix = "ratelimit_degraded_decisions_total{cause=\"";
+  const std::string state_prefix = "ratelimit_store_breaker_state ";
+  while (std::getline(lines, line)) {
+    if (line.rfind(cause_prefix, 0) == 0) {
+      const size_t end = line.find('"', cause_prefix.size());
+      if (end == std::string::npos) continue;
+      m.degraded[line.substr(cause_prefix.size(), end - cause_prefix.size())] =
+          std::atoll(line.c_str() + line.find(' ', end) + 1);
+    } else if (line.rfind(state_prefix, 0) == 0) {
+      m.breaker_state = std::atoi(line.c_str() + state_prefix.size());
+    }
+  }
+  return m;
+}
+
+// SCRIPT LOAD calls Redis has served (INFO commandstats), 0 if none yet.
+int64_t ScriptLoads(RedisServer& redis) {
+  const std::string stats = redis.Cli("INFO", "commandstats");
+  const std::string key = "cmdstat_script|load:calls=";
+  const size_t at = stats.find(key);
+  return at == std::string::npos ? 0 : std::atoll(stats.c_str() + at + key.size());
+}
+
+// The samples whose answer (or failure) came before `t_us`.
+std::vector<Sample> AnsweredBefore(const std::vector<Sample>& samples, int64_t t_us) {
+  std::vector<Sample> out;
+  for (const Sample& x : samples) {
+    if (x.sent_us + x.latency_us < t_us) out.push_back(x);
+  }
+  return out;
+}
+
+// Degraded answers among `samples` (the load's own requests).
+int64_t DegradedAnswers(const std::vector<Sample>& samples) {
+  int64_t n = 0;
+  for (const Sample& x : samples) n += x.degraded ? 1 : 0;
+  return n;
+}
 
 // A fresh key on a token bucket of `capacity`: how many of capacity + 2
 // requests are allowed, and how many answers were degraded or not 200/429.
@@ -175,13 +335,21 @@ TEST_P(KillRedis, EveryRequestAnsweredThenExactWithinOneSecond) {
   RedisServer redis;
   Daemon d({"--config", WriteConfig(redis.url(), mode)});
   ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_EQ(WaitUntilExact(redis, d), "");
+  const StoreMetrics m_start = ScrapeStore(d);
   Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
   const int64_t offset = WallMicros() - load.Now();
   load.Start();
   SleepUntil(load, 1500 * kMs);
-  const int64_t t_kill = load.Now();
+  // The kill is sent at t_kill0; from t_kill on, Redis is gone (reaped: its
+  // sockets are closed). Requests in flight at the kill fail with it: the
+  // "before" phase is what was answered before t_kill0, the outage what was
+  // sent from t_kill.
+  const int64_t t_kill0 = load.Now();
   redis.Kill();
-  SleepUntil(load, t_kill + 3000 * kMs);
+  const int64_t t_kill = load.Now();
+  SleepUntil(load, t_kill0 + 3000 * kMs);
+  const StoreMetrics m_down = ScrapeStore(d);
   const int64_t t_restart = load.Now();
   redis.Restart();
   const int64_t t_back = load.Now();
@@ -190,28 +358,31 @@ TEST_P(KillRedis, EveryRequestAnsweredThenExactWithinOneSecond) {
   SleepUntil(load, t_back + 2000 * kMs);
   load.Stop();
   const int64_t t_end = load.Now();
+  const StoreMetrics m_end = ScrapeStore(d);
 
   const std::vector<Sample> s = load.samples();
   const auto changes = BreakerChanges(d.Log(), offset);
-  const int64_t t_open = FirstChange(changes, "open", t_kill);
+  const int64_t t_open = FirstChange(changes, "open", t_kill0);
   const int64_t t_closed = FirstChange(changes, "closed", t_back);
   const int64_t t_recovered = RecoveredAt(s, t_back);
   const PhaseStats all = Stats(s, 0, t_end);
-  const PhaseStats before = Stats(s, 0, t_kill);
-  const PhaseStats outage = Stats(s, t_kill, t_restart);
+  const PhaseStats before = Stats(AnsweredBefore(s, t_kill0), 0, t_kill0);
+  const PhaseStats outage = Stats(AnsweredBefore(s, t_restart), t_kill, t_restart);
   const PhaseStats breaker_open = Stats(s, t_open < 0 ? t_kill : t_open, t_restart);
   const PhaseStats after = Stats(s, t_back, t_end);
 
   std::printf(
       "CHAOS kill mode=%s restart_ms=%s breaker_open_after_ms=%s breaker_open_ms=%s "
       "recovered_after_ms=%s fresh_allowed=%d/10\n",
-      mode.c_str(), Ms(t_back - t_restart).c_str(), Ms(t_open - t_kill).c_str(),
+      mode.c_str(), Ms(t_back - t_restart).c_str(), Ms(t_open - t_kill0).c_str(),
       Ms(t_closed - t_open).c_str(), Ms(t_recovered - t_back).c_str(), fresh.allowed);
   std::printf("CHAOS kill mode=%s phase=before %s\n", mode.c_str(), before.ToString().c_str());
   std::printf("CHAOS kill mode=%s phase=outage %s\n", mode.c_str(), outage.ToString().c_str());
   std::printf("CHAOS kill mode=%s phase=breaker_open %s\n", mode.c_str(),
               breaker_open.ToString().c_str());
   std::printf("CHAOS kill mode=%s phase=after %s\n", mode.c_str(), after.ToString().c_str());
+  std::printf("CHAOS kill mode=%s metrics down: %s end: %s\n", mode.c_str(),
+              m_down.ToString().c_str(), m_end.ToString().c_str());
   std::fflush(stdout);
 
   // Every request got an answer, and no 5xx but a configured closed answer.
@@ -248,9 +419,24 @@ TEST_P(KillRedis, EveryRequestAnsweredThenExactWithinOneSecond) {
     }
     EXPECT_GT(outage.denied, 0) << "the local bound was never reached: the test proves nothing";
   }
-  // The breaker opened, and then decisions are fast.
+  // Every degraded decision is counted by its cause: refused while the
+  // breaker is closed (the connections were reset, reconnects refused), then
+  // breaker_open. The breaker's state is a gauge: open (or half-open for a
+  // probe) before the restart, closed at the end; each change one log line.
+  EXPECT_EQ(m_end.Degraded() - m_start.Degraded(), DegradedAnswers(s) + fresh.degraded)
+      << m_end.ToString();
+  EXPECT_GT(m_end.Cause("refused") - m_start.Cause("refused"), 0) << m_end.ToString();
+  EXPECT_GT(m_end.Cause("breaker_open") - m_start.Cause("breaker_open"), 0) << m_end.ToString();
+  EXPECT_TRUE(m_down.breaker_state == 1 || m_down.breaker_state == 2) << m_down.ToString();
+  EXPECT_EQ(m_end.breaker_state, 0) << m_end.ToString();
+  EXPECT_EQ(BreakerChainProblems(changes), "") << d.Log();
+  // The breaker opened, and then decisions are fast. Bound on the opening
+  // (not the issue's): SIGKILL resets the daemon's connections and
+  // reconnects are refused at once, so each check fails in microseconds and
+  // the 5 consecutive failures that open the breaker take about 5 requests
+  // (17 ms at 300/s); 100 ms leaves room for a busy machine.
   ASSERT_GE(t_open, 0) << "the breaker never opened\n" << d.Log();
-  EXPECT_LT(t_open - t_kill, 500 * kMs);
+  EXPECT_LT(t_open - t_kill0, 100 * kMs);
   EXPECT_LT(breaker_open.p99_us, 5 * kMs);
   // Within 1 s of Redis answering again, decisions are exact.
   ASSERT_GE(t_recovered, 0) << "never recovered\n" << d.Log();
@@ -269,13 +455,16 @@ TEST(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
   RedisServer redis;
   Daemon d({"--config", WriteConfig(redis.url(), "open")});
   ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_EQ(WaitUntilExact(redis, d), "");
+  const StoreMetrics m_start = ScrapeStore(d);
   Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
   const int64_t offset = WallMicros() - load.Now();
   load.Start();
   SleepUntil(load, 1000 * kMs);
-  const int64_t t_stop = load.Now();
+  const int64_t t_stop = load.Now();  // SIGSTOP sent; Pause() returns once it took
   redis.Pause();
   SleepUntil(load, t_stop + 2000 * kMs);
+  const StoreMetrics m_frozen = ScrapeStore(d);
   redis.Resume();
   const int64_t t_cont = load.Now();
   SleepUntil(load, t_cont + 1000 * kMs);
@@ -283,6 +472,7 @@ TEST(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
   SleepUntil(load, t_cont + 2000 * kMs);
   load.Stop();
   const int64_t t_end = load.Now();
+  const StoreMetrics m_end = ScrapeStore(d);
 
   const std::vector<Sample> s = load.samples();
   const auto changes = BreakerChanges(d.Log(), offset);
@@ -302,17 +492,84 @@ TEST(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
   std::printf("CHAOS freeze phase=frozen %s\n", frozen.ToString().c_str());
   std::printf("CHAOS freeze phase=breaker_open %s\n", breaker_open.ToString().c_str());
   std::printf("CHAOS freeze phase=after %s\n", after.ToString().c_str());
+  std::printf("CHAOS freeze metrics frozen: %s end: %s\n", m_frozen.ToString().c_str(),
+              m_end.ToString().c_str());
   std::fflush(stdout);
 
   EXPECT_EQ(all.answered, all.requests);
   EXPECT_EQ(all.ok, all.requests);  // failure_mode open
   EXPECT_LE(all.max_us, (kDeadlineMs + 10) * kMs) << "a decision waited past the deadline";
+  // A frozen Redis shows as timeouts, then the open breaker.
+  EXPECT_EQ(m_end.Degraded() - m_start.Degraded(), DegradedAnswers(s) + fresh.degraded)
+      << m_end.ToString();
+  EXPECT_GT(m_end.Cause("timeout") - m_start.Cause("timeout"), 0) << m_end.ToString();
+  EXPECT_GT(m_end.Cause("breaker_open") - m_start.Cause("breaker_open"), 0) << m_end.ToString();
+  EXPECT_TRUE(m_frozen.breaker_state == 1 || m_frozen.breaker_state == 2) << m_frozen.ToString();
+  EXPECT_EQ(m_end.breaker_state, 0) << m_end.ToString();
+  EXPECT_EQ(BreakerChainProblems(changes), "") << d.Log();
+  // Bound on the opening (not the issue's), from the design: at most
+  // max_calls_in_flight (4) script calls are out when Redis freezes, and each
+  // fails at its deadline: 4 failures. The 5th, which opens the breaker, is a
+  // call sent when those failed, and it fails within one more deadline. So
+  // the breaker opens at most 2 deadlines after the freeze (plus slack).
   ASSERT_GE(t_open, 0) << "the breaker never opened\n" << d.Log();
-  EXPECT_LT(t_open - t_stop, (kDeadlineMs + 100) * kMs);
+  EXPECT_LT(t_open - t_stop, (2 * kDeadlineMs + kSlackMs) * kMs);
   ASSERT_GE(t_recovered, 0) << "never recovered\n" << d.Log();
   EXPECT_LE(t_recovered - t_cont, 1000 * kMs);
   EXPECT_EQ(fresh.allowed, 10);
   EXPECT_EQ(fresh.degraded, 0);
+}
+
+// Bounded: beyond store.max_pending checks queued or in flight, a check
+// fails at once (cause overload) and the failure mode answers; nothing
+// queues without bound. With max_pending 2 and a breaker that never opens, a
+// frozen Redis holds two checks until their deadline, and the others of the
+// load's four connections are answered at once.
+TEST(FreezeRedis, BeyondMaxPendingChecksFailAtOnceAsOverload) {
+  RedisServer redis;
+  Daemon d({"--config", WriteConfig(redis.url(), "open",
+                                    "  breaker: {failures: 1000000}\n"
+                                    "  max_pending: 2\n")});
+  ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_EQ(WaitUntilExact(redis, d), "");
+  const StoreMetrics m_start = ScrapeStore(d);
+  Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
+  load.Start();
+  SleepUntil(load, 500 * kMs);
+  const int64_t t_stop0 = load.Now();
+  redis.Pause();
+  const int64_t t_stop = load.Now();  // stopped: from here on Redis answers nothing
+  SleepUntil(load, t_stop0 + 1500 * kMs);
+  const StoreMetrics m_frozen = ScrapeStore(d);
+  // Checks still waiting when Redis resumes get their answer from it: the
+  // frozen phase is what was sent after the stop and answered before SIGCONT.
+  const int64_t t_cont0 = load.Now();
+  redis.Resume();
+  const int64_t t_cont = load.Now();
+  SleepUntil(load, t_cont + 1500 * kMs);
+  load.Stop();
+  const int64_t t_end = load.Now();
+
+  const std::vector<Sample> s = load.samples();
+  const PhaseStats all = Stats(s, 0, t_end);
+  const PhaseStats frozen = Stats(AnsweredBefore(s, t_cont0), t_stop, t_cont0);
+  const int64_t overload = m_frozen.Cause("overload") - m_start.Cause("overload");
+  std::printf("CHAOS overload overload=%lld\n", static_cast<long long>(overload));
+  std::printf("CHAOS overload phase=frozen %s\n", frozen.ToString().c_str());
+  std::fflush(stdout);
+
+  EXPECT_EQ(all.answered, all.requests);
+  EXPECT_EQ(all.ok, all.requests);  // failure_mode open
+  EXPECT_EQ(frozen.degraded, frozen.requests);
+  EXPECT_LE(all.max_us, (kDeadlineMs + 10) * kMs) << "a decision waited past the deadline";
+  // Most checks found the bound full and were answered at once, so the
+  // median stays fast although Redis answers nothing.
+  EXPECT_GT(overload, frozen.requests / 2) << m_frozen.ToString();
+  EXPECT_LT(frozen.p50_us, 5 * kMs);
+  EXPECT_EQ(m_frozen.breaker_state, 0) << m_frozen.ToString();
+  // (No recovery bound here: a bound of 2 is below the load's own
+  // concurrency of 4, so once the load catches up on what it owes, some
+  // checks are refused as overload even from a healthy Redis; as configured.)
 }
 
 // ---- 3. SCRIPT FLUSH, then the daemon's ACL user gets a wrong password ----------
@@ -323,6 +580,8 @@ TEST(RedisAdmin, ScriptFlushAndWrongPasswordThenRecovery) {
   const std::string url = "redis://rl:pw@127.0.0.1:" + std::to_string(redis.port());
   Daemon d({"--config", WriteConfig(url, "open")});
   ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_EQ(WaitUntilExact(redis, d), "");
+  const int64_t loads_before = ScriptLoads(redis);
   Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
   const int64_t offset = WallMicros() - load.Now();
   load.Start();
@@ -330,6 +589,7 @@ TEST(RedisAdmin, ScriptFlushAndWrongPasswordThenRecovery) {
   const int64_t t_flush = load.Now();
   EXPECT_EQ(redis.Cli("SCRIPT", "FLUSH"), "OK");
   SleepUntil(load, t_flush + 1000 * kMs);
+  const int64_t loads_after_flush = ScriptLoads(redis);
   const int64_t t_wrong = load.Now();
   EXPECT_EQ(redis.Cli("ACL", "SETUSER", "rl", "resetpass", ">wrong"), "OK");
   redis.Cli("CLIENT", "KILL", "USER", "rl");  // the daemon must log in again
@@ -361,12 +621,14 @@ TEST(RedisAdmin, ScriptFlushAndWrongPasswordThenRecovery) {
   EXPECT_EQ(all.ok, all.requests);  // failure_mode open: never a 5xx
   // SCRIPT FLUSH: the client reloads the script on NOSCRIPT; nothing degrades.
   EXPECT_EQ(flush.degraded, 0);
+  EXPECT_GT(loads_after_flush, loads_before) << "the script was never reloaded";
+  EXPECT_EQ(BreakerChainProblems(changes), "") << d.Log();
   // A wrong password: degraded (the connections cannot log in), then the breaker.
   EXPECT_GT(locked_out.degraded, locked_out.requests / 2);
   ASSERT_GE(t_open, 0) << d.Log();
   EXPECT_LT(breaker_open.p99_us, 5 * kMs);
   ASSERT_GE(t_recovered, 0) << "never recovered\n" << d.Log();
-  EXPECT_LE(t_recovered - t_fix, 1500 * kMs);
+  EXPECT_LE(t_recovered - t_fix, 1000 * kMs);
   EXPECT_EQ(fresh.allowed, 10);
   EXPECT_EQ(fresh.degraded, 0);
   EXPECT_TRUE(Alive(d.pid()));
@@ -378,6 +640,7 @@ TEST(Process, NoFdOrMemoryLeakAfterChaos) {
   RedisServer redis;
   Daemon d({"--config", WriteConfig(redis.url(), "local")});
   ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_EQ(WaitUntilExact(redis, d), "");
   LoadOptions lo{.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit};
   auto settle = [] { std::this_thread::sleep_for(milliseconds(500)); };
   {
@@ -489,6 +752,7 @@ TEST(Shutdown, SigtermWhileRedisIsFrozenExitsCleanly) {
   RedisServer redis;
   Daemon d({"--config", WriteConfig(redis.url(), "closed")});
   ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_EQ(WaitUntilExact(redis, d), "");
   Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
   load.Start();
   SleepUntil(load, 500 * kMs);

@@ -16,6 +16,11 @@
 // and the key. Times are microseconds on the steady clock since the Load was
 // made. Plain POSIX sockets; loopback only; every read times out after 2 s.
 //
+// Latency ends when the response's last bytes reached the socket (the
+// kernel's receive timestamp, SO_TIMESTAMPNS), not when the load's thread got
+// to run again: on a busy machine a woken thread can wait milliseconds for a
+// CPU, and that wait is the load generator's, not the daemon's.
+//
 // Thread-safety: Start/Stop/samples from the test's thread; Now from any.
 #pragma once
 
@@ -32,7 +37,7 @@ namespace rlchaos {
 struct Sample {
   int64_t due_us = 0;
   int64_t sent_us = 0;
-  int64_t latency_us = 0;  // send -> whole response
+  int64_t latency_us = 0;  // send -> whole response in the socket
   int status = 0;          // 0: no answer
   bool degraded = false;
   int key = 0;
@@ -74,8 +79,10 @@ class Connection {
   explicit Connection(int port) : port_(port) {}
   ~Connection();
   // POST `target` with a JSON body; returns the status (0: no answer).
+  // `latency_us`: from just before the send to the kernel's receive
+  // timestamp of the response's last bytes.
   int Post(const std::string& target, const std::string& body, bool* degraded,
-           std::string* response_body = nullptr);
+           std::string* response_body = nullptr, int64_t* latency_us = nullptr);
 
  private:
   bool Open();

@@ -148,5 +148,47 @@ TEST(Redis, FailureModesWhenRedisIsDown) {
   }
 }
 
+// The failure mode set per route and per limit is the one applied: with Redis
+// down, a store-wide `open` is overridden by a route's `closed` and by one
+// limit's `local` (at limit / expected_instances), and every such answer is
+// marked degraded.
+TEST(Redis, PerRouteAndPerLimitFailureModesWhenRedisIsDown) {
+  TestUpstream upstream;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "server: {upstream: http://127.0.0.1:" + std::to_string(upstream.port()) +
+                "}\n"
+                "store: {type: redis, url: \"redis://127.0.0.1:" +
+                std::to_string(FreePort()) +
+                "\", failure_mode: open, expected_instances: 2}\n"
+                "limits: {api: {algorithm: token_bucket, capacity: 6, refill_per_second: 0.001}}\n"
+                "routes:\n"
+                "  - {name: pay, path: /pay, failure_mode: closed, limits: [api]}\n"
+                "  - {name: search, path: /search, limits: [{name: api, failure_mode: local}]}\n"
+                "  - {name: rest, path: /, limits: [api]}\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  auto codes = [&](const std::string& path, HttpResponse* last) {
+    std::vector<int> out;
+    for (int i = 0; i < 5; ++i) {
+      *last = Http(d.port(), "GET", path, {{"X-API-Key", "k"}});
+      out.push_back(last->status);
+    }
+    return out;
+  };
+  HttpResponse r;
+  // Store-wide open: everything passes.
+  EXPECT_EQ(codes("/other", &r), (std::vector<int>{200, 200, 200, 200, 200})) << d.Log();
+  EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+  // The route's closed: refused with closed_status, never forwarded.
+  const int forwarded = upstream.requests();
+  EXPECT_EQ(codes("/pay", &r), (std::vector<int>{503, 503, 503, 503, 503}));
+  EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+  EXPECT_EQ(upstream.requests(), forwarded);
+  // The limit's local: capacity 6 over 2 expected instances = 3 here.
+  EXPECT_EQ(codes("/search", &r), (std::vector<int>{200, 200, 200, 429, 429}));
+  EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+}
+
 }  // namespace
 }  // namespace rltest

@@ -204,7 +204,17 @@ void RedisServer::Kill() {
 }
 
 void RedisServer::Pause() {
-  if (pid_ > 0) kill(pid_, SIGSTOP);
+  if (pid_ <= 0) return;
+  kill(pid_, SIGSTOP);
+  // Return once it has stopped, not merely been signalled: a clock read after
+  // Pause() is then a time from which the server answers nothing.
+  const auto give_up = Clock::now() + milliseconds(5000);
+  while (Clock::now() < give_up) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WUNTRACED | WNOHANG);
+    if (r != 0) return;  // stopped (or gone, or not our child: nothing to wait for)
+    std::this_thread::sleep_for(milliseconds(1));
+  }
 }
 
 void RedisServer::Resume() {

@@ -55,7 +55,7 @@ class RedisServer {
 
   void Stop();     // SIGTERM, wait (SIGKILL after 5 s)
   void Kill();     // SIGKILL, wait
-  void Pause();    // SIGSTOP
+  void Pause();    // SIGSTOP, and wait until it has stopped
   void Resume();   // SIGCONT
   void Restart();  // Stop if running, then start again on the same port
 
