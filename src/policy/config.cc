@@ -271,7 +271,8 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
   RL_RETURN_IF_ERROR(CheckMap(
       n, "server",
       {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers", "threads",
-       "max_body_bytes", "max_header_bytes", "max_connections", "read_timeout", "idle_timeout"}));
+       "max_body_bytes", "max_header_bytes", "max_connections", "max_connections_per_ip",
+       "max_requests_per_second_per_connection", "read_timeout", "idle_timeout", "user", "group"}));
   RL_RETURN_IF_ERROR(String(n, "listen", &s->listen));
   if (!IsListenAddress(s->listen)) {
     return Error(Get(n, "listen"), "'listen' must be host:port, got " + Quote(s->listen));
@@ -298,8 +299,16 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
   RL_RETURN_IF_ERROR(IntIn(n, "max_body_bytes", 1, int64_t{1} << 30, &s->max_body_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_header_bytes", 1024, 1 << 20, &s->max_header_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_connections", 1, 10'000'000, &s->max_connections));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_connections_per_ip", 0, 10'000'000, &s->max_connections_per_ip));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_requests_per_second_per_connection", 0, 10'000'000,
+                           &s->max_requests_per_second_per_connection));
   RL_RETURN_IF_ERROR(Millis(n, "read_timeout", &s->read_timeout));
   RL_RETURN_IF_ERROR(Millis(n, "idle_timeout", &s->idle_timeout));
+  RL_RETURN_IF_ERROR(String(n, "user", &s->user));
+  RL_RETURN_IF_ERROR(String(n, "group", &s->group));
+  if (s->user.empty() && !s->group.empty()) {
+    return Error(Get(n, "group"), "'group' needs 'user' (the privilege drop switches both)");
+  }
   return Status::Ok();
 }
 
