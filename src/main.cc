@@ -206,8 +206,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     Log(Level::kInfo, "privileges dropped",
-        {{"user", run_as->user}, {"uid", static_cast<int64_t>(run_as->uid)},
-         {"group", run_as->group}, {"gid", static_cast<int64_t>(run_as->gid)}});
+        {{"user", run_as->user},
+         {"uid", static_cast<int64_t>(run_as->uid)},
+         {"group", run_as->group},
+         {"gid", static_cast<int64_t>(run_as->gid)}});
   }
   return server.Run();
 }

@@ -52,7 +52,8 @@ class ConnectionCounts {
  private:
   // Gives its place back when the last reference goes.
   struct Slot {
-    Slot(std::shared_ptr<ConnectionCounts> c, std::string k) : counts(std::move(c)), key(std::move(k)) {}
+    Slot(std::shared_ptr<ConnectionCounts> c, std::string k)
+        : counts(std::move(c)), key(std::move(k)) {}
     ~Slot();
     std::shared_ptr<ConnectionCounts> counts;
     std::string key;  // "" = not counted per address
@@ -60,7 +61,7 @@ class ConnectionCounts {
 
   const ConnectionCaps caps_;
   std::mutex mu_;
-  size_t total_ = 0;                                  // GUARDED_BY(mu_)
+  size_t total_ = 0;                                 // GUARDED_BY(mu_)
   std::unordered_map<std::string, size_t> by_peer_;  // GUARDED_BY(mu_)
 };
 

@@ -54,10 +54,11 @@ StatusOr<RunAs> ResolveRunAs(std::string_view user, std::string_view group) {
 Status DropPrivileges(const RunAs& who) {
   if (geteuid() != 0) return Status::Ok();  // already that user (ResolveRunAs checked)
   if (setgroups(1, &who.gid) != 0) return Internal("setgroups: " + Errno(errno));
-  if (setgid(who.gid) != 0) return Internal("setgid(" + std::to_string(who.gid) + "): " + Errno(errno));
-  if (setuid(who.uid) != 0) return Internal("setuid(" + std::to_string(who.uid) + "): " + Errno(errno));
-  if (getuid() != who.uid || geteuid() != who.uid || getgid() != who.gid ||
-      getegid() != who.gid) {
+  if (setgid(who.gid) != 0)
+    return Internal("setgid(" + std::to_string(who.gid) + "): " + Errno(errno));
+  if (setuid(who.uid) != 0)
+    return Internal("setuid(" + std::to_string(who.uid) + "): " + Errno(errno));
+  if (getuid() != who.uid || geteuid() != who.uid || getgid() != who.gid || getegid() != who.gid) {
     return Internal("the user or group did not change");
   }
   // Root must be gone for good (a saved set-user-ID of 0 would allow this).

@@ -201,7 +201,8 @@ void Server::Impl::Reload() {
   note(x.threads != y.threads, "server.threads");
   note(x.max_body_bytes != y.max_body_bytes || x.max_header_bytes != y.max_header_bytes ||
            x.max_connections != y.max_connections || x.read_timeout != y.read_timeout ||
-           x.idle_timeout != y.idle_timeout || x.max_connections_per_ip != y.max_connections_per_ip ||
+           x.idle_timeout != y.idle_timeout ||
+           x.max_connections_per_ip != y.max_connections_per_ip ||
            x.max_requests_per_second_per_connection != y.max_requests_per_second_per_connection,
        "server limits");
   note(x.user != y.user || x.group != y.group, "server.user, server.group");

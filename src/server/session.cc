@@ -87,7 +87,8 @@ bool Session::Pace() {
   if (!paced_) return true;
   const double rate = static_cast<double>(limits_.max_requests_per_second);
   const auto now = std::chrono::steady_clock::now();
-  tokens_ = std::min(rate, tokens_ + rate * std::chrono::duration<double>(now - tokens_at_).count());
+  tokens_ =
+      std::min(rate, tokens_ + rate * std::chrono::duration<double>(now - tokens_at_).count());
   tokens_at_ = now;
   if (tokens_ >= 1) {
     tokens_ -= 1;

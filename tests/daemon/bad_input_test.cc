@@ -45,10 +45,11 @@ std::string Get(const std::string& target, const std::string& extra_headers = ""
 }
 
 // A /v1/check body with one token bucket and the given fields spliced in.
-std::string CheckBody(const std::string& key_json, const std::string& extra = "",
-                      const std::string& limit_fields = "\"capacity\": 10, \"refill_per_second\": 5") {
-  return "{\"key\": " + key_json + extra +
-         ", \"limit\": {\"algorithm\": \"token_bucket\", " + limit_fields + "}}";
+std::string CheckBody(
+    const std::string& key_json, const std::string& extra = "",
+    const std::string& limit_fields = "\"capacity\": 10, \"refill_per_second\": 5") {
+  return "{\"key\": " + key_json + extra + ", \"limit\": {\"algorithm\": \"token_bucket\", " +
+         limit_fields + "}}";
 }
 
 std::string Admin(const std::string& target) {
@@ -81,8 +82,8 @@ std::vector<Row> Table() {
       {"key is null", Face::kMain, Post("/v1/check", CheckBody("null")), 400, true, "key"},
       {"cost is a string", Face::kMain, Post("/v1/check", CheckBody("\"a\"", ", \"cost\": \"1\"")),
        400, true, "cost"},
-      {"cost is fractional", Face::kMain,
-       Post("/v1/check", CheckBody("\"a\"", ", \"cost\": 1.5")), 400, true, "cost"},
+      {"cost is fractional", Face::kMain, Post("/v1/check", CheckBody("\"a\"", ", \"cost\": 1.5")),
+       400, true, "cost"},
       {"negative cost", Face::kMain, Post("/v1/check", CheckBody("\"a\"", ", \"cost\": -1")), 400,
        true, "cost"},
       {"cost overflows double", Face::kMain,
@@ -90,8 +91,8 @@ std::vector<Row> Table() {
       {"cost overflows int64", Face::kMain,
        Post("/v1/check", CheckBody("\"a\"", ", \"cost\": 99999999999999999999")), 400, true,
        "cost"},
-      {"cost above capacity", Face::kMain,
-       Post("/v1/check", CheckBody("\"a\"", ", \"cost\": 11")), 400},
+      {"cost above capacity", Face::kMain, Post("/v1/check", CheckBody("\"a\"", ", \"cost\": 11")),
+       400},
       {"NaN literal", Face::kMain, Post("/v1/check", CheckBody("\"a\"", ", \"cost\": NaN")), 400,
        true, "not valid JSON"},
       {"Infinity refill", Face::kMain,
@@ -111,8 +112,8 @@ std::vector<Row> Table() {
             CheckBody("\"a\"", "", "\"capacity\": 9223372036854775808, \"refill_per_second\": 5")),
        400},
       {"empty key", Face::kMain, Post("/v1/check", CheckBody("\"\"")), 400, true, "key"},
-      {"10 kB key", Face::kMain, Post("/v1/check", CheckBody("\"" + std::string(10240, 'k') + "\"")),
-       400, true, "key"},
+      {"10 kB key", Face::kMain,
+       Post("/v1/check", CheckBody("\"" + std::string(10240, 'k') + "\"")), 400, true, "key"},
       {"invalid UTF-8 in key", Face::kMain, Post("/v1/check", CheckBody("\"a\xff\xfe\"")), 400,
        true, "not valid JSON"},
       {"overlong UTF-8 slash", Face::kMain, Post("/v1/check", CheckBody("\"a\xc0\xaf\"")), 400},
@@ -133,8 +134,9 @@ std::vector<Row> Table() {
       {"unknown algorithm", Face::kMain,
        Post("/v1/check", R"({"key": "a", "limit": {"algorithm": "leaky", "limit": 1}})"), 400},
       {"bad window", Face::kMain,
-       Post("/v1/check",
-            R"({"key": "a", "limit": {"algorithm": "fixed_window", "limit": 5, "window": "5 parsecs"}})"),
+       Post(
+           "/v1/check",
+           R"({"key": "a", "limit": {"algorithm": "fixed_window", "limit": 5, "window": "5 parsecs"}})"),
        400},
       {"nested 20000 deep", Face::kMain,
        Post("/v1/check", std::string(20000, '[') + std::string(20000, ']')), 400},
@@ -149,14 +151,14 @@ std::vector<Row> Table() {
        Post("/v1/check/batch",
             [good_limit] {
               std::string b = R"({"checks": [)";
-              for (int i = 0; i < 101; ++i) b += (i ? "," : "") + CheckBody("\"b\"", "", good_limit);
+              for (int i = 0; i < 101; ++i)
+                b += (i ? "," : "") + CheckBody("\"b\"", "", good_limit);
               return b + "]}";
             }()),
        400},
       {"batch: one bad item", Face::kMain,
-       Post("/v1/check/batch",
-            "{\"checks\": [" + CheckBody("\"b1\"") + "," + CheckBody("\"b2\"", ", \"cost\": -3") +
-                "]}"),
+       Post("/v1/check/batch", "{\"checks\": [" + CheckBody("\"b1\"") + "," +
+                                   CheckBody("\"b2\"", ", \"cost\": -3") + "]}"),
        200, false, "",
        [](const HttpResponse& r) {
          const json j = json::parse(r.body, nullptr, false);
@@ -164,8 +166,8 @@ std::vector<Row> Table() {
          EXPECT_EQ(j["results"][0]["allowed"], true) << r.body;
          EXPECT_EQ(j["results"][1]["error"]["status"], 400) << r.body;
        }},
-      {"batch: invalid UTF-8", Face::kMain, Post("/v1/check/batch", "{\"checks\": [\"\xed\xa0\x80\"]}"),
-       400},
+      {"batch: invalid UTF-8", Face::kMain,
+       Post("/v1/check/batch", "{\"checks\": [\"\xed\xa0\x80\"]}"), 400},
       // --- the HTTP layer (raw bytes) ---
       {"control byte in method", Face::kMain, "G\x01T / HTTP/1.1\r\nHost: rl\r\n\r\n", 400},
       {"TLS hello on the plain port", Face::kMain,
@@ -210,19 +212,21 @@ std::vector<Row> Table() {
        "\r\n0\r\n\r\n",
        400},
       {"bad chunk size", Face::kMain,
-       "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+       "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: "
+       "chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
        400},
       {"chunk size overflows", Face::kMain,
        "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: "
        "chunked\r\n\r\nffffffffffffffffff1\r\n{}\r\n0\r\n\r\n",
        400},
       {"chunk without CRLF", Face::kMain,
-       "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
+       "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: "
+       "chunked\r\n\r\n2\r\n{}XX0\r\n\r\n",
        400},
       // RFC 9112 5.2: reject obs-fold or replace it with spaces; Beast
       // replaces, and the upstream sees one line.
-      {"obs-fold header", Face::kMain, "GET /api/x HTTP/1.1\r\nHost: rl\r\nX-A: 1\r\n folded\r\n\r\n",
-       200, false, "",
+      {"obs-fold header", Face::kMain,
+       "GET /api/x HTTP/1.1\r\nHost: rl\r\nX-A: 1\r\n folded\r\n\r\n", 200, false, "",
        [](const HttpResponse& r) {
          EXPECT_NE(r.body.find(R"("x-a":["1 folded"])"), std::string::npos) << r.body;
        }},
@@ -240,7 +244,8 @@ std::vector<Row> Table() {
       {"auth: no X-Original-URI", Face::kMain, Get("/v1/auth", "X-Original-Method: GET\r\n"), 400,
        true, "X-Original-URI"},
       {"auth: bad deny_status", Face::kMain,
-       Get("/v1/auth?deny_status=500", "X-Original-Method: GET\r\nX-Original-URI: /api/x\r\n"), 400},
+       Get("/v1/auth?deny_status=500", "X-Original-Method: GET\r\nX-Original-URI: /api/x\r\n"),
+       400},
       {"auth: malformed original URI", Face::kMain,
        Get("/v1/auth", "X-Original-Method: GET\r\nX-Original-URI: /api/%zz\r\n"), 400},
       // --- client IP: /login is keyed by IP and 127.0.0.1's bucket is empty
@@ -262,7 +267,8 @@ std::vector<Row> Table() {
        "POST /login HTTP/1.1\r\nHost: rl\r\nForwarded: for=999.1.1.1\r\nContent-Length: 0\r\n\r\n",
        429},
       {"Forwarded: bad port", Face::kMain,
-       "POST /login HTTP/1.1\r\nHost: rl\r\nForwarded: for=\"203.0.113.79:99999\"\r\nContent-Length: "
+       "POST /login HTTP/1.1\r\nHost: rl\r\nForwarded: "
+       "for=\"203.0.113.79:99999\"\r\nContent-Length: "
        "0\r\n\r\n",
        429},
       {"X-Forwarded-For: garbage hop", Face::kMain,
@@ -348,10 +354,10 @@ TEST_F(BadInput, EveryRowAnswersAndTheServerStaysGood) {
     if (row.check && r.status == row.status) row.check(r);
 
     // The same server still answers a good request correctly.
-    const HttpResponse good = Http(
-        d.port(), "POST", "/v1/check", {{"Content-Type", "application/json"}},
-        CheckBody("\"good-" + std::to_string(i) + "\"", ", \"cost\": 3",
-                  "\"capacity\": 10, \"refill_per_second\": 0.001"));
+    const HttpResponse good =
+        Http(d.port(), "POST", "/v1/check", {{"Content-Type", "application/json"}},
+             CheckBody("\"good-" + std::to_string(i) + "\"", ", \"cost\": 3",
+                       "\"capacity\": 10, \"refill_per_second\": 0.001"));
     ASSERT_EQ(good.status, 200) << good.body << d.Log();
     const json g = json::parse(good.body, nullptr, false);
     EXPECT_EQ(g.value("allowed", false), true) << good.body;

@@ -48,12 +48,13 @@ constexpr size_t kMaxKeys = 100'000;
 
 TEST(KeyFlood, MillionUniqueKeysStayWithinTheBoundAndKeepRealClientsDenied) {
   const std::string dir = MakeTempDir();
-  WriteFile(dir + "/rl.yaml",
-            "server: {max_requests_per_second_per_connection: 0}\n"
-            "store: {type: memory, max_keys: " +
-                std::to_string(kMaxKeys) +
-                "}\n"
-                "limits:\n  flood: {algorithm: token_bucket, capacity: 2, refill_per_second: 0.001}\n");
+  WriteFile(
+      dir + "/rl.yaml",
+      "server: {max_requests_per_second_per_connection: 0}\n"
+      "store: {type: memory, max_keys: " +
+          std::to_string(kMaxKeys) +
+          "}\n"
+          "limits:\n  flood: {algorithm: token_bucket, capacity: 2, refill_per_second: 0.001}\n");
   Daemon d({"--config", dir + "/rl.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
 
@@ -98,7 +99,8 @@ TEST(KeyFlood, MillionUniqueKeysStayWithinTheBoundAndKeepRealClientsDenied) {
         if (n <= 0) return;  // closed, reset or 10 s of silence
         const std::string chunk = tail + std::string(buf, static_cast<size_t>(n));
         size_t counted_end = 0;  // a status line "HTTP/1.1 NNN" is 12 bytes
-        for (size_t at = chunk.find("HTTP/1.1 "); at != std::string::npos && at + 12 <= chunk.size();
+        for (size_t at = chunk.find("HTTP/1.1 ");
+             at != std::string::npos && at + 12 <= chunk.size();
              at = chunk.find("HTTP/1.1 ", at + 12)) {
           ++seen;
           (chunk.compare(at + 9, 3, "200") == 0 ? ok : other).fetch_add(1);
@@ -110,8 +112,7 @@ TEST(KeyFlood, MillionUniqueKeysStayWithinTheBoundAndKeepRealClientsDenied) {
     });
   }
   std::thread sampler([&] {
-    while (ok.load() + other.load() < kKeys &&
-           Clock::now() - start < std::chrono::seconds(170)) {
+    while (ok.load() + other.load() < kKeys && Clock::now() - start < std::chrono::seconds(170)) {
       const long r = RssKiB(d.pid());
       if (r > peak_rss.load()) peak_rss = r;
       std::this_thread::sleep_for(milliseconds(50));
