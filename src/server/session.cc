@@ -94,8 +94,8 @@ bool Session::Pace() {
     tokens_ -= 1;
     return true;
   }
-  // Too fast: read nothing until one more request is allowed. The client's
-  // bytes wait in the socket (TCP backpressure); idle_timeout bounds the wait.
+  // Too fast: read nothing until one more request is allowed (at most 1/rate
+  // seconds). The client's bytes wait in the socket: TCP backpressure.
   const auto wait = std::chrono::duration<double>((1 - tokens_) / rate);
   pace_timer_.expires_after(std::chrono::ceil<std::chrono::microseconds>(wait));
   pace_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
