@@ -2,6 +2,7 @@
 //
 //   ratelimitd [--config FILE] [--listen HOST:PORT] [--redis URL]
 //              [--failure-mode open|closed|local] [--admin-listen HOST:PORT]
+//              [--user NAME [--group NAME]]
 //   ratelimitd --check-config FILE
 //   ratelimitd --help | --version
 #include <csignal>
@@ -14,6 +15,7 @@
 #include "policy/config.h"
 #include "policy/policy.h"
 #include "server/json_log.h"
+#include "server/privileges.h"
 #include "server/server.h"
 #include "server/store_factory.h"
 
@@ -39,13 +41,17 @@ options:
   --redis URL                 use Redis at URL (overrides store.type and store.url)
   --failure-mode MODE         open, closed or local (overrides store.failure_mode)
   --admin-listen HOST:PORT    admin API address (overrides server.admin_listen; "" turns it off)
+  --user NAME                 switch to this user once the listeners are bound (server.user);
+                              the start fails rather than run on as root if that fails
+  --group NAME                with --user: this group instead of the user's primary group
   --check-config FILE         validate FILE, print OK or the error, exit 0 or 1
   --help                      this text
   --version                   the version
 )";
 
 struct Flags {
-  std::optional<std::string> config, listen, redis, failure_mode, admin_listen, check_config;
+  std::optional<std::string> config, listen, redis, failure_mode, admin_listen, check_config, user,
+      group;
   bool help = false, version = false;
 };
 
@@ -81,6 +87,10 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       slot = &f.admin_listen;
     else if (arg == "--check-config")
       slot = &f.check_config;
+    else if (arg == "--user")
+      slot = &f.user;
+    else if (arg == "--group")
+      slot = &f.group;
     else
       return "unknown flag '" + std::string(arg) + "' (see --help)";
     if (!inline_value) {
@@ -99,6 +109,8 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
 void ApplyOverrides(const Flags& f, Config& c) {
   if (f.listen) c.server.listen = *f.listen;
   if (f.admin_listen) c.server.admin_listen = *f.admin_listen;
+  if (f.user) c.server.user = *f.user;
+  if (f.group) c.server.group = *f.group;
   if (f.redis) {
     c.store.type = ratelimit::policy::StoreConfig::Type::kRedis;
     c.store.url = *f.redis;
@@ -154,6 +166,20 @@ int main(int argc, char** argv) {
     config = ratelimit::policy::EmbeddedDefault();
   }
   ApplyOverrides(flags, config);
+  if (config.server.user.empty() && !config.server.group.empty()) {
+    Log(Level::kError, "cannot start", {{"error", "--group needs --user"}});
+    return 1;
+  }
+  // Resolved before anything is bound or connected: a typo fails at once.
+  std::optional<ratelimit::server::RunAs> run_as;
+  if (!config.server.user.empty()) {
+    auto who = ratelimit::server::ResolveRunAs(config.server.user, config.server.group);
+    if (!who.ok()) {
+      Log(Level::kError, "cannot start", {{"error", who.status().message()}});
+      return 1;
+    }
+    run_as = std::move(*who);
+  }
   auto store = ratelimit::server::MakeStore(config.store);
   if (!store.ok()) {
     Log(Level::kError, "cannot create the store", {{"error", store.status().message()}});
@@ -171,6 +197,19 @@ int main(int argc, char** argv) {
   if (auto s = server.Start(); !s.ok()) {
     Log(Level::kError, "cannot start", {{"error", s.message()}});
     return 1;
+  }
+  if (run_as) {
+    // The listeners are bound; nothing else needs root. Running on with the
+    // privileges the operator asked to give up is worse than not running.
+    if (auto s = ratelimit::server::DropPrivileges(*run_as); !s.ok()) {
+      Log(Level::kError, "cannot drop privileges: stopping", {{"error", s.message()}});
+      return 1;
+    }
+    Log(Level::kInfo, "privileges dropped",
+        {{"user", run_as->user},
+         {"uid", static_cast<int64_t>(run_as->uid)},
+         {"group", run_as->group},
+         {"gid", static_cast<int64_t>(run_as->gid)}});
   }
   return server.Run();
 }

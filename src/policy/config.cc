@@ -275,7 +275,8 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
       CheckMap(n, "server",
                {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers",
                 "threads", "max_body_bytes", "max_header_bytes", "max_connections",
-                "max_held_requests", "read_timeout", "idle_timeout"}));
+                "max_connections_per_ip", "max_requests_per_second_per_connection",
+                "max_held_requests", "read_timeout", "idle_timeout", "user", "group"}));
   RL_RETURN_IF_ERROR(String(n, "listen", &s->listen));
   if (!IsListenAddress(s->listen)) {
     return Error(Get(n, "listen"), "'listen' must be host:port, got " + Quote(s->listen));
@@ -303,8 +304,16 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
   RL_RETURN_IF_ERROR(IntIn(n, "max_header_bytes", 1024, 1 << 20, &s->max_header_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_connections", 1, 10'000'000, &s->max_connections));
   RL_RETURN_IF_ERROR(IntIn(n, "max_held_requests", 0, 10'000'000, &s->max_held_requests));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_connections_per_ip", 0, 10'000'000, &s->max_connections_per_ip));
+  RL_RETURN_IF_ERROR(IntIn(n, "max_requests_per_second_per_connection", 0, 10'000'000,
+                           &s->max_requests_per_second_per_connection));
   RL_RETURN_IF_ERROR(Millis(n, "read_timeout", &s->read_timeout));
   RL_RETURN_IF_ERROR(Millis(n, "idle_timeout", &s->idle_timeout));
+  RL_RETURN_IF_ERROR(String(n, "user", &s->user));
+  RL_RETURN_IF_ERROR(String(n, "group", &s->group));
+  if (s->user.empty() && !s->group.empty()) {
+    return Error(Get(n, "group"), "'group' needs 'user' (the privilege drop switches both)");
+  }
   return Status::Ok();
 }
 

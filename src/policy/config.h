@@ -127,12 +127,21 @@ struct ServerConfig {
   int threads = 0;  // 0 = hardware concurrency
   size_t max_body_bytes = 64 * 1024;
   size_t max_header_bytes = 8 * 1024;
-  size_t max_connections = 10'000;
+  size_t max_connections = 10'000;  // per listener
+  // Connections from one client address (IPv6: per clients.ipv6_prefix)
+  // beyond this are refused; peers in clients.trusted_proxies are exempt. 0 = no cap.
+  size_t max_connections_per_ip = 256;
+  // Requests read per second on one connection (burst: one second's worth);
+  // beyond, the next request is read later. Trusted proxies are exempt. 0 = no cap.
+  int64_t max_requests_per_second_per_connection = 1000;
   // Requests held at once for a leaky bucket's delay (gateway, auth_request);
   // beyond: 503. Each holds at most max_header_bytes + max_body_bytes.
   size_t max_held_requests = 1'000;
   std::chrono::milliseconds read_timeout{10'000};
   std::chrono::milliseconds idle_timeout{60'000};
+  // Privilege drop after the listeners are bound ("" = stay as started).
+  std::string user;
+  std::string group;  // "" = the user's primary group
 };
 
 struct Config {

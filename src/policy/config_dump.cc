@@ -83,8 +83,13 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "max_header_bytes" << YAML::Value << s.max_header_bytes;
   out << YAML::Key << "max_connections" << YAML::Value << s.max_connections;
   out << YAML::Key << "max_held_requests" << YAML::Value << s.max_held_requests;
+  out << YAML::Key << "max_connections_per_ip" << YAML::Value << s.max_connections_per_ip;
+  out << YAML::Key << "max_requests_per_second_per_connection" << YAML::Value
+      << s.max_requests_per_second_per_connection;
   out << YAML::Key << "read_timeout" << YAML::Value << Millis(s.read_timeout);
   out << YAML::Key << "idle_timeout" << YAML::Value << Millis(s.idle_timeout);
+  out << YAML::Key << "user" << YAML::Value << s.user;
+  out << YAML::Key << "group" << YAML::Value << s.group;
   out << YAML::EndMap;
 
   const StoreConfig& st = c.store;

@@ -35,8 +35,39 @@ StatusOr<tcp::endpoint> ResolveListenAddress(net::io_context& ioc, const std::st
   return results.begin()->endpoint();
 }
 
+bool ConnectionCounts::Exempt(const policy::IpAddress& peer) const {
+  for (const policy::Cidr& c : caps_.exempt) {
+    if (c.Contains(peer)) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<void> ConnectionCounts::Acquire(const std::shared_ptr<ConnectionCounts>& self,
+                                                const policy::IpAddress& peer) {
+  ConnectionCounts& c = *self;
+  std::string key;
+  if (c.caps_.max_per_address > 0 && !c.Exempt(peer)) key = peer.KeyString(c.caps_.v6_prefix);
+  std::lock_guard<std::mutex> lock(c.mu_);
+  if (c.total_ >= c.caps_.max_connections) return nullptr;
+  if (!key.empty()) {
+    size_t& n = c.by_peer_[key];
+    if (n >= c.caps_.max_per_address) return nullptr;  // n > 0 here: the entry existed
+    ++n;
+  }
+  ++c.total_;
+  return std::make_shared<Slot>(self, std::move(key));
+}
+
+ConnectionCounts::Slot::~Slot() {
+  std::lock_guard<std::mutex> lock(counts->mu_);
+  --counts->total_;
+  if (key.empty()) return;
+  auto it = counts->by_peer_.find(key);
+  if (--it->second == 0) counts->by_peer_.erase(it);
+}
+
 Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
-                   SessionLimits limits, SessionRegistry& registry, size_t max_connections)
+                   SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps)
     : ioc_(ioc),
       endpoint_(endpoint),
       strand_(net::make_strand(ioc)),
@@ -44,7 +75,7 @@ Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
       router_(router),
       limits_(limits),
       registry_(registry),
-      max_connections_(max_connections) {}
+      counts_(std::make_shared<ConnectionCounts>(std::move(caps))) {}
 
 Status Listener::Open() {
   beast::error_code ec;
@@ -87,14 +118,14 @@ void Listener::Accept() {
       timer->async_wait([self, timer](beast::error_code) { self->Accept(); });
       return;
     }
-    if (self->registry_.size() >= self->max_connections_) {
-      beast::error_code ignored;
-      socket.close(ignored);  // over the cap: the connected clients keep their service
-    } else {
-      beast::error_code ignored;
-      socket.set_option(tcp::no_delay(true), ignored);
-      std::make_shared<Session>(std::move(socket), self->router_, self->limits_, self->registry_)
-          ->Start();
+    beast::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto session =
+        std::make_shared<Session>(std::move(socket), self->router_, self->limits_, self->registry_);
+    // Over a cap: dropping the session closes the socket; the clients
+    // already connected keep their service.
+    if (std::shared_ptr<void> slot = ConnectionCounts::Acquire(self->counts_, session->peer())) {
+      session->Start(std::move(slot), !self->counts_->Exempt(session->peer()));
     }
     self->Accept();
   });

@@ -1,10 +1,14 @@
 // Listener: accepts connections on one address and starts a Session for each.
 //
-// Beyond `max_connections` live sessions a new connection is closed at once
-// (the clients already connected keep being served). Each session gets its
-// own strand on the shared io_context.
+// Beyond `max_connections` live sessions of this listener, or
+// `max_per_address` from one client address (IPv6: per `v6_prefix`; peers in
+// `exempt` are not capped), a new connection is closed at once: the clients
+// already connected keep being served, and one address cannot take every
+// slot (slowloris, connection floods). Each session gets its own strand on
+// the shared io_context.
 //
-//   auto l = std::make_shared<Listener>(ioc, endpoint, router, limits, registry, 10000);
+//   auto l = std::make_shared<Listener>(ioc, endpoint, router, limits, registry,
+//                                       ConnectionCaps{.max_connections = 10000});
 //   if (Status s = l->Open(); !s.ok()) ...;  l->Run();
 //
 // Thread-safety: Run and Stop may be called from any thread (they post to the
@@ -12,7 +16,12 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "policy/ip.h"
 
 #include "ratelimit/status.h"
 #include "server/http.h"
@@ -23,10 +32,43 @@ namespace ratelimit::server {
 // "127.0.0.1:8080", "[::1]:8080", "localhost:8080" (resolved), ":8080" (all v4).
 StatusOr<tcp::endpoint> ResolveListenAddress(net::io_context& ioc, const std::string& hostport);
 
+struct ConnectionCaps {
+  size_t max_connections = 10'000;
+  size_t max_per_address = 0;  // 0 = no cap
+  int v6_prefix = 64;
+  std::vector<policy::Cidr> exempt;  // trusted proxies: no per-address cap, no request pacing
+};
+
+// Live connections of one listener, in total and per client address.
+// Thread-safety: thread-safe; a slot may be released on any thread.
+class ConnectionCounts {
+ public:
+  explicit ConnectionCounts(ConnectionCaps caps) : caps_(std::move(caps)) {}
+  // A slot held while the connection lives, or nullptr when a cap is reached.
+  static std::shared_ptr<void> Acquire(const std::shared_ptr<ConnectionCounts>& self,
+                                       const policy::IpAddress& peer);
+  bool Exempt(const policy::IpAddress& peer) const;
+
+ private:
+  // Gives its place back when the last reference goes.
+  struct Slot {
+    Slot(std::shared_ptr<ConnectionCounts> c, std::string k)
+        : counts(std::move(c)), key(std::move(k)) {}
+    ~Slot();
+    std::shared_ptr<ConnectionCounts> counts;
+    std::string key;  // "" = not counted per address
+  };
+
+  const ConnectionCaps caps_;
+  std::mutex mu_;
+  size_t total_ = 0;                                 // GUARDED_BY(mu_)
+  std::unordered_map<std::string, size_t> by_peer_;  // GUARDED_BY(mu_)
+};
+
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
   Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router, SessionLimits limits,
-           SessionRegistry& registry, size_t max_connections);
+           SessionRegistry& registry, ConnectionCaps caps);
 
   Status Open();
   // The bound address (after Open; the real port when 0 was asked).
@@ -44,7 +86,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   Router& router_;
   SessionLimits limits_;
   SessionRegistry& registry_;
-  size_t max_connections_;
+  std::shared_ptr<ConnectionCounts> counts_;
 };
 
 }  // namespace ratelimit::server

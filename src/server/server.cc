@@ -117,9 +117,15 @@ Status Server::Start() {
   SessionLimits limits{.max_header_bytes = sc.max_header_bytes,
                        .max_body_bytes = sc.max_body_bytes,
                        .read_timeout = sc.read_timeout,
-                       .idle_timeout = sc.idle_timeout};
-  s.listener =
-      std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, sc.max_connections);
+                       .idle_timeout = sc.idle_timeout,
+                       .max_requests_per_second = sc.max_requests_per_second_per_connection};
+  // Each listener counts its own connections: a flood of the public port
+  // leaves the admin API reachable.
+  const ConnectionCaps caps{.max_connections = sc.max_connections,
+                            .max_per_address = sc.max_connections_per_ip,
+                            .v6_prefix = s.start_config.clients.ipv6_prefix,
+                            .exempt = s.start_config.clients.trusted_proxies};
+  s.listener = std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, caps);
   if (Status st = s.listener->Open(); !st.ok()) return st;
   const tcp::endpoint bound = s.listener->local_endpoint();
   std::string addr = bound.address().to_string();
@@ -130,8 +136,8 @@ Status Server::Start() {
     StatusOr<tcp::endpoint> aep = ResolveListenAddress(s.ioc, sc.admin_listen);
     if (!aep.ok()) return aep.status();
     s.admin_router = Router::Admin(s.policies, s.enforcer, *s.admin);
-    s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
-                                                  sc.max_connections);
+    s.admin_listener =
+        std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry, caps);
     if (Status st = s.admin_listener->Open(); !st.ok()) return st;
     const tcp::endpoint abound = s.admin_listener->local_endpoint();
     admin_addr = abound.address().to_string();
@@ -211,8 +217,11 @@ void Server::Impl::Reload() {
   note(x.threads != y.threads, "server.threads");
   note(x.max_body_bytes != y.max_body_bytes || x.max_header_bytes != y.max_header_bytes ||
            x.max_connections != y.max_connections || x.read_timeout != y.read_timeout ||
-           x.idle_timeout != y.idle_timeout,
+           x.idle_timeout != y.idle_timeout ||
+           x.max_connections_per_ip != y.max_connections_per_ip ||
+           x.max_requests_per_second_per_connection != y.max_requests_per_second_per_connection,
        "server limits");
+  note(x.user != y.user || x.group != y.group, "server.user, server.group");
   StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(std::move(*c));
   if (!p.ok()) {
     Metrics::Global().reloads_failed.Inc();

@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
 
@@ -36,6 +38,7 @@ Session::Session(tcp::socket&& socket, Router& router, const SessionLimits& limi
       router_(router),
       limits_(limits),
       registry_(registry),
+      pace_timer_(stream_.get_executor()),
       hold_timer_(stream_.get_executor()) {
   beast::error_code ec;
   tcp::endpoint ep = stream_.socket().remote_endpoint(ec);
@@ -53,7 +56,11 @@ Session::Session(tcp::socket&& socket, Router& router, const SessionLimits& limi
 
 Session::~Session() { registry_.Remove(this); }
 
-void Session::Start() {
+void Session::Start(std::shared_ptr<void> slot, bool paced) {
+  slot_ = std::move(slot);
+  paced_ = paced && limits_.max_requests_per_second > 0;
+  tokens_ = static_cast<double>(limits_.max_requests_per_second);
+  tokens_at_ = std::chrono::steady_clock::now();
   registry_.Add(this, weak_from_this());
   // Start on the strand: the acceptor's thread must not touch the session.
   net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
@@ -68,6 +75,7 @@ void Session::Shutdown() {
 void Session::WaitForRequest() {
   if (closed_) return;
   if (registry_.draining.load(std::memory_order_relaxed)) return Close();
+  if (!Pace()) return;
   if (buffer_.size() > 0) return ReadHeader();  // a pipelined request is already here
   // Between requests: wait up to idle_timeout for the first byte.
   stream_.expires_after(limits_.idle_timeout);
@@ -79,15 +87,64 @@ void Session::WaitForRequest() {
                           });
 }
 
+bool Session::Pace() {
+  if (!paced_) return true;
+  const double rate = static_cast<double>(limits_.max_requests_per_second);
+  const auto now = std::chrono::steady_clock::now();
+  tokens_ =
+      std::min(rate, tokens_ + rate * std::chrono::duration<double>(now - tokens_at_).count());
+  tokens_at_ = now;
+  if (tokens_ >= 1) {
+    tokens_ -= 1;
+    return true;
+  }
+  // Too fast: read nothing until one more request is allowed (at most 1/rate
+  // seconds). The client's bytes wait in the socket: TCP backpressure.
+  const auto wait = std::chrono::duration<double>((1 - tokens_) / rate);
+  pace_timer_.expires_after(std::chrono::ceil<std::chrono::microseconds>(wait));
+  pace_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+    if (ec) return self->Close();
+    self->WaitForRequest();
+  });
+  return false;
+}
+
 void Session::ReadHeader() {
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
   parser_->body_limit(limits_.max_body_bytes);
   // One deadline for the whole request, header and body.
   stream_.expires_after(limits_.read_timeout);
-  http::async_read_header(
-      stream_, buffer_, *parser_,
-      [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  head_bytes_ = 0;
+  ReadHead();
+}
+
+// Beast 1.74's parser hands over each complete header field as it arrives
+// and applies header_limit only to what it has not taken yet: a head sent in
+// pieces would pass any limit and grow without bound (http::async_read_some
+// and async_read_header both loop inside until the head is complete). So the
+// session feeds the parser itself, and before each piece lowers the limit by
+// what the parser already took. Parsing as bytes arrive keeps garbage a
+// prompt 400.
+void Session::ReadHead() {
+  const size_t max = limits_.max_header_bytes;
+  while (buffer_.size() > 0) {
+    beast::error_code ec;
+    const size_t used = parser_->put(buffer_.data(), ec);
+    buffer_.consume(used);
+    head_bytes_ += used;
+    if (!ec && parser_->is_header_done()) return OnHeader(ec);
+    if (ec && ec != http::error::need_more) return FailRequest(ec);
+    if (head_bytes_ >= max) return FailRequest(http::error::header_limit);
+    parser_->header_limit(static_cast<std::uint32_t>(max - head_bytes_));
+    if (ec == http::error::need_more || used == 0) break;
+  }
+  stream_.async_read_some(buffer_.prepare(4096),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            if (ec) return self->FailRequest(ec);
+                            self->buffer_.commit(n);
+                            self->ReadHead();
+                          });
 }
 
 void Session::OnHeader(beast::error_code ec) {
@@ -312,6 +369,7 @@ void Session::OnWrite(bool close, beast::error_code ec) {
 void Session::Close() {
   if (closed_) return;
   closed_ = true;
+  pace_timer_.cancel();
   beast::error_code ec;
   stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
   stream_.close();

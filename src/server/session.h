@@ -1,8 +1,9 @@
 // Session: one client connection. Reads a request, hands it to the Router,
 // writes the Reply, and loops while keep-alive. Reads top to bottom:
 //
-//   WaitForRequest (idle_timeout) -> ReadHeader (read_timeout, header limit)
-//   -> [100 Continue] -> ReadBody (same deadline, body limit) -> Handle
+//   WaitForRequest (idle_timeout) -> ReadHeader (read_timeout) -> ReadHead
+//   (piece by piece, max_header_bytes in all) -> [100 Continue]
+//   -> ReadBody (same deadline, body limit) -> Handle
 //   -> Write -> WaitForRequest ...
 //
 // A reply with a body_stream (the gateway's) is written as its header, then
@@ -12,7 +13,10 @@
 // Every read is bounded: too-large headers answer 431, a too-large body 413,
 // any other parse error 400; each of these then closes the connection. A
 // client silent for idle_timeout between requests, or slower than
-// read_timeout for one request, is disconnected.
+// read_timeout for one request, is disconnected (the read_timeout deadline is
+// set once per request: trickled bytes do not extend it). With
+// max_requests_per_second set, a connection that sends requests faster has
+// its next request read later (pipelined requests wait; none is dropped).
 //
 // The Router may answer on any thread; the answer is posted back to the
 // session's strand before writing. Sessions register with the SessionRegistry
@@ -45,6 +49,7 @@ struct SessionLimits {
   size_t max_body_bytes = 64 * 1024;
   std::chrono::milliseconds read_timeout{10'000};
   std::chrono::milliseconds idle_timeout{60'000};
+  int64_t max_requests_per_second = 0;  // per connection; 0 = no cap
 };
 
 // Every live session, for max_connections and for draining.
@@ -77,7 +82,10 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
           SessionRegistry& registry);
   ~Session() override;
 
-  void Start();
+  // `slot` is held until the session ends (the listener's per-address count);
+  // `paced`: max_requests_per_second applies (false for trusted proxies).
+  void Start(std::shared_ptr<void> slot, bool paced);
+  const policy::IpAddress& peer() const { return peer_; }
   // Drain: closes the connection now if no request is in progress, else
   // after the current answer is written.
   void Shutdown();
@@ -89,7 +97,10 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
 
  private:
   void WaitForRequest();
+  // False if the request rate cap says wait: then WaitForRequest runs again later.
+  bool Pace();
   void ReadHeader();
+  void ReadHead();
   void OnHeader(beast::error_code ec);
   void ReadBody();
   void OnBody(beast::error_code ec);
@@ -119,6 +130,12 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   SessionRegistry& registry_;
   policy::IpAddress peer_;
   std::string peer_text_;
+  size_t head_bytes_ = 0;  // bytes of the current head the parser has taken
+  std::shared_ptr<void> slot_;
+  net::steady_timer pace_timer_;
+  bool paced_ = false;
+  double tokens_ = 0;  // requests this connection may start now (max_requests_per_second)
+  std::chrono::steady_clock::time_point tokens_at_{};
   bool busy_ = false;  // a request is being handled or answered
   bool closed_ = false;
   net::steady_timer hold_timer_;

@@ -181,6 +181,42 @@ HttpResponse Http(int port, const std::string& method, const std::string& target
   return ParseResponse(raw);
 }
 
+HttpResponse ReadResponse(int fd, std::string& pending, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // The length of the first complete response in `pending`, or 0 if not all here.
+  auto complete = [&pending]() -> size_t {
+    const size_t end = pending.find("\r\n\r\n");
+    if (end == std::string::npos) return 0;
+    const std::string head = Lower(pending.substr(0, end));
+    const size_t body = end + 4;
+    if (head.find("\r\ntransfer-encoding: chunked") != std::string::npos) {
+      const size_t last = pending.find("\r\n0\r\n\r\n", end);
+      return last == std::string::npos ? 0 : last + 7;
+    }
+    size_t length = 0;
+    if (const size_t cl = head.find("\r\ncontent-length:"); cl != std::string::npos) {
+      length = std::strtoul(head.c_str() + cl + 17, nullptr, 10);
+    }
+    return pending.size() >= body + length ? body + length : 0;
+  };
+  char buf[16384];
+  size_t n = complete();
+  while (n == 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return {};
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) return {};
+    const ssize_t got = ::recv(fd, buf, sizeof buf, 0);
+    if (got <= 0) return {};
+    pending.append(buf, static_cast<size_t>(got));
+    n = complete();
+  }
+  HttpResponse r = ParseResponse(pending.substr(0, n));
+  pending.erase(0, n);
+  return r;
+}
+
 HttpResponse RawHttp(int port, const std::string& bytes, std::chrono::milliseconds timeout) {
   int fd = Connect(port, "");
   if (fd < 0) return {};

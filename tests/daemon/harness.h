@@ -44,6 +44,13 @@ HttpResponse Http(int port, const std::string& method, const std::string& target
 HttpResponse RawHttp(int port, const std::string& bytes,
                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
 HttpResponse ParseResponse(const std::string& raw);
+// A connected socket (10 s send/receive timeouts; `source_ip` as for Http), or -1.
+int Connect(int port, const std::string& source_ip = "");
+bool SendAll(int fd, const std::string& bytes);  // false if the peer closed or reset
+// Reads exactly one response (head, then its Content-Length or chunked body)
+// from a keep-alive connection. `pending` keeps bytes read beyond it (the next
+// pipelined response). Status 0 on close, reset or timeout.
+HttpResponse ReadResponse(int fd, std::string& pending, std::chrono::milliseconds timeout);
 
 // A connection to 127.0.0.1:port (10 s send/receive timeouts), from
 // `source_ip` if not empty; -1 on failure.
