@@ -79,7 +79,9 @@ server::beast::error_code FeedAndClose(Parser& parser, std::string_view& in) {
     in.remove_prefix(used);
     if (ec == server::http::error::need_more || (!ec && used == 0)) {
       ec = {};
-      parser.put_eof(ec);
+      // Nothing at all (put_eof asserts that some bytes came): the peer closed at once.
+      if (!parser.got_some()) ec = server::http::error::partial_message;
+      if (!ec) parser.put_eof(ec);
       break;
     }
     if (ec) break;
