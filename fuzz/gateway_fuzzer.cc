@@ -167,14 +167,8 @@ std::optional<http::response<http::string_body>> Expected(std::string_view answe
   p.body_limit(8 * 1024 * 1024);  // GatewayOptions::max_response_body
   if (head) p.skip(true);
   p.eager(true);
-  beast::error_code ec;
-  while (!ec && !p.is_done()) {
-    const size_t used = p.put(net::buffer(answer.data(), answer.size()), ec);
-    answer.remove_prefix(used);
-    if (ec == http::error::need_more) ec = {};
-    if (!ec && !p.is_done() && (used == 0 || answer.empty())) p.put_eof(ec);  // the upstream closed
-  }
-  if (ec) return std::nullopt;
+  const beast::error_code ec = FeedAndClose(p, answer);  // the upstream closes after answering
+  if (ec || !p.is_done()) return std::nullopt;
   return p.release();
 }
 
@@ -198,14 +192,8 @@ int FuzzGateway(const uint8_t* data, size_t size) {
   parser.header_limit(static_cast<uint32_t>(limits.max_header_bytes));
   parser.body_limit(limits.max_body_bytes);
   parser.eager(true);
-  beast::error_code ec;
-  while (!ec && !parser.is_done()) {
-    const size_t used = parser.put(net::buffer(in.data(), in.size()), ec);
-    in.remove_prefix(used);
-    if (ec == http::error::need_more) ec = {};
-    if (!ec && !parser.is_done() && (used == 0 || in.empty())) parser.put_eof(ec);  // client closed
-  }
-  if (ec) return 0;  // the session answers 400/413/431
+  const beast::error_code ec = FeedAndClose(parser, in);
+  if (ec || !parser.is_done()) return 0;  // the session answers 400/413/431
   const server::Request req = parser.release();
 
   ServerFixture f(kPolicy);

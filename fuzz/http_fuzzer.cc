@@ -154,17 +154,7 @@ int FuzzHttp(const uint8_t* data, size_t size) {
     parser.header_limit(static_cast<uint32_t>(limits.max_header_bytes));
     parser.body_limit(limits.max_body_bytes);
     parser.eager(true);
-    boost::beast::error_code ec;
-    while (!parser.is_done()) {
-      const size_t used = parser.put(boost::asio::buffer(in.data(), in.size()), ec);
-      in.remove_prefix(used);
-      if (ec == http::error::need_more) ec = {};
-      if (ec) break;
-      if (used == 0 || in.empty()) {
-        if (!parser.is_done()) parser.put_eof(ec);  // all input given: the client closed
-        break;
-      }
-    }
+    const boost::beast::error_code ec = FeedAndClose(parser, in);
     if (ec || !parser.is_done()) break;  // the session answers 400/413/431 and closes
     const server::Request req = parser.release();
     int answers = 0;

@@ -21,6 +21,7 @@
 #include "ratelimit/clock.h"
 #include "ratelimit/memory_store.h"
 #include "server/enforcer.h"
+#include "server/http.h"
 #include "server/policy_holder.h"
 #include "server/reply.h"
 #include "server/router.h"
@@ -63,6 +64,30 @@ class ServerFixture {
   server::Enforcer enforcer_;
   server::Router router_;
 };
+
+// Feeds `in` to a Beast parser as a peer that sends `in` and then closes:
+// when the parser needs more than is left, it gets EOF. Drops from `in` what
+// the parser used (the rest may be a pipelined message). Returns the parse
+// error, if any (on success the parser is done). Beast requires unconsumed
+// bytes to come back only with more bytes after them, so after need_more
+// this never presents the same bytes again.
+template <class Parser>
+server::beast::error_code FeedAndClose(Parser& parser, std::string_view& in) {
+  server::beast::error_code ec;
+  while (!parser.is_done()) {
+    const size_t used = parser.put(server::net::buffer(in.data(), in.size()), ec);
+    in.remove_prefix(used);
+    if (ec == server::http::error::need_more || (!ec && used == 0)) {
+      ec = {};
+      // Nothing at all (put_eof asserts that some bytes came): the peer closed at once.
+      if (!parser.got_some()) ec = server::http::error::partial_message;
+      if (!ec) parser.put_eof(ec);
+      break;
+    }
+    if (ec) break;
+  }
+  return ec;
+}
 
 inline bool IsTokenChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
