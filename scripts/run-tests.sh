@@ -14,9 +14,16 @@ export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 
 step() { printf '\n==== %s (%s)\n' "$1" "$(date +%T)"; }
 
+# ccache, when the machine has it, makes a re-run after a small change quick;
+# nothing requires it.
+LAUNCHER=()
+if command -v ccache >/dev/null; then
+  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+
 configure() {  # dir, build type, extra cmake args...
   local dir=$1 type=$2; shift 2
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" "${LAUNCHER[@]}" "$@" >/dev/null
 }
 # Sanitizer builds: -O1 keeps them fast to compile and still quick to run.
 SAN_FLAGS=(-DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" -DRL_BUILD_BENCH=OFF)
