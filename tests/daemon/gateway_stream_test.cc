@@ -27,17 +27,6 @@ constexpr size_t kBig = 24 * 1024 * 1024;  // 3x the old whole-body limit
 
 char BigByte(size_t i) { return static_cast<char>('a' + (i * 7 + i / 4096) % 26); }
 
-bool SendAll(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-bool SendAll(int fd, const std::string& s) { return SendAll(fd, s.data(), s.size()); }
-
 // An upstream that answers by path, one request per connection:
 //   /big        24 MiB with Content-Length
 //   /chunked    three chunks; the last only after `release` is set

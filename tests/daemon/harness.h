@@ -52,10 +52,6 @@ bool SendAll(int fd, const std::string& bytes);  // false if the peer closed or 
 // pipelined response). Status 0 on close, reset or timeout.
 HttpResponse ReadResponse(int fd, std::string& pending, std::chrono::milliseconds timeout);
 
-// A connection to 127.0.0.1:port (10 s send/receive timeouts), from
-// `source_ip` if not empty; -1 on failure.
-int Connect(int port, const std::string& source_ip = "");
-bool SendAll(int fd, const std::string& bytes);
 int FreePort();
 std::string MakeTempDir();
 void WriteFile(const std::string& path, const std::string& content);
