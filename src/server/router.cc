@@ -24,17 +24,21 @@ void AddInfoHeaders(const Outcome& o, policy::HeaderDialect dialect, Reply& r) {
   }
 }
 
+// The answer when no limit decided: a bad request (400), or the store could
+// not be asked and the failure mode is closed (degraded, retry in a second).
+Reply NotDecided(unsigned status, const std::string& error, std::string_view path) {
+  Reply r = ProblemReply(status, error, path);
+  if (status != 400) {
+    r.Add("Retry-After", "1");
+    r.Add("Cache-Control", "no-store");
+    r.Add("X-RateLimit-Degraded", "true");
+  }
+  return r;
+}
+
 // The answer when the rules block a request (not for /v1/auth).
 Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view path) {
-  if (!o.error.empty()) {
-    Reply r = ProblemReply(o.status, o.error, path);
-    if (o.status != 400) {
-      r.Add("Retry-After", "1");
-      r.Add("Cache-Control", "no-store");
-      r.Add("X-RateLimit-Degraded", "true");
-    }
-    return r;
-  }
+  if (!o.error.empty()) return NotDecided(o.status, o.error, path);
   Reply r;
   r.status = 429;
   r.content_type = kProblemContentType;
@@ -49,15 +53,7 @@ Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view 
 // is down and the failure mode is closed.
 Reply ConcurrencyBlocked(const ConcurrencyOutcome& c, std::string_view name,
                          policy::HeaderDialect dialect, std::string_view path) {
-  if (c.status != 429) {
-    Reply r = ProblemReply(c.status, c.error, path);
-    if (c.status != 400) {
-      r.Add("Retry-After", "1");
-      r.Add("Cache-Control", "no-store");
-      r.Add("X-RateLimit-Degraded", "true");
-    }
-    return r;
-  }
+  if (c.status != 429) return NotDecided(c.status, c.error, path);
   Reply r;
   r.status = 429;
   r.content_type = kProblemContentType;

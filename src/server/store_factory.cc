@@ -54,8 +54,8 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
       return std::shared_ptr<Store>(std::make_shared<MemoryStore>(o));
     }
     case policy::StoreConfig::Type::kRedis: {
-      // HOOK (lead): a ResilientStore (circuit breaker, over-limit cache)
-      // would wrap this one here. The failure modes are applied by the server.
+      // RedisStore has the circuit breaker and the over-limit cache itself;
+      // the failure modes are applied by the server.
       RedisStore::Options o;
       o.url = config.url;
       o.deadline = config.deadline;
