@@ -1,5 +1,6 @@
 #include "server/router.h"
 
+#include <algorithm>
 #include <optional>
 #include <string>
 
@@ -14,7 +15,10 @@
 namespace ratelimit::server {
 namespace {
 
+// Ours replace any the reply carries already under the same names (an
+// upstream's own rate limit headers): the client sees one value per field.
 void AddInfoHeaders(const Outcome& o, policy::HeaderDialect dialect, Reply& r) {
+  const size_t before = r.headers.size();
   if (o.limited) {
     RateLimitInfo info{
         .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
@@ -22,6 +26,13 @@ void AddInfoHeaders(const Outcome& o, policy::HeaderDialect dialect, Reply& r) {
   } else if (o.degraded) {
     r.Add("X-RateLimit-Degraded", "true");
   }
+  if (before == 0 || r.headers.size() == before) return;
+  auto ours = r.headers.begin() + static_cast<std::ptrdiff_t>(before);
+  auto end = std::remove_if(r.headers.begin(), ours, [&](const auto& h) {
+    return std::any_of(ours, r.headers.end(),
+                       [&](const auto& mine) { return EqualsIgnoreCase(h.first, mine.first); });
+  });
+  r.headers.erase(end, ours);
 }
 
 // The answer when no limit decided: a bad request (400), or the store could

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <charconv>
 
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
@@ -272,33 +273,46 @@ void Session::Write(Reply reply) {
   busy_ = true;
   const bool have_request = parser_.has_value() && parser_->is_header_done();
   const bool head = have_request && parser_->get().method() == http::verb::head;
-  res_.clear();
-  res_.body().clear();
-  res_.result(reply.status);
-  res_.version(have_request && parser_->get().version() == 10 ? 10 : 11);
-  for (auto& [name, value] : reply.headers) res_.set(name, value);
-  if (!reply.content_type.empty()) res_.set(http::field::content_type, reply.content_type);
+  const unsigned version = have_request && parser_->get().version() == 10 ? 10 : 11;
   const bool draining = registry_.draining.load(std::memory_order_relaxed);
   const bool close = reply.close || draining || !have_request || !parser_->get().keep_alive();
   if (reply.body_stream != nullptr && !head) {
-    return WriteStreamed(std::move(reply), res_.version(), close);
+    return WriteStreamed(std::move(reply), version, close);
   }
-  res_.keep_alive(!close);
-  res_.body() = std::move(reply.body);
+  // The whole answer in one buffer, written with one call (Beast's serializer
+  // would write the head's pieces and the body as a chain of buffers).
+  out_.clear();
+  out_.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
+  out_.append(std::to_string(reply.status));
+  out_.push_back(' ');
+  out_.append(http::obsolete_reason(http::int_to_status(reply.status)));
+  out_.append("\r\n");
+  auto field = [this](std::string_view name, std::string_view value) {
+    out_.append(name);
+    out_.append(": ");
+    out_.append(value);
+    out_.append("\r\n");
+  };
+  for (const auto& [name, value] : reply.headers) field(name, value);  // repeats kept
+  if (!reply.content_type.empty()) field("Content-Type", reply.content_type);
+  // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
+  if (close && version == 11) field("Connection", "close");
+  if (!close && version == 10) field("Connection", "keep-alive");
+  const bool no_body = reply.status < 200 || reply.status == 204 || reply.status == 304;
   if (reply.keep_content_length) {
     // HEAD through the gateway: the upstream's Content-Length stays, no body.
-  } else if (head) {
-    const size_t n = res_.body().size();
-    res_.body().clear();
-    res_.content_length(n);
-  } else {
-    res_.prepare_payload();
+  } else if (!no_body) {
+    char digits[24];
+    const auto end = std::to_chars(std::begin(digits), std::end(digits), reply.body.size()).ptr;
+    field("Content-Length", std::string_view(digits, static_cast<size_t>(end - digits)));
   }
+  out_.append("\r\n");
+  if (!head && !no_body) out_.append(reply.body);
   stream_.expires_after(limits_.read_timeout);
-  http::async_write(stream_, res_,
-                    [self = shared_from_this(), close](beast::error_code ec, size_t) {
-                      self->OnWrite(close, ec);
-                    });
+  net::async_write(stream_, net::buffer(out_),
+                   [self = shared_from_this(), close](beast::error_code ec, size_t) {
+                     self->OnWrite(close, ec);
+                   });
 }
 
 void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
@@ -306,7 +320,7 @@ void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
   auto& res = *streamed_;
   res.result(reply.status);
   res.version(version);
-  for (auto& [name, value] : reply.headers) res.set(name, value);
+  for (auto& [name, value] : reply.headers) res.insert(name, value);  // repeats kept
   if (!reply.content_type.empty()) res.set(http::field::content_type, reply.content_type);
   body_stream_ = std::move(reply.body_stream);
   if (std::optional<uint64_t> n = body_stream_->content_length()) {

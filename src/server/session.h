@@ -119,7 +119,7 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
-  Response res_;
+  std::string out_;  // the answer being written (not streamed), kept across requests
   // A streamed reply (gateway): its header, serializer and source.
   std::optional<http::response<http::buffer_body>> streamed_;
   std::optional<http::response_serializer<http::buffer_body>> serializer_;

@@ -17,6 +17,25 @@ void LogBreakerChanges(CircuitBreaker::Options& o, std::string_view which) {
   };
 }
 
+// The fields both Redis-backed stores take from `store:` alike (one place,
+// so neither store misses a setting the other honours).
+template <typename Options>
+void FillRedisOptions(const policy::StoreConfig& config, Options& o) {
+  using TimeSource = decltype(o.time_source);
+  o.url = config.url;
+  o.deadline = config.deadline;
+  o.key_prefix = config.key_prefix;
+  o.time_source = config.time_source == policy::StoreConfig::TimeSource::kRedis
+                      ? TimeSource::kRedis
+                      : TimeSource::kLocal;
+  o.max_key_length = config.max_key_length;
+  o.max_pending = config.max_pending;
+  o.breaker.failure_threshold = config.breaker.failures;
+  o.breaker.open_for = config.breaker.open_for;
+  o.breaker.max_open_for = config.breaker.max_open_for;
+  o.reconnect_max_backoff = config.reconnect_max_backoff;
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
@@ -27,18 +46,8 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
             .max_keys = config.max_keys, .max_key_length = config.max_key_length}));
   }
   RedisConcurrencyStore::Options o;
-  o.url = config.url;
-  o.deadline = config.deadline;
-  o.key_prefix = config.key_prefix;
-  o.time_source = config.time_source == policy::StoreConfig::TimeSource::kRedis
-                      ? RedisConcurrencyStore::TimeSource::kRedis
-                      : RedisConcurrencyStore::TimeSource::kLocal;
-  o.max_key_length = config.max_key_length;
-  o.connections = 1;
-  o.max_pending = config.max_pending;
-  o.breaker.failure_threshold = config.breaker.failures;
-  o.breaker.open_for = config.breaker.open_for;
-  o.breaker.max_open_for = config.breaker.max_open_for;
+  FillRedisOptions(config, o);
+  o.connections = 1;  // acquire/release are rare next to checks
   LogBreakerChanges(o.breaker, "redis circuit breaker (concurrency)");
   StatusOr<std::unique_ptr<RedisConcurrencyStore>> s = RedisConcurrencyStore::Create(std::move(o));
   if (!s.ok()) return s.status();
@@ -57,19 +66,8 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
       // RedisStore has the circuit breaker and the over-limit cache itself;
       // the failure modes are applied by the server.
       RedisStore::Options o;
-      o.url = config.url;
-      o.deadline = config.deadline;
-      o.key_prefix = config.key_prefix;
-      o.time_source = config.time_source == policy::StoreConfig::TimeSource::kRedis
-                          ? RedisStore::TimeSource::kRedis
-                          : RedisStore::TimeSource::kLocal;
-      o.max_key_length = config.max_key_length;
+      FillRedisOptions(config, o);
       o.connections = config.connections;
-      o.max_pending = config.max_pending;
-      o.breaker.failure_threshold = config.breaker.failures;
-      o.breaker.open_for = config.breaker.open_for;
-      o.breaker.max_open_for = config.breaker.max_open_for;
-      o.reconnect_max_backoff = config.reconnect_max_backoff;
       LogBreakerChanges(o.breaker, "redis circuit breaker");
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();

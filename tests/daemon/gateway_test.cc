@@ -1,6 +1,7 @@
 // ratelimitd as a gateway in front of a real upstream, and client identity
 // through X-Forwarded-For (trusted and untrusted peers).
 #include <gtest/gtest.h>
+#include <strings.h>
 
 #include <nlohmann/json.hpp>
 
@@ -52,6 +53,14 @@ TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) {
   EXPECT_EQ(h["host"], json::array({"127.0.0.1:" + std::to_string(d.port())}));
   // The upstream's answer: its end-to-end headers, not its hop-by-hop ones, plus ours.
   EXPECT_EQ(r.Header("X-Upstream"), "yes");
+  // A field the upstream repeats is relayed as often as it came (two cookies).
+  Headers cookies;
+  for (const auto& [name, value] : r.headers) {
+    if (strcasecmp(name.c_str(), "set-cookie") == 0) cookies.emplace_back(name, value);
+  }
+  ASSERT_EQ(cookies.size(), 2u) << r.raw_head;
+  EXPECT_EQ(cookies[0].second, "a=1");
+  EXPECT_EQ(cookies[1].second, "b=2");
   EXPECT_FALSE(r.Has("X-Hop"));
   EXPECT_FALSE(r.Has("Keep-Alive"));
   EXPECT_EQ(r.Header("RateLimit-Limit"), "3");

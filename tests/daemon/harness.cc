@@ -442,7 +442,8 @@ void TestUpstream::Serve(int fd) {
         "Content-Length: " +
         std::to_string(out_body.size()) +
         "\r\n"
-        "X-Upstream: yes\r\nConnection: keep-alive, X-Hop\r\nX-Hop: secret\r\n"
+        "X-Upstream: yes\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n"
+        "Connection: keep-alive, X-Hop\r\nX-Hop: secret\r\n"
         "Keep-Alive: timeout=5\r\n\r\n";
     if (method != "HEAD") resp += out_body;
     if (!SendAll(fd, resp) || close) return;

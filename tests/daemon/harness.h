@@ -85,7 +85,8 @@ class Daemon {
 
 // A tiny HTTP/1.1 upstream: answers every request with 200 and a JSON echo
 // {"method":..,"target":..,"headers":{lower-case name: [values]},"body":..};
-// /slow waits 1.5 s first; /big answers 100 KiB. Keep-alive supported.
+// /slow waits 1.5 s first; /big answers 100 KiB. Every answer carries
+// X-Upstream: yes and two Set-Cookie fields (a=1, b=2). Keep-alive supported.
 // Records when each request arrived (for shaping tests): the kernel's receive
 // time of its first byte, on the system clock.
 class TestUpstream {
