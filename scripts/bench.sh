@@ -118,17 +118,14 @@ RAW=$WORK/raw.txt
 raw() { echo "$*" >>"$RAW"; }
 
 # ---------------------------------------------------------------- build
-top_has_macro() { grep -q 'bench/macro' CMakeLists.txt; }
 if [[ $MODE == full ]]; then
   # (Dependencies: `make bench` runs scripts/install-deps.sh first.)
   if [[ ! -f $BUILD_DIR/build.ninja ]]; then
     log "configuring $BUILD_DIR (Release)"
-    extra=()
-    top_has_macro || extra+=("-DCMAKE_PROJECT_INCLUDE=$ROOT/bench/macro/inject.cmake")
     # -Wno-error=restrict: GCC 12 reports a false -Wrestrict at -O3 in
     # std::string operator+ (GCC bug 105329); see docs/performance.md.
     cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRL_BUILD_BENCH=ON \
-      -DCMAKE_CXX_FLAGS="-Wno-error=restrict" "${extra[@]}" >"$WORK/cmake.log" 2>&1 ||
+      -DCMAKE_CXX_FLAGS="-Wno-error=restrict" >"$WORK/cmake.log" 2>&1 ||
       { cat "$WORK/cmake.log" >&2; die "cmake"; }
   fi
   targets=(redis_decisions_bench http_load memory_store_benchmark)
