@@ -6,8 +6,10 @@
 //   - each call answers exactly once, before returning (MemoryStore is synchronous);
 //   - /v1/check answers 200, 429, 400 or the closed status; 200/429 bodies say
 //     "allowed" accordingly and list one entry per requested limit;
-//   - /v1/check/batch answers 400 or 200 with one result per check.
+//   - /v1/check/batch answers 400 or 200 with one result per check;
+//   - FastParseCheck answers only bodies ParseBody + ParseCheck accept, and alike.
 // The store holds at most 40 keys, so long batches also reach the failure mode.
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -75,6 +77,14 @@ int FuzzDecisionApi(const uint8_t* data, size_t size) {
 
   // The pure parts on their own: ParseCheck on every value of the body (no policy too).
   StatusOr<nlohmann::json> j = server::ParseBody(body);
+  // The fast path answers only what the full parser accepts, and the same way.
+  if (std::optional<server::ParsedCheck> fast = server::FastParseCheck(body, policy.get(), 64)) {
+    RL_FUZZ_CHECK(j.ok(), "the fast path accepted a body the full parser rejects");
+    StatusOr<server::ParsedCheck> full = server::ParseCheck(*j, policy.get(), 64);
+    RL_FUZZ_CHECK(full.ok(), "the fast path accepted a check the full parser rejects: " +
+                                 full.status().message());
+    RL_FUZZ_CHECK(*fast == *full, "the fast path parsed a check differently");
+  }
   if (j.ok()) {
     (void)server::ParseCheck(*j, nullptr, 512);
     if (j->is_object() && j->contains("checks") && (*j)["checks"].is_array()) {

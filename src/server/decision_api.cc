@@ -1,6 +1,8 @@
 #include "server/decision_api.h"
 
 #include <algorithm>
+#include <array>
+#include <optional>
 #include <atomic>
 #include <charconv>
 #include <limits>
@@ -177,6 +179,208 @@ struct CheckOp {
   ParsedCheck check;
 };
 
+// Points out.checks at the requested limits in request order: named[i], or
+// (where it is null) the next of out.owned. Rejects a limit named twice and a
+// cost the limit can never grant.
+Status AssembleChecks(std::span<const Limit* const> named, ParsedCheck& out) {
+  size_t next_owned = 0;
+  out.checks.reserve(named.size());
+  for (const Limit* n : named) {
+    const Limit* l = n != nullptr ? n : &out.owned[next_owned++];
+    for (const LimitCheck& c : out.checks) {
+      if (c.limit->name() == l->name()) return Bad("limit '" + l->name() + "' appears twice");
+    }
+    if (Status s = l->ValidateCost(out.cost); !s.ok()) {
+      return Bad("limit '" + l->name() + "': " + s.message());
+    }
+    out.checks.push_back({l, out.cost});
+  }
+  return Status::Ok();
+}
+
+// ---- The fast path of POST /v1/check ------------------------------------
+// Most bodies are small and plain: a key, maybe a cost, and named limits or
+// the same inline limit objects again and again. Building nlohmann's DOM for
+// them (a std::map per object, a string per member) was the largest cost of a
+// decision after the kernel's. The scanner below reads such bodies in place;
+// anything it is not sure of (an escape, a float cost, an unknown or repeated
+// field, an error of any kind) sends the body down the full parser, which
+// gives the answer and the error message. Inline limit objects are parsed by
+// the full parser once per distinct text and kept in a small per-thread table.
+
+struct Scanner {
+  std::string_view s;
+  size_t i = 0;
+
+  void Ws() {
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r')) ++i;
+  }
+  bool Peek(char c) {
+    Ws();
+    return i < s.size() && s[i] == c;
+  }
+  bool Eat(char c) {
+    if (!Peek(c)) return false;
+    ++i;
+    return true;
+  }
+  // A string without escapes or control characters.
+  bool String(std::string_view& out) {
+    if (!Eat('"')) return false;
+    const size_t start = i;
+    for (; i < s.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      if (c == '"') {
+        out = s.substr(start, i++ - start);
+        return true;
+      }
+      if (c == '\\' || c < 0x20) return false;
+    }
+    return false;
+  }
+  // A non-negative JSON integer of at most 18 digits (no fraction, no exponent).
+  bool Integer(int64_t& out) {
+    Ws();
+    const size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    const size_t n = i - start;
+    if (n == 0 || n > 18 || (n > 1 && s[start] == '0')) return false;
+    if (i < s.size() && (s[i] == '.' || s[i] == 'e' || s[i] == 'E')) return false;
+    std::from_chars(s.data() + start, s.data() + i, out);
+    return true;
+  }
+  // The text of an object, '{' to its '}', whose strings have no escapes.
+  bool ObjectText(std::string_view& out) {
+    if (!Peek('{')) return false;
+    const size_t start = i;
+    int depth = 0;
+    bool in_string = false;
+    for (; i < s.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      if (in_string) {
+        if (c == '"') in_string = false;
+        if (c == '\\' || c < 0x20) return false;
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '{' || c == '[') {
+        if (++depth > 4) return false;
+      } else if (c == '}' || c == ']') {
+        if (--depth == 0) {
+          out = s.substr(start, ++i - start);
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+  bool AtEnd() {
+    Ws();
+    return i == s.size();
+  }
+};
+
+// Inline limit objects by their exact text: parsed by the full parser on the
+// first sight of a text, then copied. Direct-mapped, per thread, bounded.
+class InlineLimits {
+ public:
+  const Limit* Get(std::string_view text) {
+    if (text.size() > kMaxText) return nullptr;
+    Entry& e = entries_[std::hash<std::string_view>{}(text) % kEntries];
+    if (e.limit && e.text == text) return &*e.limit;
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return nullptr;
+    StatusOr<Limit> l = ParseInlineLimit(j, "limit");
+    if (!l.ok()) return nullptr;
+    e.text.assign(text);
+    e.limit = *std::move(l);
+    return &*e.limit;
+  }
+
+ private:
+  static constexpr size_t kEntries = 64;
+  static constexpr size_t kMaxText = 512;
+  struct Entry {
+    std::string text;
+    std::optional<Limit> limit;
+  };
+  std::array<Entry, kEntries> entries_;
+};
+
+}  // namespace
+
+bool operator==(const ParsedCheck& a, const ParsedCheck& b) {
+  if (a.key != b.key || a.cost != b.cost || a.checks.size() != b.checks.size()) return false;
+  for (size_t i = 0; i < a.checks.size(); ++i) {
+    const Limit& x = *a.checks[i].limit;
+    const Limit& y = *b.checks[i].limit;
+    if (a.checks[i].cost != b.checks[i].cost || x.name() != y.name() ||
+        x.algorithm() != y.algorithm() || x.limit() != y.limit() ||
+        x.window_micros() != y.window_micros() || x.interval_micros() != y.interval_micros() ||
+        x.identity_hash() != y.identity_hash()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::Policy* policy,
+                                          size_t max_key_length) {
+  thread_local InlineLimits inline_limits;
+  Scanner sc{body};
+  ParsedCheck out;
+  std::string_view key;
+  bool have_key = false, have_cost = false, have_limits = false;
+  const Limit* named[kMaxChecksPerRequest];
+  size_t n = 0;
+  auto limit_entry = [&]() {
+    if (n == kMaxChecksPerRequest) return false;
+    if (sc.Peek('"')) {
+      std::string_view name;
+      if (!sc.String(name) || policy == nullptr) return false;
+      named[n] = policy->NamedLimit(name);
+      return named[n++] != nullptr;
+    }
+    std::string_view text;
+    if (!sc.ObjectText(text)) return false;
+    const Limit* l = inline_limits.Get(text);
+    if (l == nullptr) return false;
+    out.owned.push_back(*l);
+    named[n++] = nullptr;
+    return true;
+  };
+  if (!sc.Eat('{')) return std::nullopt;
+  do {
+    std::string_view field;
+    if (!sc.String(field) || !sc.Eat(':')) return std::nullopt;
+    if (field == "key" && !have_key) {
+      if (!sc.String(key)) return std::nullopt;
+      have_key = true;
+    } else if (field == "cost" && !have_cost) {
+      if (!sc.Integer(out.cost)) return std::nullopt;
+      have_cost = true;
+    } else if (field == "limit" && !have_limits) {
+      if (!limit_entry()) return std::nullopt;
+      have_limits = true;
+    } else if (field == "limits" && !have_limits) {
+      if (!sc.Eat('[')) return std::nullopt;
+      do {
+        if (!limit_entry()) return std::nullopt;
+      } while (sc.Eat(','));
+      if (!sc.Eat(']')) return std::nullopt;
+      have_limits = true;
+    } else {
+      return std::nullopt;
+    }
+  } while (sc.Eat(','));
+  if (!sc.Eat('}') || !sc.AtEnd() || !have_key || !have_limits) return std::nullopt;
+  if (key.empty() || key.size() > max_key_length || !ValidUtf8(key)) return std::nullopt;
+  out.key.assign(key);
+  if (!AssembleChecks({named, n}, out).ok()) return std::nullopt;
+  return out;
+}
+
+namespace {
+
 }  // namespace
 
 StatusOr<json> ParseBody(std::string_view body) {
@@ -258,18 +462,7 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
       return Bad(where + ": must be a limit object or the name of a configured limit");
     }
   }
-  size_t next_owned = 0;
-  out.checks.reserve(limits->size());
-  for (size_t i = 0; i < limits->size(); ++i) {
-    const Limit* l = named[i] != nullptr ? named[i] : &out.owned[next_owned++];
-    for (const LimitCheck& c : out.checks) {
-      if (c.limit->name() == l->name()) return Bad("limit '" + l->name() + "' appears twice");
-    }
-    if (Status s = l->ValidateCost(out.cost); !s.ok()) {
-      return Bad("limit '" + l->name() + "': " + s.message());
-    }
-    out.checks.push_back({l, out.cost});
-  }
+  if (Status s = AssembleChecks(named, out); !s.ok()) return s;
   return out;
 }
 
@@ -291,12 +484,15 @@ void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> chec
 
 void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
                         std::string_view path, std::function<void(Reply)> done) {
-  StatusOr<json> j = ParseBody(body);
-  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
-  const policy::Config& config = policy->config();
-  StatusOr<ParsedCheck> parsed = ParseCheck(*j, policy.get(), config.store.max_key_length);
-  if (!parsed.ok()) return done(ProblemReply(400, parsed.status().message(), path));
-
+  const size_t max_key_length = policy->config().store.max_key_length;
+  std::optional<ParsedCheck> parsed = FastParseCheck(body, policy.get(), max_key_length);
+  if (!parsed) {
+    StatusOr<json> j = ParseBody(body);
+    if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+    StatusOr<ParsedCheck> full = ParseCheck(*j, policy.get(), max_key_length);
+    if (!full.ok()) return done(ProblemReply(400, full.status().message(), path));
+    parsed = std::move(*full);
+  }
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed)});
   const policy::StoreConfig& store_config = op->policy->config().store;
   enforcer_.DecideGroup(

@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,11 +46,22 @@ struct ParsedCheck {
   std::vector<LimitCheck> checks;  // one per requested limit, in request order
 };
 
+// Same key, cost and limits (by name and parameters) in the same order.
+bool operator==(const ParsedCheck& a, const ParsedCheck& b);
+
 // Validates one check object. `policy` may be null (then named limits are
 // unknown). Errors are InvalidArgument with the exact problem, e.g.
 // "field 'cost' must be a non-negative integer".
 StatusOr<ParsedCheck> ParseCheck(const nlohmann::json& j, const policy::Policy* policy,
                                  size_t max_key_length);
+
+// The same as ParseBody + ParseCheck for the plain bodies most clients send,
+// read in place without building a JSON DOM; nullopt for anything else (an
+// escape in a string, a float, an unknown or repeated field, any error), which
+// the caller then hands to the full parser. Whenever it answers, the answer
+// equals the full parser's (the decision API fuzzer checks this).
+std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::Policy* policy,
+                                          size_t max_key_length);
 
 // Parses a request body (JSON text). Errors as above, and "request body is not valid JSON: ...".
 StatusOr<nlohmann::json> ParseBody(std::string_view body);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "policy/config.h"
 #include "ratelimit/clock.h"
 #include "ratelimit/memory_store.h"
 
@@ -39,6 +40,65 @@ TEST(ParseCheck, ShorthandAndDefaults) {
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->cost, 1);
   EXPECT_EQ(c->checks[0].limit->name(), "default");
+}
+
+// The fast path of /v1/check answers the plain bodies, each as the full
+// parser does, and leaves everything else to the full parser.
+TEST(FastParseCheck, AgreesWithTheFullParserOrStepsAside) {
+  StatusOr<policy::Config> config = policy::ParseConfig(
+      "limits:\n"
+      "  burst: {algorithm: token_bucket, capacity: 20, refill_per_second: 10}\n"
+      "  daily: {algorithm: fixed_window, limit: 10000, window: 1d}\n",
+      "t.yaml");
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  auto policy = policy::Policy::Create(*std::move(config));
+  ASSERT_TRUE(policy.ok());
+  const std::string tb =
+      R"({"name":"b","algorithm":"token_bucket","capacity":10,"refill_per_second":5})";
+  const std::string fw = R"({"algorithm": "fixed_window", "limit": 3, "window": "1m"})";
+  const std::vector<std::string> fast = {
+      R"({"key":"k1","limits":[)" + tb + "]}",
+      R"({"key":"k1","limit":)" + tb + "}",
+      R"({"limit":"burst","key":"user:ada"})",
+      " {\n \"key\" : \"k\" ,\t\"cost\": 3, \"limits\" : [ \"burst\", \"daily\", " + fw + " ] }\r\n",
+      R"({"key":"utf-8: café","cost":0,"limit":"daily"})",
+      R"({"key":"k","limit":{"algorithm":"token_bucket","capacity":10,"refill_per_second":0.5}})",
+  };
+  const std::vector<std::string> full_only = {
+      R"({"key":"k\"q","limit":"burst"})",                          // an escape
+      R"({"key":"k","cost":1.0,"limit":"burst"})",                  // a float cost
+      R"({"key":"k","cost":-1,"limit":"burst"})",                   // an error
+      R"({"key":"k","key":"j","limit":"burst"})",                   // a repeated field
+      R"({"key":"k","limit":"burst","extra":1})",                   // an unknown field
+      R"({"key":"k","limits":["burst","burst"]})",                  // a limit twice
+      R"({"key":"k","limits":[]})",                                 // no limit
+      R"({"key":"k","limit":"nope"})",                              // unknown name
+      R"({"key":"k","cost":30,"limit":"burst"})",                   // cost above capacity
+      R"({"key":"","limit":"burst"})",                              // empty key
+      R"({"key":"k","limit":{"algorithm":"token_bucket","capacity":0,"refill_per_second":1}})",
+      R"({"key":"k","limit":"burst"} x)",                           // trailing bytes
+      R"({"key":"k","limit":"burst")",                              // cut short
+      "\xEF\xBB\xBF{\"key\":\"k\",\"limit\":\"burst\"}",  // a byte order mark
+      "{\"key\":\"\xC3\x28\",\"limit\":\"burst\"}",        // invalid UTF-8
+  };
+  for (const std::string& body : fast) {
+    std::optional<ParsedCheck> f = FastParseCheck(body, policy->get(), 64);
+    ASSERT_TRUE(f.has_value()) << body;
+    StatusOr<json> j = ParseBody(body);
+    ASSERT_TRUE(j.ok()) << body;
+    StatusOr<ParsedCheck> full = ParseCheck(*j, policy->get(), 64);
+    ASSERT_TRUE(full.ok()) << body << ": " << full.status().message();
+    EXPECT_TRUE(*f == *full) << body;
+    // A second time: inline limits now come from the per-thread table.
+    std::optional<ParsedCheck> again = FastParseCheck(body, policy->get(), 64);
+    ASSERT_TRUE(again.has_value()) << body;
+    EXPECT_TRUE(*again == *full) << body;
+  }
+  for (const std::string& body : full_only) {
+    EXPECT_FALSE(FastParseCheck(body, policy->get(), 64).has_value()) << body;
+  }
+  // Over max_key_length: the full parser gives the error.
+  EXPECT_FALSE(FastParseCheck(R"({"key":"0123456789","limit":"burst"})", policy->get(), 9));
 }
 
 TEST(ParseCheck, Errors) {

@@ -191,6 +191,10 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
       r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     }
     r.keep_content_length = head;
+    if (!TakeBufferedBody(r)) {
+      stream.reset();  // never reuse a connection mid-message
+      return Fail(502, "bad upstream response body");
+    }
     if (parser->is_done()) {
       ReleaseConnection();
     } else {
@@ -198,6 +202,22 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
       r.body_stream = shared_from_this();
     }
     Finish(std::move(r));
+  }
+
+  // A small answer often arrives whole with its head: then it is relayed as
+  // one buffer (one write to the client, like any other reply) instead of a
+  // head and a streamed piece. False if the parser failed on the body.
+  bool TakeBufferedBody(Reply& r) {
+    if (head || parser->is_done()) return true;
+    const auto n = parser->content_length();  // boost::optional
+    if (!n || *n > kPiece || buffer.size() < *n) return true;
+    r.body.resize(static_cast<size_t>(*n));
+    auto& body = parser->get().body();
+    body.data = r.body.data();
+    body.size = r.body.size();
+    beast::error_code ec;
+    buffer.consume(parser->put(buffer.data(), ec));
+    return (!ec || ec == http::error::need_buffer) && parser->is_done();
   }
 
   std::optional<uint64_t> content_length() const override { return length; }
