@@ -343,8 +343,9 @@ if want 7; then
       "$cpd" "seeds' design, one key" "$scpd" "$(ratio "$cpd" "$scpd")" "≤ 0.1" "$(passmiss le "$cpd" 0.1)"
     [[ $(kv errors "$fout") == 0 ]] || fail "7: errors in the flood at $rate/s"
   }
-  # Denials are cached only when they ask to wait >= 10 ms (over_limit_cache_min_retry):
-  # at 20/s a denial waits up to 50 ms, at 100/s up to 10 ms, at 1000/s up to 1 ms.
+  # Every denial is cached until its retry time (over_limit_cache_min_retry 0),
+  # however short: at 20/s a denial waits up to 50 ms, at 100/s up to 10 ms,
+  # at 1000/s up to 1 ms.
   flood_row 7a 200 20
   flood_row 7b 1000 100
   flood_row 7c 10000 1000
