@@ -197,8 +197,8 @@ if want 1; then
     c0=$(redis_cpu_ms)
     out=$("$DRIVER" --url="$REDIS_URL" --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" \
       --inflight="$INFLIGHT" --keys="$KEYS" --stores="${BENCH_STORES:-1}" \
-      --connections="${BENCH_CONNECTIONS:-2}" --max-batch="${BENCH_MAX_BATCH:-64}" \
-      --max-calls-in-flight="${BENCH_CALLS:-4}" 2>"$WORK/driver.err") ||
+      --connections="${BENCH_CONNECTIONS:-2}" --max-batch="${BENCH_MAX_BATCH:-32}" \
+      --max-calls-in-flight="${BENCH_CALLS:-16}" 2>"$WORK/driver.err") ||
       fail "1: redis_decisions_bench: $out $(head -3 "$WORK/driver.err")"
     ocpu+=("$(per_us "$c0" "$(redis_cpu_ms)" "$(( $(kv answered_total "$out") + 21 ))")")
     raw "1 ours run $r: $out redis_cpu_us_per_decision=${ocpu[-1]}"

@@ -67,7 +67,7 @@ struct Flags {
   int64_t stores = 1;
   int64_t connections = 2;
   int64_t max_batch = 32;
-  int64_t max_calls_in_flight = 4;
+  int64_t max_calls_in_flight = 16;  // as RedisStore::Options
   int64_t deadline_ms = 100;
   int64_t capacity = 10;
   double refill = 5;

@@ -57,7 +57,7 @@ class RedisStore final : public Store {
     int connections = 2;
     size_t max_pending = 10'000;     // queued + in flight; beyond: kResourceExhausted
     size_t max_batch = 32;           // checks per script call (1: no coalescing)
-    size_t max_calls_in_flight = 4;  // script calls out at once; more checks wait and
+    size_t max_calls_in_flight = 16;  // script calls out at once; more checks wait and
                                      // leave together when a reply comes back
     size_t max_key_length = kDefaultMaxKeyLength;
     // Consecutive failures open the breaker; while open, checks fail at once

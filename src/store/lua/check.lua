@@ -6,14 +6,17 @@
 -- and every number returned is already whole (Redis truncates Lua numbers).
 --
 -- ARGV[1]  now in microseconds, or "" to take it from Redis TIME
--- ARGV[2]  number of checks in this batch; then for each check:
---            "c" to check and consume or "p" to peek (never writes),
---            the number of limits n, then for each limit (5 values):
+-- ARGV[2]  number of distinct limits S in this call; then for each (4 values):
 --            algorithm ("t" token bucket, "k" leaky bucket, "f" fixed window,
 --            "s" sliding window, "l" sliding log; "T" a token bucket lease,
 --            below), limit, window (us; token and leaky bucket: capacity or
---            depth x interval), interval (us, token and leaky bucket only), cost
--- KEYS     one per limit, in the same order.
+--            depth x interval), interval (us, token and leaky bucket only)
+-- then     the number of checks; then for each check: "c" to check and consume
+--            or "p" to peek (never writes) followed by its number of limits n
+--            ("c1", "p2"), then for each limit its index among the S (1-based)
+--            and its cost. (A limit shared by many checks of a batch is sent
+--            and parsed once: a one-limit check costs 3 arguments.)
+-- KEYS     one per limit of each check, in the same order.
 -- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
 --          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
 --          the caller derives an allowed request's delay, reset_after - cost x
@@ -34,7 +37,9 @@ local out = {}
 local argi = 3
 local keyi = 1
 
-local function str(n) return string.format('%.0f', n) end
+-- Every number here is whole and below 2^53: %d prints it exactly (and
+-- cheaper than %.0f).
+local function str(n) return string.format('%d', n) end
 -- The key's TTL: until its state equals the fresh state, plus a second.
 local function ttl_ms(until_us) return str(floor((until_us - now + 999) / 1000) + 1000) end
 
@@ -187,32 +192,43 @@ local evaluators = {
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
 }
 
-local checks = tonumber(ARGV[2])
+local specs = {}
+for s = 1, tonumber(ARGV[2]) do
+  specs[s] = {evaluators[ARGV[argi]], tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
+              tonumber(ARGV[argi + 3])}
+  argi = argi + 4
+end
+local checks = tonumber(ARGV[argi])
+argi = argi + 1
 for _ = 1, checks do
-  peek = ARGV[argi] == 'p'
-  local n = tonumber(ARGV[argi + 1])
-  argi = argi + 2
-  local writers = {}
+  local head = ARGV[argi]
+  peek = string.byte(head, 1) == 112  -- 'p'
+  local n = tonumber(string.sub(head, 2))
+  argi = argi + 1
+  local writers = n > 1 and {} or nil  -- one limit: written at once, no table
   local all = true
   for _ = 1, n do
-    local algo = ARGV[argi]
-    local limit, w = tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2])
-    local iv, cost = tonumber(ARGV[argi + 3]), tonumber(ARGV[argi + 4])
-    argi = argi + 5
+    local spec = specs[tonumber(ARGV[argi])]
+    local cost = tonumber(ARGV[argi + 1])
+    argi = argi + 2
     if peek then cost = 0 end
-    local allowed, rem, retry, reset, writer = evaluators[algo](KEYS[keyi], limit, w, iv, cost)
+    local allowed, rem, retry, reset, writer = spec[1](KEYS[keyi], spec[2], spec[3], spec[4], cost)
     keyi = keyi + 1
     out[#out + 1] = allowed
     out[#out + 1] = rem
     out[#out + 1] = retry
     out[#out + 1] = reset
     if allowed > 0 then
-      writers[#writers + 1] = writer
+      if n == 1 then
+        if not peek then writer() end
+      else
+        writers[#writers + 1] = writer
+      end
     else
       all = false
     end
   end
-  if all and not peek then
+  if n > 1 and all and not peek then
     for _, write in ipairs(writers) do write() end
   end
 end
