@@ -72,7 +72,7 @@ struct Flags {
   int64_t capacity = 10;
   double refill = 5;
   int64_t lease = 0;  // > 1: the limit takes token leases of this size (`lease: n`)
-  double rate = 0;  // 0: closed loop
+  double rate = 0;    // 0: closed loop
   bool sequential = false;
   std::string run_id;
 };

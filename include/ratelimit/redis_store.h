@@ -55,10 +55,10 @@ class RedisStore final : public Store {
     TimeSource time_source = TimeSource::kRedis;
     const Clock* clock = nullptr;  // kLocal: the time source (nullptr: System)
     int connections = 2;
-    size_t max_pending = 10'000;     // queued + in flight; beyond: kResourceExhausted
-    size_t max_batch = 32;           // checks per script call (1: no coalescing)
+    size_t max_pending = 10'000;      // queued + in flight; beyond: kResourceExhausted
+    size_t max_batch = 32;            // checks per script call (1: no coalescing)
     size_t max_calls_in_flight = 16;  // script calls out at once; more checks wait and
-                                     // leave together when a reply comes back
+                                      // leave together when a reply comes back
     size_t max_key_length = kDefaultMaxKeyLength;
     // Consecutive failures open the breaker; while open, checks fail at once
     // with BreakerOpenStatus and the caller's failure mode decides.

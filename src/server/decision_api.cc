@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <array>
-#include <optional>
 #include <atomic>
 #include <charconv>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -379,9 +379,7 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
   return out;
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 StatusOr<json> ParseBody(std::string_view body) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);

@@ -60,26 +60,27 @@ TEST(FastParseCheck, AgreesWithTheFullParserOrStepsAside) {
       R"({"key":"k1","limits":[)" + tb + "]}",
       R"({"key":"k1","limit":)" + tb + "}",
       R"({"limit":"burst","key":"user:ada"})",
-      " {\n \"key\" : \"k\" ,\t\"cost\": 3, \"limits\" : [ \"burst\", \"daily\", " + fw + " ] }\r\n",
+      " {\n \"key\" : \"k\" ,\t\"cost\": 3, \"limits\" : [ \"burst\", \"daily\", " + fw +
+          " ] }\r\n",
       R"({"key":"utf-8: café","cost":0,"limit":"daily"})",
       R"({"key":"k","limit":{"algorithm":"token_bucket","capacity":10,"refill_per_second":0.5}})",
   };
   const std::vector<std::string> full_only = {
-      R"({"key":"k\"q","limit":"burst"})",                          // an escape
-      R"({"key":"k","cost":1.0,"limit":"burst"})",                  // a float cost
-      R"({"key":"k","cost":-1,"limit":"burst"})",                   // an error
-      R"({"key":"k","key":"j","limit":"burst"})",                   // a repeated field
-      R"({"key":"k","limit":"burst","extra":1})",                   // an unknown field
-      R"({"key":"k","limits":["burst","burst"]})",                  // a limit twice
-      R"({"key":"k","limits":[]})",                                 // no limit
-      R"({"key":"k","limit":"nope"})",                              // unknown name
-      R"({"key":"k","cost":30,"limit":"burst"})",                   // cost above capacity
-      R"({"key":"","limit":"burst"})",                              // empty key
+      R"({"key":"k\"q","limit":"burst"})",          // an escape
+      R"({"key":"k","cost":1.0,"limit":"burst"})",  // a float cost
+      R"({"key":"k","cost":-1,"limit":"burst"})",   // an error
+      R"({"key":"k","key":"j","limit":"burst"})",   // a repeated field
+      R"({"key":"k","limit":"burst","extra":1})",   // an unknown field
+      R"({"key":"k","limits":["burst","burst"]})",  // a limit twice
+      R"({"key":"k","limits":[]})",                 // no limit
+      R"({"key":"k","limit":"nope"})",              // unknown name
+      R"({"key":"k","cost":30,"limit":"burst"})",   // cost above capacity
+      R"({"key":"","limit":"burst"})",              // empty key
       R"({"key":"k","limit":{"algorithm":"token_bucket","capacity":0,"refill_per_second":1}})",
-      R"({"key":"k","limit":"burst"} x)",                           // trailing bytes
-      R"({"key":"k","limit":"burst")",                              // cut short
+      R"({"key":"k","limit":"burst"} x)",                 // trailing bytes
+      R"({"key":"k","limit":"burst")",                    // cut short
       "\xEF\xBB\xBF{\"key\":\"k\",\"limit\":\"burst\"}",  // a byte order mark
-      "{\"key\":\"\xC3\x28\",\"limit\":\"burst\"}",        // invalid UTF-8
+      "{\"key\":\"\xC3\x28\",\"limit\":\"burst\"}",       // invalid UTF-8
   };
   for (const std::string& body : fast) {
     std::optional<ParsedCheck> f = FastParseCheck(body, policy->get(), 64);
