@@ -249,6 +249,46 @@ TEST(Server, BoundsAnswerAndKeepServing) {
   EXPECT_EQ(Http(d.port(), "GET", "/api/ping", {{"X-API-Key", "after"}}).status, 200);
 }
 
+// The session renders every answer itself (one buffer, one write): the
+// framing rules it must keep for HTTP/1.0 and 1.1, HEAD and 204.
+TEST(Server, AnswerFraming) {
+  Daemon d({});
+  ASSERT_TRUE(d.started()) << d.Log();
+  // HTTP/1.0 asking for keep-alive: kept open, and said so; then HEAD on the
+  // same connection (HTTP/1.0, no keep-alive): the length of the GET's body,
+  // no body, and the connection closed.
+  HttpResponse r =
+      RawHttp(d.port(),
+              "GET /api/ping HTTP/1.0\r\nX-API-Key: fr\r\nConnection: keep-alive\r\n\r\n"
+              "HEAD /api/ping HTTP/1.0\r\nX-API-Key: fr\r\n\r\n");
+  ASSERT_EQ(r.status, 200) << r.raw_head;
+  EXPECT_EQ(r.raw_head.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << r.raw_head;
+  EXPECT_EQ(r.Header("Connection"), "keep-alive");
+  const size_t length = std::stoul(r.Header("Content-Length"));
+  ASSERT_GE(r.body.size(), length);
+  HttpResponse head = ParseResponse(r.body.substr(length));
+  ASSERT_EQ(head.status, 200) << r.body;
+  EXPECT_EQ(head.raw_head.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << head.raw_head;
+  EXPECT_FALSE(head.Has("Connection")) << head.raw_head;
+  EXPECT_EQ(head.Header("Content-Length"), std::to_string(length));
+  EXPECT_EQ(head.body, "") << "HEAD must not carry a body";
+  // HTTP/1.1 with Connection: close: said so, and closed.
+  r = RawHttp(d.port(), "GET /api/ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(r.Header("Connection"), "close");
+  EXPECT_EQ(r.body.size(), std::stoul(r.Header("Content-Length")));
+  // 204 (nginx auth_request, allowed): no Content-Length, no body; the
+  // keep-alive connection serves the next request.
+  r = RawHttp(
+      d.port(),
+      "GET /v1/auth HTTP/1.1\r\nHost: x\r\nX-Original-Method: GET\r\nX-Original-URI: /api/ping\r\n"
+      "X-API-Key: fr204\r\n\r\n"
+      "GET /api/ping HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(r.status, 204) << r.raw_head;
+  EXPECT_FALSE(r.Has("Content-Length")) << r.raw_head;
+  EXPECT_FALSE(r.Has("Connection")) << r.raw_head;
+  EXPECT_EQ(r.body.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << "the next answer follows at once";
+}
+
 TEST(Server, HeaderDialects) {
   std::string dir = MakeTempDir();
   for (const char* dialect : {"structured", "legacy", "none", "draft06"}) {
