@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/ascii.h"
 #include "policy/policy.h"
 
 namespace ratelimit::policy {
@@ -25,17 +26,6 @@ std::string_view Trim(std::string_view s) {
   return s.substr(b, e - b + 1);
 }
 
-bool EqualsNoCase(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    char x = a[i], y = b[i];
-    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
-    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
-    if (x != y) return false;
-  }
-  return true;
-}
-
 // A port: 1..5 digits, at most 65535.
 bool IsPort(std::string_view s) {
   if (s.empty() || s.size() > 5) return false;
@@ -52,7 +42,7 @@ bool IsPort(std::string_view s) {
 // (Forwarded only).
 Hop ParseNode(std::string_view s, bool obfuscated_port) {
   if (s.empty()) return {Hop::kMalformed, {}};
-  if (EqualsNoCase(s, "unknown") || s[0] == '_') return {Hop::kOpaque, {}};
+  if (core::EqualsIgnoreCase(s, "unknown") || s[0] == '_') return {Hop::kOpaque, {}};
   auto port_ok = [&](std::string_view p) {
     return IsPort(p) || (obfuscated_port && p.size() > 1 && p[0] == '_');
   };
@@ -113,7 +103,7 @@ std::optional<std::string> ForwardedFor(std::string_view element) {
       value = std::string(Trim(element.substr(v, end - v)));
       if (value.empty() || value.find('"') != std::string::npos) return std::nullopt;
     }
-    if (EqualsNoCase(name, "for")) {
+    if (core::EqualsIgnoreCase(name, "for")) {
       if (result.has_value()) return std::nullopt;  // two `for` in one element
       result = std::move(value);
     }

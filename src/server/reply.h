@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/ascii.h"
+
 namespace ratelimit::server {
 
 // A body that arrives while it is being sent (the gateway's upstream
@@ -56,6 +58,6 @@ struct Reply {
   const std::string* Find(std::string_view name) const;
 };
 
-bool EqualsIgnoreCase(std::string_view a, std::string_view b);
+using core::EqualsIgnoreCase;  // header names are ASCII-case-insensitive
 
 }  // namespace ratelimit::server
