@@ -379,8 +379,6 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
   return out;
 }
 
-namespace {}  // namespace
-
 StatusOr<json> ParseBody(std::string_view body) {
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_discarded()) return j;

@@ -375,17 +375,18 @@ struct RedisStore::Impl {
     for (const PendingCheck& p : group) {
       for (size_t i = 0; i < p.keys.size(); ++i) {
         const std::string* spec = &p.args[2 + 5 * i];  // algorithm, limit, window, interval
-        size_t j = 0;
         // (Only the first 64 distinct limits are looked for: a batch of many
         // inline limits repeats some arguments rather than search quadratically.)
-        for (; j < std::min<size_t>(specs, 64); ++j) {
+        const size_t searched = std::min<size_t>(specs, 64);
+        size_t j = 0;
+        for (; j < searched; ++j) {
           const std::string_view* have = &args[first_spec + 4 * j];
           if (have[0] == spec[0] && have[1] == spec[1] && have[2] == spec[2] &&
               have[3] == spec[3]) {
             break;
           }
         }
-        if (j == std::min<size_t>(specs, 64)) {
+        if (j == searched) {
           j = specs++;
           args.insert(args.end(), spec, spec + 4);
         }
