@@ -67,7 +67,8 @@ ConnectionCounts::Slot::~Slot() {
 }
 
 Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
-                   SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps)
+                   SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps,
+                   bool one_thread)
     : ioc_(ioc),
       endpoint_(endpoint),
       strand_(net::make_strand(ioc)),
@@ -75,7 +76,8 @@ Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
       router_(router),
       limits_(limits),
       registry_(registry),
-      counts_(std::make_shared<ConnectionCounts>(std::move(caps))) {}
+      counts_(std::make_shared<ConnectionCounts>(std::move(caps))),
+      one_thread_(one_thread) {}
 
 Status Listener::Open() {
   beast::error_code ec;
@@ -107,8 +109,10 @@ void Listener::Stop() {
 }
 
 void Listener::Accept() {
-  acceptor_.async_accept(net::make_strand(ioc_), [self = shared_from_this()](beast::error_code ec,
-                                                                             tcp::socket socket) {
+  const net::any_io_executor executor = one_thread_ ? net::any_io_executor(ioc_.get_executor())
+                                                    : net::any_io_executor(net::make_strand(ioc_));
+  acceptor_.async_accept(executor, [self = shared_from_this()](beast::error_code ec,
+                                                               tcp::socket socket) {
     if (ec == net::error::operation_aborted || !self->acceptor_.is_open()) return;
     if (ec) {
       // EMFILE and friends: log, back off a little, keep accepting.

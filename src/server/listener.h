@@ -67,8 +67,11 @@ class ConnectionCounts {
 
 class Listener : public std::enable_shared_from_this<Listener> {
  public:
+  // `one_thread`: the io_context is run by one thread only, so its executor
+  // already runs every handler in turn and connections need no strand (a
+  // strand per connection costs an allocation, a shared count and a queue).
   Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router, SessionLimits limits,
-           SessionRegistry& registry, ConnectionCaps caps);
+           SessionRegistry& registry, ConnectionCaps caps, bool one_thread = false);
 
   Status Open();
   // The bound address (after Open; the real port when 0 was asked).
@@ -87,6 +90,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   SessionLimits limits_;
   SessionRegistry& registry_;
   std::shared_ptr<ConnectionCounts> counts_;
+  const bool one_thread_;
 };
 
 }  // namespace ratelimit::server

@@ -27,6 +27,9 @@ struct Server::Impl {
         policies(std::move(p)),
         store(std::move(s)),
         enforcer(store, start_config.store.local_max_keys),
+        // One I/O thread: tell Asio, which then queues the handlers that
+        // thread posts to itself without taking the scheduler's lock.
+        ioc(start_config.server.threads == 1 ? 1 : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT),
         signals(ioc, SIGINT, SIGTERM, SIGHUP),
         sweep_timer(ioc),
         drain_timer(ioc) {}
@@ -125,7 +128,9 @@ Status Server::Start() {
                             .max_per_address = sc.max_connections_per_ip,
                             .v6_prefix = s.start_config.clients.ipv6_prefix,
                             .exempt = s.start_config.clients.trusted_proxies};
-  s.listener = std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, caps);
+  const bool one_thread = sc.threads == 1;
+  s.listener =
+      std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, caps, one_thread);
   if (Status st = s.listener->Open(); !st.ok()) return st;
   const tcp::endpoint bound = s.listener->local_endpoint();
   std::string addr = bound.address().to_string();
@@ -136,8 +141,8 @@ Status Server::Start() {
     StatusOr<tcp::endpoint> aep = ResolveListenAddress(s.ioc, sc.admin_listen);
     if (!aep.ok()) return aep.status();
     s.admin_router = Router::Admin(s.policies, s.enforcer, *s.admin);
-    s.admin_listener =
-        std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry, caps);
+    s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
+                                                  caps, one_thread);
     if (Status st = s.admin_listener->Open(); !st.ok()) return st;
     const tcp::endpoint abound = s.admin_listener->local_endpoint();
     admin_addr = abound.address().to_string();

@@ -7,6 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
@@ -287,6 +291,46 @@ TEST(Server, AnswerFraming) {
   EXPECT_FALSE(r.Has("Content-Length")) << r.raw_head;
   EXPECT_FALSE(r.Has("Connection")) << r.raw_head;
   EXPECT_EQ(r.body.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << "the next answer follows at once";
+}
+
+// server.threads: 1 runs connections on the io_context's own executor, with
+// no strand each: eight keep-alive clients at once must still be answered in
+// full and counted exactly (one limit of 100 shared by all of them).
+TEST(Server, OneThreadServesConcurrentKeepAliveClients) {
+  std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml", "server:\n  threads: 1\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const std::string body = R"({"key": "one-thread", "limits": [{"name": "shared", )"
+                           R"("algorithm": "fixed_window", "limit": 100, "window": "1h"}]})";
+  std::string request =
+      "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  constexpr int kClients = 8, kEach = 25;
+  std::string pipelined;
+  for (int i = 0; i < kEach - 1; ++i) pipelined += request;
+  pipelined += request.insert(request.find("\r\n\r\n"), "\r\nConnection: close");
+  std::atomic<int> answers{0}, allowed{0}, denied{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&] {
+      HttpResponse r = RawHttp(d.port(), pipelined);
+      // RawHttp parses the first answer; the rest follow in its body.
+      std::string rest = r.raw_head + "\r\n\r\n" + r.body;
+      for (size_t at = rest.find("HTTP/1.1 "); at != std::string::npos;
+           at = rest.find("HTTP/1.1 ", at + 1)) {
+        const int status = std::atoi(rest.c_str() + at + 9);
+        ++answers;
+        if (status == 200) ++allowed;
+        if (status == 429) ++denied;
+      }
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  EXPECT_EQ(answers.load(), kClients * kEach) << d.Log();
+  EXPECT_EQ(allowed.load(), 100);
+  EXPECT_EQ(denied.load(), kClients * kEach - 100);
 }
 
 TEST(Server, HeaderDialects) {
