@@ -26,52 +26,61 @@
 --          value is the number of tokens taken.
 --          A check is all or nothing: state is written only when all its limits allow.
 
+local rcall, rpcall = redis.call, redis.pcall  -- locals: no global lookup per call
 local now = tonumber(ARGV[1])
 if not now then
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local peek = false
 local floor = math.floor
-local out = {}
+local out, nout = {}, 0
 local argi = 3
 local keyi = 1
 
 -- Every number here is whole and below 2^53: %d prints it exactly (and
 -- cheaper than %.0f).
 local function str(n) return string.format('%d', n) end
--- The key's TTL: until its state equals the fresh state, plus a second.
-local function ttl_ms(until_us) return str(floor((until_us - now + 999) / 1000) + 1000) end
+-- The key's TTL: until its state equals the fresh state, plus a second. A
+-- Lua number: Redis prints a whole number this small the same way in every
+-- version (no string.format call).
+local function ttl_ms(until_us) return floor((until_us - now + 999) / 1000) + 1000 end
 
 local function get(key)
-  local v = redis.pcall('GET', key)
+  local v = rpcall('GET', key)
   if type(v) == 'table' then return nil end  -- another type (an old sliding log): start fresh
   return v
 end
 
 -- Each evaluator returns allowed, remaining, retry_after, reset_after and a
--- writer to call when the whole check is allowed.
-local function token_bucket(key, cap, tau, iv, cost)
+-- writer to call when the whole check is allowed. The token bucket, the hot
+-- case, takes `write_now` (a one-limit check that consumes): allowed, it
+-- writes at once and returns no writer, sparing a closure per decision.
+local function set_tat(key, new_tat)
+  if new_tat > now then rcall('SET', key, str(new_tat), 'PX', ttl_ms(new_tat)) end
+end
+
+local function token_bucket(key, cap, tau, iv, cost, write_now)
   local tat = tonumber(get(key)) or 0
   if tat < now then tat = now end
   local new_tat = tat + cost * iv
   local allow_at = new_tat - tau
   if allow_at <= now then
     local rem = floor(math.max(0, tau - (new_tat - now)) / iv)
-    return 1, rem, 0, new_tat - now, function()
-      if new_tat > now then
-        redis.call('SET', key, str(new_tat), 'PX', ttl_ms(new_tat))
-      end
+    if write_now then
+      set_tat(key, new_tat)
+      return 1, rem, 0, new_tat - now, nil
     end
+    return 1, rem, 0, new_tat - now, function() set_tat(key, new_tat) end
   end
   return 0, floor(math.max(0, tau - (tat - now)) / iv), allow_at - now, tat - now, nil
 end
 
-local function token_lease(key, cap, tau, iv, want)
+local function token_lease(key, cap, tau, iv, want, write_now)
   local tat = tonumber(get(key)) or 0
   if tat < now then tat = now end
   local n = math.max(1, math.min(want, floor((now + tau - tat) / iv)))
-  local allowed, rem, retry, reset, writer = token_bucket(key, cap, tau, iv, n)
+  local allowed, rem, retry, reset, writer = token_bucket(key, cap, tau, iv, n, write_now)
   if allowed == 1 then allowed = n end
   return allowed, rem, retry, reset, writer
 end
@@ -96,7 +105,7 @@ local function fixed_window(key, limit, w, cost)
     if after > 0 then reset = ends - now end
     return 1, limit - after, 0, reset, function()
       if after > 0 then
-        redis.call('SET', key, str(idx) .. ':0:' .. str(after), 'PX', ttl_ms(ends))
+        rcall('SET', key, str(idx) .. ':0:' .. str(after), 'PX', ttl_ms(ends))
       end
     end
   end
@@ -121,7 +130,7 @@ local function sliding_window(key, limit, w, cost)
     local after = cur + cost
     return 1, floor((limit * wm - weighted - after * wm) / wm), 0, reset_after(after), function()
       if after > 0 or prev > 0 then
-        redis.call('SET', key, str(idx) .. ':' .. str(prev) .. ':' .. str(after),
+        rcall('SET', key, str(idx) .. ':' .. str(prev) .. ':' .. str(after),
                    'PX', ttl_ms(start + 2 * w))
       end
     end
@@ -141,16 +150,16 @@ local function sliding_window(key, limit, w, cost)
 end
 
 local function sliding_log(key, limit, w, cost)
-  local t = redis.pcall('TYPE', key)
+  local t = rpcall('TYPE', key)
   if type(t) == 'table' then t = t.ok end
   if t ~= 'zset' and t ~= 'none' then
-    if not peek then redis.call('DEL', key) end
+    if not peek then rcall('DEL', key) end
   end
   local live = 0
-  if t == 'zset' then live = redis.call('ZCOUNT', key, '(' .. str(now - w), '+inf') end
+  if t == 'zset' then live = rcall('ZCOUNT', key, '(' .. str(now - w), '+inf') end
   local newest = nil
   if live > 0 then
-    newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    newest = tonumber(rcall('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
   end
   if live + cost <= limit then
     local last = now
@@ -159,10 +168,10 @@ local function sliding_log(key, limit, w, cost)
     end
     return 1, limit - live - cost, 0, last + w - now, function()
       if cost == 0 then return end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', str(now - w))
+      rcall('ZREMRANGEBYSCORE', key, '-inf', str(now - w))
       local at = now
       if newest and newest > at then at = newest end
-      local card = redis.call('ZCARD', key)
+      local card = rcall('ZCARD', key)
       local i = 1
       while i <= cost do  -- in chunks: unpack() has a small stack
         local args = {}
@@ -171,22 +180,22 @@ local function sliding_log(key, limit, w, cost)
           args[#args + 1] = str(at)
           args[#args + 1] = str(at) .. ':' .. str(card + j)
         end
-        redis.call('ZADD', key, unpack(args))
+        rcall('ZADD', key, unpack(args))
         i = last + 1
       end
-      redis.call('PEXPIRE', key, ttl_ms(at + w))
+      rcall('PEXPIRE', key, ttl_ms(at + w))
     end
   end
   local must_leave = live + cost - limit
-  local oldest = redis.call('ZRANGEBYSCORE', key, '(' .. str(now - w), '+inf', 'WITHSCORES',
-                            'LIMIT', must_leave - 1, 1)
+  local oldest = rcall('ZRANGEBYSCORE', key, '(' .. str(now - w), '+inf', 'WITHSCORES',
+                       'LIMIT', must_leave - 1, 1)
   return 0, math.max(0, limit - live), tonumber(oldest[2]) + w - now, newest + w - now, nil
 end
 
 local evaluators = {
-  t = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
-  k = function(key, limit, w, iv, cost) return token_bucket(key, limit, w, iv, cost) end,
-  T = function(key, limit, w, iv, cost) return token_lease(key, limit, w, iv, cost) end,
+  t = token_bucket,
+  k = token_bucket,
+  T = token_lease,
   f = function(key, limit, w, _, cost) return fixed_window(key, limit, w, cost) end,
   s = function(key, limit, w, _, cost) return sliding_window(key, limit, w, cost) end,
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
@@ -206,22 +215,25 @@ for _ = 1, checks do
   local n = tonumber(string.sub(head, 2))
   argi = argi + 1
   local writers = n > 1 and {} or nil  -- one limit: written at once, no table
+  local write_now = n == 1 and not peek
   local all = true
   for _ = 1, n do
     local spec = specs[tonumber(ARGV[argi])]
     local cost = tonumber(ARGV[argi + 1])
     argi = argi + 2
     if peek then cost = 0 end
-    local allowed, rem, retry, reset, writer = spec[1](KEYS[keyi], spec[2], spec[3], spec[4], cost)
+    local allowed, rem, retry, reset, writer =
+        spec[1](KEYS[keyi], spec[2], spec[3], spec[4], cost, write_now)
     keyi = keyi + 1
-    out[#out + 1] = allowed
-    out[#out + 1] = rem
-    out[#out + 1] = retry
-    out[#out + 1] = reset
+    out[nout + 1] = allowed
+    out[nout + 2] = rem
+    out[nout + 3] = retry
+    out[nout + 4] = reset
+    nout = nout + 4
     if allowed > 0 then
-      if n == 1 then
-        if not peek then writer() end
-      else
+      if write_now then
+        if writer then writer() end  -- the evaluators that do not write at once
+      elseif n > 1 then
         writers[#writers + 1] = writer
       end
     else
