@@ -42,9 +42,9 @@ local keyi = 1
 -- cheaper than %.0f).
 local function str(n) return string.format('%d', n) end
 -- The key's TTL: until its state equals the fresh state, plus a second. A
--- Lua number: Redis prints a whole number this small the same way in every
--- version (no string.format call).
-local function ttl_ms(until_us) return floor((until_us - now + 999) / 1000) + 1000 end
+-- string, not a Lua number: Redis 7.2+ prints numbers with fpconv_dtoa, which
+-- writes 100000000 as "1e+08", and PX refuses that.
+local function ttl_ms(until_us) return str(floor((until_us - now + 999) / 1000) + 1000) end
 
 local function get(key)
   local v = rpcall('GET', key)
