@@ -160,6 +160,20 @@ void Session::OnHeader(beast::error_code ec) {
                       });
     return;
   }
+  // A small body usually arrives with its head: hand the parser what is
+  // already buffered before reading (Beast's async_read would take it too, but
+  // through a composed operation and one more trip through the scheduler).
+  while (buffer_.size() > 0 && !parser_->is_done()) {
+    const size_t used = parser_->put(buffer_.data(), ec);
+    buffer_.consume(used);
+    if (ec == http::error::need_more) {
+      ec = {};
+      break;
+    }
+    if (ec) return FailRequest(ec);
+    if (used == 0) break;
+  }
+  if (parser_->is_done()) return Handle();
   ReadBody();
 }
 
