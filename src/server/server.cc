@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <csignal>
 #include <thread>
 #include <vector>
@@ -292,7 +293,7 @@ int Server::Run() {
   s.WaitForSignal();
   s.ScheduleSweep();
   int n = s.start_config.server.threads;
-  if (n <= 0) n = 2;
+  if (n <= 0) n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(n - 1));
   for (int i = 1; i < n; ++i) threads.emplace_back([&s] { s.ioc.run(); });
