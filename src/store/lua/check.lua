@@ -46,10 +46,31 @@ local function str(n) return string.format('%d', n) end
 -- writes 100000000 as "1e+08", and PX refuses that.
 local function ttl_ms(until_us) return str(floor((until_us - now + 999) / 1000) + 1000) end
 
-local function get(key)
-  local v = rpcall('GET', key)
-  if type(v) == 'table' then return nil end  -- another type (an old sliding log): start fresh
-  return v
+-- The string states of every key of the call, read with one MGET: each
+-- redis.call costs far more than the key lookup it makes, and a GET per key
+-- was half the calls of a batch. A key of another type (a sliding log's
+-- sorted set) reads as nil: its state starts fresh. The table is kept
+-- current as the script writes: a batch may check one key twice, and the
+-- second check must see the first one's write.
+local values = {}
+do
+  local n, i = #KEYS, 1
+  while i <= n do  -- in chunks: unpack() has a small stack
+    local last = math.min(n, i + 999)
+    local got = rcall('MGET', unpack(KEYS, i, last))
+    for j = i, last do
+      local v = got[j - i + 1]
+      if v then values[KEYS[j]] = v end
+    end
+    i = last + 1
+  end
+end
+
+local function get(key) return values[key] end
+
+local function set(key, value, ttl)
+  rcall('SET', key, value, 'PX', ttl)
+  values[key] = value
 end
 
 -- Each evaluator returns allowed, remaining, retry_after, reset_after and a
@@ -57,7 +78,7 @@ end
 -- case, takes `write_now` (a one-limit check that consumes): allowed, it
 -- writes at once and returns no writer, sparing a closure per decision.
 local function set_tat(key, new_tat)
-  if new_tat > now then rcall('SET', key, str(new_tat), 'PX', ttl_ms(new_tat)) end
+  if new_tat > now then set(key, str(new_tat), ttl_ms(new_tat)) end
 end
 
 local function token_bucket(key, cap, tau, iv, cost, write_now)
@@ -105,7 +126,7 @@ local function fixed_window(key, limit, w, cost)
     if after > 0 then reset = ends - now end
     return 1, limit - after, 0, reset, function()
       if after > 0 then
-        rcall('SET', key, str(idx) .. ':0:' .. str(after), 'PX', ttl_ms(ends))
+        set(key, str(idx) .. ':0:' .. str(after), ttl_ms(ends))
       end
     end
   end
@@ -130,8 +151,7 @@ local function sliding_window(key, limit, w, cost)
     local after = cur + cost
     return 1, floor((limit * wm - weighted - after * wm) / wm), 0, reset_after(after), function()
       if after > 0 or prev > 0 then
-        rcall('SET', key, str(idx) .. ':' .. str(prev) .. ':' .. str(after),
-                   'PX', ttl_ms(start + 2 * w))
+        set(key, str(idx) .. ':' .. str(prev) .. ':' .. str(after), ttl_ms(start + 2 * w))
       end
     end
   end
@@ -153,7 +173,10 @@ local function sliding_log(key, limit, w, cost)
   local t = rpcall('TYPE', key)
   if type(t) == 'table' then t = t.ok end
   if t ~= 'zset' and t ~= 'none' then
-    if not peek then rcall('DEL', key) end
+    if not peek then
+      rcall('DEL', key)
+      values[key] = nil
+    end
   end
   local live = 0
   if t == 'zset' then live = rcall('ZCOUNT', key, '(' .. str(now - w), '+inf') end
