@@ -128,7 +128,9 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   }
 
   void Connect() {
-    stream = std::make_unique<beast::tcp_stream>(net::make_strand(gw.ioc_));
+    stream = gw.options_.one_thread
+                 ? std::make_unique<beast::tcp_stream>(gw.ioc_.get_executor())
+                 : std::make_unique<beast::tcp_stream>(net::make_strand(gw.ioc_));
     stream->expires_after(gw.options_.connect_timeout);
     stream->async_connect(gw.endpoints_,
                           [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {

@@ -43,6 +43,8 @@ struct GatewayOptions {
   std::chrono::milliseconds timeout{10'000};
   size_t max_idle = 64;
   size_t max_active = 1024;
+  // The io_context runs on one thread: upstream connections need no strand.
+  bool one_thread = false;
 };
 
 // Removes the hop-by-hop headers from `fields` (those named in Connection too).

@@ -97,6 +97,7 @@ Status Server::Start() {
   if (!sc.upstream.empty()) {
     GatewayOptions go;
     go.timeout = sc.read_timeout;
+    go.one_thread = sc.threads == 1;
     StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(s.ioc, sc.upstream, go);
     if (!g.ok()) return g.status();
     s.gateway = std::move(*g);

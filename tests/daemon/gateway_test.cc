@@ -19,10 +19,11 @@ std::string GatewayConfig(int upstream_port, const std::string& extra_server = "
          "routes:\n  - name: all\n    path: /\n    match: prefix\n    limits: [api]\n";
 }
 
-TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) {
+// `extra_server`: more lines of the server section.
+void ExpectForwardingAndLimits(const std::string& extra_server) {
   TestUpstream upstream;
   std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml", GatewayConfig(upstream.port()));
+  WriteFile(dir + "/c.yaml", GatewayConfig(upstream.port(), extra_server));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
 
@@ -82,6 +83,12 @@ TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) {
   // Keep-alive pool: fewer upstream connections than requests.
   EXPECT_LT(upstream.connections(), upstream.requests());
 }
+
+TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) { ExpectForwardingAndLimits(""); }
+
+// One I/O thread: client and upstream connections run on the io_context's
+// executor, without strands; the gateway must behave the same.
+TEST(Gateway, OneThreadForwardsTheSame) { ExpectForwardingAndLimits("  threads: 1\n"); }
 
 TEST(Gateway, UpstreamDownIs502AndTimeoutIs504) {
   std::string dir = MakeTempDir();
