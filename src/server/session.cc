@@ -35,14 +35,15 @@ policy::IpAddress ToIp(const net::ip::address& a) {
 
 Session::Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
                  SessionRegistry& registry)
-    : stream_(std::move(socket)),
+    : socket_(std::move(socket)),
+      deadline_timer_(socket_.get_executor()),
       router_(router),
       limits_(limits),
       registry_(registry),
-      pace_timer_(stream_.get_executor()),
-      hold_timer_(stream_.get_executor()) {
+      pace_timer_(socket_.get_executor()),
+      hold_timer_(socket_.get_executor()) {
   beast::error_code ec;
-  tcp::endpoint ep = stream_.socket().remote_endpoint(ec);
+  tcp::endpoint ep = socket_.remote_endpoint(ec);
   if (!ec) {
     net::ip::address a = ep.address();
     if (a.is_v6() && a.to_v6().is_v4_mapped()) {
@@ -64,11 +65,11 @@ void Session::Start(std::shared_ptr<void> slot, bool paced) {
   tokens_at_ = std::chrono::steady_clock::now();
   registry_.Add(this, weak_from_this());
   // Start on the strand: the acceptor's thread must not touch the session.
-  net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
+  net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
 }
 
 void Session::Shutdown() {
-  net::post(stream_.get_executor(), [self = shared_from_this()] {
+  net::post(socket_.get_executor(), [self = shared_from_this()] {
     if (!self->busy_) self->Close();
   });
 }
@@ -79,8 +80,8 @@ void Session::WaitForRequest() {
   if (!Pace()) return;
   if (buffer_.size() > 0) return ReadHeader();  // a pipelined request is already here
   // Between requests: wait up to idle_timeout for the first byte.
-  stream_.expires_after(limits_.idle_timeout);
-  stream_.async_read_some(buffer_.prepare(4096),
+  SetDeadline(limits_.idle_timeout);
+  socket_.async_read_some(buffer_.prepare(4096),
                           [self = shared_from_this()](beast::error_code ec, size_t n) {
                             if (ec) return self->Close();
                             self->buffer_.commit(n);
@@ -115,7 +116,7 @@ void Session::ReadHeader() {
   parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
   parser_->body_limit(limits_.max_body_bytes);
   // One deadline for the whole request, header and body.
-  stream_.expires_after(limits_.read_timeout);
+  SetDeadline(limits_.read_timeout);
   head_bytes_ = 0;
   ReadHead();
 }
@@ -140,7 +141,7 @@ void Session::ReadHead() {
     parser_->header_limit(static_cast<std::uint32_t>(max - head_bytes_));
     if (ec == http::error::need_more || used == 0) break;
   }
-  stream_.async_read_some(buffer_.prepare(4096),
+  socket_.async_read_some(buffer_.prepare(4096),
                           [self = shared_from_this()](beast::error_code ec, size_t n) {
                             if (ec) return self->FailRequest(ec);
                             self->buffer_.commit(n);
@@ -153,7 +154,7 @@ void Session::OnHeader(beast::error_code ec) {
   if (parser_->is_done()) return Handle();
   const auto expect = parser_->get()[http::field::expect];
   if (beast::iequals(expect, "100-continue")) {
-    http::async_write(stream_, continue_,
+    http::async_write(socket_, continue_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
                         self->ReadBody();
@@ -178,7 +179,7 @@ void Session::OnHeader(beast::error_code ec) {
 }
 
 void Session::ReadBody() {
-  http::async_read(stream_, buffer_, *parser_,
+  http::async_read(socket_, buffer_, *parser_,
                    [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
 }
 
@@ -216,20 +217,20 @@ void Session::FailRequest(beast::error_code ec) {
 
 void Session::Handle() {
   busy_ = true;
-  stream_.expires_never();  // the handler bounds its own waits (store deadline, upstream timeout)
+  ClearDeadline();  // the handler bounds its own waits (store deadline, upstream timeout)
   Metrics::Global().in_flight.Add(1);
   router_.Handle(
       parser_->get(), peer_, peer_text_,
       [self = shared_from_this()](Reply r) {
         Metrics::Global().in_flight.Add(-1);
-        net::dispatch(self->stream_.get_executor(),
+        net::dispatch(self->socket_.get_executor(),
                       [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
       },
       this);  // the callback above keeps the session alive for as long as a hold
 }
 
 void Session::Hold(std::chrono::steady_clock::time_point until, std::function<void(bool)> then) {
-  net::dispatch(stream_.get_executor(),
+  net::dispatch(socket_.get_executor(),
                 [self = shared_from_this(), until, then = std::move(then)]() mutable {
                   const uint64_t id = ++self->hold_id_;
                   self->hold_then_ = std::move(then);
@@ -248,25 +249,23 @@ void Session::Hold(std::chrono::steady_clock::time_point until, std::function<vo
 // only (the place would stay taken for the whole delay). Readable then means
 // EOF or an error, or the next pipelined request: recv(MSG_PEEK) tells which.
 void Session::WatchPeer(uint64_t hold) {
-  stream_.socket().async_wait(
-      tcp::socket::wait_read, [self = shared_from_this(), hold](beast::error_code ec) {
-        if (hold != self->hold_id_ || !self->hold_then_ || ec == net::error::operation_aborted)
-          return;
-        if (!ec) {
-          char byte;
-          const ssize_t n =
-              ::recv(self->stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-          // Bytes of a pipelined request: the client is there. Stop watching (a
-          // readable socket would wake us at once, again and again); the parser
-          // reads them after the answer.
-          if (n > 0) return;
-          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-            return self->WatchPeer(hold);
-          }
-        }
-        self->hold_timer_.cancel();
-        self->EndHold(hold, false);
-      });
+  socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this(),
+                                              hold](beast::error_code ec) {
+    if (hold != self->hold_id_ || !self->hold_then_ || ec == net::error::operation_aborted) return;
+    if (!ec) {
+      char byte;
+      const ssize_t n = ::recv(self->socket_.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      // Bytes of a pipelined request: the client is there. Stop watching (a
+      // readable socket would wake us at once, again and again); the parser
+      // reads them after the answer.
+      if (n > 0) return;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return self->WatchPeer(hold);
+      }
+    }
+    self->hold_timer_.cancel();
+    self->EndHold(hold, false);
+  });
 }
 
 void Session::EndHold(uint64_t hold, bool client_alive) {
@@ -276,7 +275,7 @@ void Session::EndHold(uint64_t hold, bool client_alive) {
   if (client_alive) {
     // Ends the readability wait; no Beast operation is pending while held.
     beast::error_code ignored;
-    stream_.socket().cancel(ignored);
+    socket_.cancel(ignored);
   } else {
     Close();
   }
@@ -322,8 +321,8 @@ void Session::Write(Reply reply) {
   }
   out_.append("\r\n");
   if (!head && !no_body) out_.append(reply.body);
-  stream_.expires_after(limits_.read_timeout);
-  net::async_write(stream_, net::buffer(out_),
+  SetDeadline(limits_.read_timeout);
+  net::async_write(socket_, net::buffer(out_),
                    [self = shared_from_this(), close](beast::error_code ec, size_t) {
                      self->OnWrite(close, ec);
                    });
@@ -348,8 +347,8 @@ void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
   res.body().data = nullptr;
   res.body().more = true;
   serializer_.emplace(res);
-  stream_.expires_after(limits_.read_timeout);
-  http::async_write_header(stream_, *serializer_,
+  SetDeadline(limits_.read_timeout);
+  http::async_write_header(socket_, *serializer_,
                            [self = shared_from_this(), close](beast::error_code ec, size_t) {
                              if (ec) return self->EndStreamed(true, ec);
                              self->StreamNext(close);
@@ -359,7 +358,7 @@ void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
 void Session::StreamNext(bool close) {
   body_stream_->Next(
       [self = shared_from_this(), close](bool ok, std::string_view piece, bool last) {
-        net::dispatch(self->stream_.get_executor(), [self, close, ok, piece, last] {
+        net::dispatch(self->socket_.get_executor(), [self, close, ok, piece, last] {
           // The source failed mid-body: the status is sent, so the only honest
           // signal left is to cut the connection (the client sees a short body).
           if (!ok) return self->EndStreamed(true, {});
@@ -368,8 +367,8 @@ void Session::StreamNext(bool close) {
           body.data = piece.empty() ? nullptr : const_cast<char*>(piece.data());
           body.size = piece.size();
           body.more = !last;
-          self->stream_.expires_after(self->limits_.read_timeout);
-          http::async_write(self->stream_, *self->serializer_,
+          self->SetDeadline(self->limits_.read_timeout);
+          http::async_write(self->socket_, *self->serializer_,
                             [self, close, last](beast::error_code ec, size_t) {
                               if (ec == http::error::need_buffer) ec = {};  // piece written
                               if (ec) return self->EndStreamed(true, ec);
@@ -398,9 +397,30 @@ void Session::Close() {
   if (closed_) return;
   closed_ = true;
   pace_timer_.cancel();
+  deadline_timer_.cancel();
   beast::error_code ec;
-  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-  stream_.close();
+  socket_.shutdown(tcp::socket::shutdown_send, ec);
+  socket_.close(ec);
+}
+
+void Session::SetDeadline(std::chrono::milliseconds d) {
+  deadline_ = std::chrono::steady_clock::now() + d;
+  if (deadline_ < armed_) ArmDeadline(deadline_);
+}
+
+void Session::ArmDeadline(std::chrono::steady_clock::time_point at) {
+  armed_ = at;
+  deadline_timer_.expires_at(at);  // a wait already pending completes as aborted
+  deadline_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+    if (ec != net::error::operation_aborted) self->OnDeadlineTimer();
+  });
+}
+
+void Session::OnDeadlineTimer() {
+  armed_ = std::chrono::steady_clock::time_point::max();
+  if (closed_ || deadline_ == std::chrono::steady_clock::time_point::max()) return;
+  if (std::chrono::steady_clock::now() >= deadline_) return Close();  // the pending op fails
+  ArmDeadline(deadline_);
 }
 
 }  // namespace ratelimit::server

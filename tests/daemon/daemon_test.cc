@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -331,6 +333,77 @@ TEST(Server, OneThreadServesConcurrentKeepAliveClients) {
   EXPECT_EQ(answers.load(), kClients * kEach) << d.Log();
   EXPECT_EQ(allowed.load(), 100);
   EXPECT_EQ(denied.load(), kClients * kEach - 100);
+}
+
+// The session's deadlines: a connection that sends nothing is closed at
+// idle_timeout, so is a keep-alive connection idle after its answer, and a
+// request that does not arrive whole within read_timeout is cut even though
+// bytes keep coming. Meanwhile a busy connection is never cut: its deadline
+// moves with every request.
+TEST(Server, IdleAndReadDeadlines) {
+  std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml", "server:\n  idle_timeout: 400ms\n  read_timeout: 600ms\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  using Clock = std::chrono::steady_clock;
+  auto closed_after = [](int fd) {  // waits for EOF; how long it took
+    const auto start = Clock::now();
+    char byte;
+    while (::recv(fd, &byte, 1, 0) > 0) {
+    }
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  };
+  // Silent from the start.
+  int fd = Connect(d.port());
+  ASSERT_GE(fd, 0);
+  int64_t ms = closed_after(fd);
+  ::close(fd);
+  EXPECT_GE(ms, 300);
+  EXPECT_LE(ms, 2000);
+  // Busy for 1.2 s (longer than both deadlines), then idle.
+  fd = Connect(d.port());
+  ASSERT_GE(fd, 0);
+  std::string pending;
+  const auto busy_until = Clock::now() + std::chrono::milliseconds(1200);
+  int answers = 0;
+  while (Clock::now() < busy_until) {
+    ASSERT_TRUE(SendAll(fd, "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-API-Key: busy\r\n\r\n"));
+    ASSERT_NE(ReadResponse(fd, pending, std::chrono::seconds(2)).status, 0) << "cut while busy";
+    ++answers;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_GE(answers, 10);
+  ms = closed_after(fd);
+  ::close(fd);
+  EXPECT_GE(ms, 300);
+  EXPECT_LE(ms, 2000);
+  // A head trickled one byte per 100 ms: cut at read_timeout, no answer.
+  fd = Connect(d.port());
+  ASSERT_GE(fd, 0);
+  const std::string head =
+      "GET /api/ping HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+  const auto start = Clock::now();
+  bool cut = false;
+  for (char c : head) {
+    if (!SendAll(fd, std::string(1, c))) {
+      cut = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    char byte;
+    const ssize_t n = ::recv(fd, &byte, 1, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+      cut = true;
+      break;
+    }
+    ASSERT_LT(n, 1) << "no answer is due to a request that never arrived whole";
+  }
+  ::close(fd);
+  const int64_t cut_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+  EXPECT_TRUE(cut);
+  EXPECT_GE(cut_ms, 500);
+  EXPECT_LE(cut_ms, 2500);
 }
 
 TEST(Server, HeaderDialects) {
