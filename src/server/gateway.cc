@@ -115,6 +115,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   std::optional<http::response_parser<http::buffer_body>> parser;
   std::optional<uint64_t> length;
   std::unique_ptr<char[]> piece;  // allocated when the body is pulled
+  std::string wire;               // the request as sent (kept for a retry)
 
   Op(Gateway& g, Request r, std::function<void(Reply)> d)
       : gw(g), up(std::move(r)), done(std::move(d)) {}
@@ -143,12 +144,32 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                           });
   }
 
+  // The request in one buffer, written with one call: Beast's serializer
+  // would write a chain of small buffers through several layers of views.
+  // The fields go out in order, as the serializer sends them.
   void Send() {
+    if (wire.empty()) {
+      wire.reserve(256 + up.body().size());
+      wire.append(up.method_string());
+      wire.push_back(' ');
+      wire.append(up.target());
+      wire.append(" HTTP/1.1\r\n");
+      for (const auto& f : up.base()) {
+        wire.append(f.name_string());
+        wire.append(": ");
+        wire.append(f.value());
+        wire.append("\r\n");
+      }
+      wire.append("\r\n");
+      wire.append(up.body());
+    }
     stream->expires_after(gw.options_.timeout);
-    http::async_write(*stream, up, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->RetryOr(502, "upstream write failed: " + ec.message(), ec);
-      self->ReadHeader();
-    });
+    net::async_write(*stream, net::buffer(wire),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec)
+                         return self->RetryOr(502, "upstream write failed: " + ec.message(), ec);
+                       self->ReadHeader();
+                     });
   }
 
   void ReadHeader() {
