@@ -19,7 +19,8 @@
 // idle connection first).
 //
 // Thread-safety: Forward may be called from any thread; `done` runs on a
-// gateway connection's strand.
+// gateway connection's executor (a strand, or the io_context's executor with
+// GatewayOptions::one_thread).
 #pragma once
 
 #include <atomic>

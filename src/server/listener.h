@@ -5,7 +5,7 @@
 // `exempt` are not capped), a new connection is closed at once: the clients
 // already connected keep being served, and one address cannot take every
 // slot (slowloris, connection floods). Each session gets its own strand on
-// the shared io_context.
+// the shared io_context (none when the io_context has one thread).
 //
 //   auto l = std::make_shared<Listener>(ioc, endpoint, router, limits, registry,
 //                                       ConnectionCaps{.max_connections = 10000});

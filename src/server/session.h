@@ -19,10 +19,12 @@
 // its next request read later (pipelined requests wait; none is dropped).
 //
 // The Router may answer on any thread; the answer is posted back to the
-// session's strand before writing. Sessions register with the SessionRegistry
-// so the server can count them (max connections) and drain them.
+// session's executor before writing. Sessions register with the
+// SessionRegistry so the server can count them (max connections) and drain
+// them.
 //
-// Thread-safety: all work of a session runs on its strand.
+// Thread-safety: all work of a session runs on its executor: a strand of its
+// own, or, when the server has one I/O thread, the io_context's executor.
 #pragma once
 
 #include <atomic>
