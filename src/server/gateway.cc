@@ -154,12 +154,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
       wire.push_back(' ');
       wire.append(up.target());
       wire.append(" HTTP/1.1\r\n");
-      for (const auto& f : up.base()) {
-        wire.append(f.name_string());
-        wire.append(": ");
-        wire.append(f.value());
-        wire.append("\r\n");
-      }
+      for (const auto& f : up.base()) AppendField(wire, f.name_string(), f.value());
       wire.append("\r\n");
       wire.append(up.body());
     }

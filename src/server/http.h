@@ -4,6 +4,9 @@
 // Thread-safety: declarations only.
 #pragma once
 
+#include <string>
+#include <string_view>
+
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -17,5 +20,15 @@ using tcp = boost::asio::ip::tcp;
 
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
+
+// Appends one header field as it goes on the wire: "Name: value\r\n". For
+// messages rendered into one buffer (the session's answers, the gateway's
+// upstream requests) rather than through Beast's serializer.
+inline void AppendField(std::string& out, std::string_view name, std::string_view value) {
+  out.append(name);
+  out.append(": ");
+  out.append(value);
+  out.append("\r\n");
+}
 
 }  // namespace ratelimit::server

@@ -30,7 +30,7 @@ struct Server::Impl {
         enforcer(store, start_config.store.local_max_keys),
         // One I/O thread: tell Asio, which then queues the handlers that
         // thread posts to itself without taking the scheduler's lock.
-        ioc(start_config.server.threads == 1 ? 1 : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT),
+        ioc(OneThread() ? 1 : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT),
         signals(ioc, SIGINT, SIGTERM, SIGHUP),
         sweep_timer(ioc),
         drain_timer(ioc) {}
@@ -51,6 +51,10 @@ struct Server::Impl {
     last.reset();
     store.reset();  // the last reference: a RedisStore closes and drains here
   }
+
+  // server.threads is 1: that thread runs every handler in turn, so neither
+  // client nor upstream connections need a strand.
+  bool OneThread() const { return start_config.server.threads == 1; }
 
   void WaitForSignal();
   void Reload();
@@ -97,7 +101,7 @@ Status Server::Start() {
   if (!sc.upstream.empty()) {
     GatewayOptions go;
     go.timeout = sc.read_timeout;
-    go.one_thread = sc.threads == 1;
+    go.one_thread = s.OneThread();
     StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(s.ioc, sc.upstream, go);
     if (!g.ok()) return g.status();
     s.gateway = std::move(*g);
@@ -130,9 +134,8 @@ Status Server::Start() {
                             .max_per_address = sc.max_connections_per_ip,
                             .v6_prefix = s.start_config.clients.ipv6_prefix,
                             .exempt = s.start_config.clients.trusted_proxies};
-  const bool one_thread = sc.threads == 1;
   s.listener =
-      std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, caps, one_thread);
+      std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, caps, s.OneThread());
   if (Status st = s.listener->Open(); !st.ok()) return st;
   const tcp::endpoint bound = s.listener->local_endpoint();
   std::string addr = bound.address().to_string();
@@ -144,7 +147,7 @@ Status Server::Start() {
     if (!aep.ok()) return aep.status();
     s.admin_router = Router::Admin(s.policies, s.enforcer, *s.admin);
     s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
-                                                  caps, one_thread);
+                                                  caps, s.OneThread());
     if (Status st = s.admin_listener->Open(); !st.ok()) return st;
     const tcp::endpoint abound = s.admin_listener->local_endpoint();
     admin_addr = abound.address().to_string();

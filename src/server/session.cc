@@ -300,24 +300,19 @@ void Session::Write(Reply reply) {
   out_.push_back(' ');
   out_.append(http::obsolete_reason(http::int_to_status(reply.status)));
   out_.append("\r\n");
-  auto field = [this](std::string_view name, std::string_view value) {
-    out_.append(name);
-    out_.append(": ");
-    out_.append(value);
-    out_.append("\r\n");
-  };
-  for (const auto& [name, value] : reply.headers) field(name, value);  // repeats kept
-  if (!reply.content_type.empty()) field("Content-Type", reply.content_type);
+  for (const auto& [name, value] : reply.headers) AppendField(out_, name, value);  // repeats kept
+  if (!reply.content_type.empty()) AppendField(out_, "Content-Type", reply.content_type);
   // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
-  if (close && version == 11) field("Connection", "close");
-  if (!close && version == 10) field("Connection", "keep-alive");
+  if (close && version == 11) AppendField(out_, "Connection", "close");
+  if (!close && version == 10) AppendField(out_, "Connection", "keep-alive");
   const bool no_body = reply.status < 200 || reply.status == 204 || reply.status == 304;
   if (reply.keep_content_length) {
     // HEAD through the gateway: the upstream's Content-Length stays, no body.
   } else if (!no_body) {
     char digits[24];
     const auto end = std::to_chars(std::begin(digits), std::end(digits), reply.body.size()).ptr;
-    field("Content-Length", std::string_view(digits, static_cast<size_t>(end - digits)));
+    AppendField(out_, "Content-Length",
+                std::string_view(digits, static_cast<size_t>(end - digits)));
   }
   out_.append("\r\n");
   if (!head && !no_body) out_.append(reply.body);
