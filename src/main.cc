@@ -180,11 +180,7 @@ int main(int argc, char** argv) {
     }
     run_as = std::move(*who);
   }
-  auto store = ratelimit::server::MakeStore(config.store);
-  if (!store.ok()) {
-    Log(Level::kError, "cannot create the store", {{"error", store.status().message()}});
-    return 1;
-  }
+  const ratelimit::policy::StoreConfig store_config = config.store;
   auto policy = ratelimit::policy::Policy::Create(std::move(config));
   if (!policy.ok()) {
     Log(Level::kError, "bad config", {{"error", policy.status().message()}});
@@ -193,8 +189,14 @@ int main(int argc, char** argv) {
   ratelimit::server::ServerOptions options;
   options.config_path = flags.config.value_or("");
   options.apply_overrides = [flags](Config& c) { ApplyOverrides(flags, c); };
-  ratelimit::server::Server server(std::move(*policy), std::move(*store), std::move(options));
-  if (auto s = server.Start(); !s.ok()) {
+  ratelimit::server::Server server(std::move(*policy), std::move(options));
+  // With one I/O thread, a Redis client runs on it too (Server::SharedContext).
+  auto store = ratelimit::server::MakeStore(store_config, server.SharedContext());
+  if (!store.ok()) {
+    Log(Level::kError, "cannot create the store", {{"error", store.status().message()}});
+    return 1;
+  }
+  if (auto s = server.Start(std::move(*store)); !s.ok()) {
     Log(Level::kError, "cannot start", {{"error", s.message()}});
     return 1;
   }

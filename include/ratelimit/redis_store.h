@@ -18,7 +18,9 @@
 //
 // Concurrent checks are coalesced: whatever is queued when the I/O thread gets
 // to it goes out as one script call (at most `max_batch` checks), pipelined
-// with the others on a few connections; nothing is held back by a timer.
+// with the others on a few connections. While a call sent less than
+// `hold_back` (1 ms) ago is out, a batch that is not full waits for its reply;
+// nothing waits on a timer.
 //
 //   auto store = ratelimit::RedisStore::Create({.url = "redis://127.0.0.1:6379"});
 //   if (!store.ok()) ...;
@@ -33,12 +35,17 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/clock.h"
 #include "ratelimit/store.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace ratelimit {
 
@@ -59,6 +66,17 @@ class RedisStore final : public Store {
     size_t max_batch = 32;            // checks per script call (1: no coalescing)
     size_t max_calls_in_flight = 16;  // script calls out at once; more checks wait and
                                       // leave together when a reply comes back
+    // While a call sent less than this long ago is out, checks that do not
+    // fill a batch wait for its reply and leave together with one call
+    // (standalone Redis; 0: each leaves at once). Fewer, fuller calls cost
+    // both sides less; a call out longer than this delays nobody.
+    std::chrono::microseconds hold_back{1000};
+    // The io_context to run the client on, run by ONE thread of the caller's
+    // (checks may still come from any thread). nullptr: a thread of the
+    // store's own. Sharing the thread that serves the requests spares a
+    // hand-off each way per batch. The caller keeps it running until
+    // Shutdown() has called back, or destroys the store after it stopped.
+    boost::asio::io_context* io_context = nullptr;
     size_t max_key_length = kDefaultMaxKeyLength;
     // Consecutive failures open the breaker; while open, checks fail at once
     // with BreakerOpenStatus and the caller's failure mode decides.
@@ -88,6 +106,12 @@ class RedisStore final : public Store {
   void Peek(const CheckRequest& request, CheckCallback done) override;
   void Reset(std::string_view key, std::span<const Limit* const> limits,
              ResetCallback done) override;
+
+  // Closes the connections: the calls in flight fail (as kUnavailable) and
+  // later checks fail at once. `done` runs on the client's executor once no
+  // call is left, at most a second later. Needed before stopping a caller's
+  // io_context (Options::io_context); the destructor does it otherwise.
+  void Shutdown(std::function<void()> done);
 
   // The Redis key holding `limit`'s state for `client_key`.
   std::string KeyFor(std::string_view client_key, const Limit& limit) const;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ratelimit/memory_store.h"
+#include "ratelimit/redis_store.h"
 #include "server/admin.h"
 #include "server/concurrency_guard.h"
 #include "server/enforcer.h"
@@ -22,12 +23,10 @@
 namespace ratelimit::server {
 
 struct Server::Impl {
-  Impl(std::shared_ptr<const policy::Policy> p, std::shared_ptr<Store> s, ServerOptions o)
+  Impl(std::shared_ptr<const policy::Policy> p, ServerOptions o)
       : options(std::move(o)),
         start_config(p->config()),
         policies(std::move(p)),
-        store(std::move(s)),
-        enforcer(store, start_config.store.local_max_keys),
         // One I/O thread: tell Asio, which then queues the handlers that
         // thread posts to itself without taking the scheduler's lock.
         ioc(OneThread() ? 1 : BOOST_ASIO_CONCURRENCY_HINT_DEFAULT),
@@ -47,7 +46,7 @@ struct Server::Impl {
     // held by requests queued in the io_context are left to expire.
     if (limiter) limiter->DetachStore();
     concurrency_store.reset();
-    std::shared_ptr<Store> last = enforcer.ReleaseStore();
+    std::shared_ptr<Store> last = enforcer ? enforcer->ReleaseStore() : nullptr;
     last.reset();
     store.reset();  // the last reference: a RedisStore closes and drains here
   }
@@ -69,8 +68,8 @@ struct Server::Impl {
   SessionRegistry registry;
   PolicyHolder policies;
   std::shared_ptr<Store> store;
-  Enforcer enforcer;
-  std::unique_ptr<AdminApi> admin;  // the admin API (and the demo's /demo/state)
+  std::unique_ptr<Enforcer> enforcer;  // made in Start, with the store
+  std::unique_ptr<AdminApi> admin;     // the admin API (and the demo's /demo/state)
   // Gateway operations still queued at exit refer to it. Its idle pool is
   // emptied (CloseIdle) at the end of Run, while the io_context still exists.
   std::unique_ptr<Gateway> gateway;
@@ -89,14 +88,17 @@ struct Server::Impl {
   bool draining = false;
 };
 
-Server::Server(std::shared_ptr<const policy::Policy> policy, std::shared_ptr<Store> store,
-               ServerOptions options)
-    : impl_(std::make_unique<Impl>(std::move(policy), std::move(store), std::move(options))) {}
+Server::Server(std::shared_ptr<const policy::Policy> policy, ServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(policy), std::move(options))) {}
+
+net::io_context* Server::SharedContext() { return impl_->OneThread() ? &impl_->ioc : nullptr; }
 
 Server::~Server() = default;
 
-Status Server::Start() {
+Status Server::Start(std::shared_ptr<Store> store) {
   Impl& s = *impl_;
+  s.store = std::move(store);
+  s.enforcer = std::make_unique<Enforcer>(s.store, s.start_config.store.local_max_keys);
   const policy::ServerConfig& sc = s.start_config.server;
   if (!sc.upstream.empty()) {
     GatewayOptions go;
@@ -118,8 +120,8 @@ Status Server::Start() {
   s.concurrency_store = std::move(*cs);
   s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store,
                                                    s.start_config.store);
-  s.admin = std::make_unique<AdminApi>(s.enforcer, std::move(token));
-  s.router = std::make_unique<Router>(s.policies, s.enforcer, s.gateway.get(), sc.demo,
+  s.admin = std::make_unique<AdminApi>(*s.enforcer, std::move(token));
+  s.router = std::make_unique<Router>(s.policies, *s.enforcer, s.gateway.get(), sc.demo,
                                       s.admin.get(), s.limiter.get());
   StatusOr<tcp::endpoint> ep = ResolveListenAddress(s.ioc, sc.listen);
   if (!ep.ok()) return ep.status();
@@ -145,7 +147,7 @@ Status Server::Start() {
   if (!sc.admin_listen.empty()) {
     StatusOr<tcp::endpoint> aep = ResolveListenAddress(s.ioc, sc.admin_listen);
     if (!aep.ok()) return aep.status();
-    s.admin_router = Router::Admin(s.policies, s.enforcer, *s.admin);
+    s.admin_router = Router::Admin(s.policies, *s.enforcer, *s.admin);
     s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
                                                   caps, s.OneThread());
     if (Status st = s.admin_listener->Open(); !st.ok()) return st;
@@ -266,7 +268,14 @@ void Server::Impl::PollDrain() {
   if (left == 0 || std::chrono::steady_clock::now() >= drain_deadline) {
     if (left > 0) Log(Level::kWarn, "drain timeout: closing", {{"connections", left}});
     Log(Level::kInfo, "stopped");
-    ioc.stop();
+    // A Redis client on this io_context (SharedContext) closes first: its
+    // calls in flight fail (and answer their sessions) while it still runs.
+    auto* redis = dynamic_cast<RedisStore*>(store.get());
+    if (redis != nullptr && OneThread()) {
+      redis->Shutdown([this] { ioc.stop(); });
+    } else {
+      ioc.stop();
+    }
     return;
   }
   // Sessions that finished a request since the last poll close themselves;
@@ -283,7 +292,7 @@ void Server::Impl::ScheduleSweep() {
   sweep_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
     if (auto* m = dynamic_cast<MemoryStore*>(store.get())) m->Sweep();
-    enforcer.local_store().Sweep();
+    enforcer->local_store().Sweep();
     if (limiter) limiter->Sweep();
     if (auto* m = dynamic_cast<MemoryConcurrencyStore*>(concurrency_store.get())) m->Sweep();
     ScheduleSweep();

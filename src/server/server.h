@@ -9,8 +9,9 @@
 //                     threads, upstream) are logged as ignored
 // A memory store is swept every few seconds.
 //
-//   Server server(std::move(config), "/etc/ratelimitd.yaml", overrides, store);
-//   if (Status s = server.Start(); !s.ok()) return 1;
+//   Server server(policy, options);
+//   auto store = MakeStore(config.store, server.SharedContext());
+//   if (Status s = server.Start(*store); !s.ok()) return 1;
 //   return server.Run();
 //
 // Thread-safety: Start and Run from one thread (main); everything else runs
@@ -27,6 +28,10 @@
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
 namespace ratelimit::server {
 
 struct ServerOptions {
@@ -39,12 +44,18 @@ struct ServerOptions {
 
 class Server {
  public:
-  Server(std::shared_ptr<const policy::Policy> policy, std::shared_ptr<Store> store,
-         ServerOptions options);
+  Server(std::shared_ptr<const policy::Policy> policy, ServerOptions options);
   ~Server();
 
-  // Binds the listener and prepares the faces. Logs "listening".
-  Status Start();
+  // With one I/O thread (server.threads: 1), the io_context it runs: a
+  // RedisStore's client may run there too (RedisStore::Options::io_context),
+  // sparing a hand-off between threads each way per batch. The server then
+  // shuts that store down before it stops. nullptr with more threads.
+  boost::asio::io_context* SharedContext();
+
+  // Binds the listener and prepares the faces, deciding with `store`. Logs
+  // "listening".
+  Status Start(std::shared_ptr<Store> store);
   // Runs until SIGTERM/SIGINT and the drain; returns the exit code.
   int Run();
 

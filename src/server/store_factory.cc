@@ -54,7 +54,8 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
   return std::unique_ptr<ConcurrencyStore>(std::move(*s));
 }
 
-StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
+StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
+                                           boost::asio::io_context* io_context) {
   switch (config.type) {
     case policy::StoreConfig::Type::kMemory: {
       MemoryStore::Options o;
@@ -68,6 +69,7 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config) {
       RedisStore::Options o;
       FillRedisOptions(config, o);
       o.connections = config.connections;
+      o.io_context = io_context;
       LogBreakerChanges(o.breaker, "redis circuit breaker");
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();

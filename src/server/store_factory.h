@@ -1,6 +1,6 @@
 // MakeStore: the Store the config asks for.
 //
-//   StatusOr<std::shared_ptr<Store>> s = MakeStore(config.store);
+//   StatusOr<std::shared_ptr<Store>> s = MakeStore(config.store, io_context_or_null);
 //
 // memory -> MemoryStore (max_keys, max_key_length from the config).
 // redis  -> RedisStore (url, deadline, key_prefix, time_source, max_key_length,
@@ -18,9 +18,16 @@
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
+
 namespace ratelimit::server {
 
-StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config);
+// `io_context`: where a RedisStore runs its client (one thread of the
+// caller's; see RedisStore::Options::io_context); nullptr: a thread of its own.
+StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
+                                           boost::asio::io_context* io_context = nullptr);
 
 // The store of concurrency leases, from the same settings: memory ->
 // MemoryConcurrencyStore; redis -> RedisConcurrencyStore (one connection of

@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -224,6 +227,103 @@ TEST_F(RedisStoreTest, ConcurrentAsyncChecksAreCoalesced) {
   ASSERT_NE(pos, std::string::npos);
   const long calls = std::stol(stats.substr(pos + 22));
   EXPECT_LT(calls, kChecks / 2) << "checks were not coalesced";
+}
+
+// While a young call is out, checks that do not fill a batch wait for its
+// reply and leave as one call; with hold_back 0 each leaves at once. Redis is
+// frozen so that the first call stays out as long as the test needs.
+TEST(RedisStoreBatching, PartialBatchWaitsForTheReplyOfAYoungCall) {
+  for (const auto hold : {std::chrono::microseconds(seconds(30)), std::chrono::microseconds(0)}) {
+    SCOPED_TRACE("hold_back " + std::to_string(hold.count()) + " us");
+    RedisServer server;
+    auto store = MustCreate({.url = server.url(), .deadline = seconds(10), .hold_back = hold});
+    Limit l = *Limit::TokenBucket("b", 10, 5);
+    ASSERT_TRUE(Check(*store, "warm", l).allowed);  // connected, script loaded
+    server.Pause();
+    std::atomic<int> done{0}, allowed{0};
+    auto submit = [&](std::string key) {
+      LimitCheck c[] = {{&l, 1}};
+      store->Check({key, c}, [&](StatusOr<CheckResult> r) {
+        if (r.ok() && r->overall.allowed) allowed.fetch_add(1);
+        done.fetch_add(1);
+      });
+    };
+    submit("first");
+    for (int i = 0; i < 500 && store->stats().script_calls < 2; ++i)
+      std::this_thread::sleep_for(milliseconds(2));
+    ASSERT_EQ(store->stats().script_calls, 2u);  // "warm", then "first": out, unanswered
+    for (int i = 0; i < 5; ++i) {                // apart: without hold_back, each gets a call
+      submit("k" + std::to_string(i));
+      std::this_thread::sleep_for(milliseconds(10) + kSlack);
+    }
+    EXPECT_EQ(store->stats().script_calls, hold.count() > 0 ? 2u : 7u);
+    server.Resume();
+    for (int i = 0; i < 500 && done.load() < 6; ++i) std::this_thread::sleep_for(milliseconds(10));
+    EXPECT_EQ(done.load(), 6);
+    EXPECT_EQ(allowed.load(), 6);
+    EXPECT_EQ(store->stats().script_calls, hold.count() > 0 ? 3u : 7u);
+  }
+}
+
+// A call out longer than hold_back delays nobody: a frozen Redis gets a call
+// per check, as the breaker's failure count expects.
+TEST(RedisStoreBatching, AnOldCallHoldsNothingBack) {
+  RedisServer server;
+  auto store =
+      MustCreate({.url = server.url(), .deadline = seconds(10), .hold_back = milliseconds(1)});
+  Limit l = *Limit::TokenBucket("b", 10, 5);
+  ASSERT_TRUE(Check(*store, "warm", l).allowed);
+  server.Pause();
+  std::atomic<int> done{0};
+  for (int i = 0; i < 3; ++i) {
+    LimitCheck c[] = {{&l, 1}};
+    store->Check({"k" + std::to_string(i), c}, [&](StatusOr<CheckResult>) { done.fetch_add(1); });
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ(store->stats().script_calls, 4u);
+  server.Resume();
+  for (int i = 0; i < 500 && done.load() < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(done.load(), 3);
+}
+
+// On a caller's io_context (one thread of the caller's): decisions as with a
+// thread of its own; Shutdown() fails what is in flight (Redis frozen here)
+// and calls back promptly, after which the caller stops its io_context and
+// destroys the store.
+TEST(RedisStoreCallersIoContext, DecidesThenShutsDownWithACallInFlight) {
+  RedisServer server;
+  boost::asio::io_context io(1);
+  auto work = boost::asio::make_work_guard(io);
+  std::thread runner([&io] { io.run(); });
+  auto store = MustCreate({.url = server.url(), .deadline = seconds(10), .io_context = &io});
+  Limit l = *Limit::TokenBucket("b", 10, 0.001);
+  std::vector<std::thread> threads;
+  std::atomic<int> allowed{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 10; ++i) allowed.fetch_add(Check(*store, "shared", l).allowed ? 1 : 0);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(allowed.load(), 10);  // exactly the capacity, from four threads
+
+  server.Pause();
+  std::atomic<int> failed{0};
+  LimitCheck c[] = {{&l, 1}};
+  store->Check({"frozen", c}, [&](StatusOr<CheckResult> r) {
+    if (!r.ok()) failed.fetch_add(1);
+  });
+  std::promise<void> shut;
+  const auto start = std::chrono::steady_clock::now();
+  store->Shutdown([&] { shut.set_value(); });
+  ASSERT_EQ(shut.get_future().wait_for(seconds(3)), std::future_status::ready);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(500) + 5 * kSlack);
+  EXPECT_EQ(failed.load(), 1);  // failed by the close, not left hanging
+  work.reset();
+  io.stop();
+  runner.join();
+  store.reset();  // after the io_context stopped: nothing left to wait for
+  server.Resume();
 }
 
 long EvalshaCalls(RedisServer& server) {

@@ -89,7 +89,8 @@ class HighPriority : public testing::Environment {
 // The daemon's admin API (the harness turns it on) serves /metrics.
 // `breaker_and_bound`: the store's breaker and max_pending lines.
 std::string WriteConfig(const std::string& url, const std::string& mode,
-                        const std::string& breaker_and_bound = kBreakerAndBound) {
+                        const std::string& breaker_and_bound = kBreakerAndBound,
+                        const std::string& server = "") {
   const std::string dir = rltest::MakeTempDir();
   const std::string path = dir + "/ratelimitd.yaml";
   rltest::WriteFile(path,
@@ -111,7 +112,7 @@ std::string WriteConfig(const std::string& url, const std::string& mode,
                         std::to_string(kConnections) +
                         "\n"
                         "  local_max_keys: 10000\n" +
-                        breaker_and_bound);
+                        breaker_and_bound + server);
   return path;
 }
 
@@ -451,9 +452,15 @@ INSTANTIATE_TEST_SUITE_P(Modes, KillRedis, testing::Values("open", "closed", "lo
 
 // ---- 2. Redis frozen (SIGSTOP) ------------------------------------------------
 
-TEST(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
+// With server.threads 1 the Redis client runs on the server's own thread
+// (Server::SharedContext): the same bounds must hold there.
+class FreezeRedis : public testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Threads, FreezeRedis, testing::Values("", "server:\n  threads: 1\n"),
+                         [](const auto& info) { return info.param.empty() ? "Default" : "One"; });
+
+TEST_P(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
   RedisServer redis;
-  Daemon d({"--config", WriteConfig(redis.url(), "open")});
+  Daemon d({"--config", WriteConfig(redis.url(), "open", kBreakerAndBound, GetParam())});
   ASSERT_TRUE(d.started()) << d.Log();
   ASSERT_EQ(WaitUntilExact(redis, d), "");
   const StoreMetrics m_start = ScrapeStore(d);
@@ -525,7 +532,7 @@ TEST(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
 // queues without bound. With max_pending 2 and a breaker that never opens, a
 // frozen Redis holds two checks until their deadline, and the others of the
 // load's four connections are answered at once.
-TEST(FreezeRedis, BeyondMaxPendingChecksFailAtOnceAsOverload) {
+TEST(FreezeRedisBound, BeyondMaxPendingChecksFailAtOnceAsOverload) {
   RedisServer redis;
   Daemon d({"--config", WriteConfig(redis.url(), "open",
                                     "  breaker: {failures: 1000000}\n"
@@ -556,15 +563,21 @@ TEST(FreezeRedis, BeyondMaxPendingChecksFailAtOnceAsOverload) {
   const int64_t overload = m_frozen.Cause("overload") - m_start.Cause("overload");
   std::printf("CHAOS overload overload=%lld\n", static_cast<long long>(overload));
   std::printf("CHAOS overload phase=frozen %s\n", frozen.ToString().c_str());
+  std::printf("CHAOS overload metrics frozen: %s\n", m_frozen.ToString().c_str());
   std::fflush(stdout);
 
   EXPECT_EQ(all.answered, all.requests);
   EXPECT_EQ(all.ok, all.requests);  // failure_mode open
   EXPECT_EQ(frozen.degraded, frozen.requests);
   EXPECT_LE(all.max_us, (kDeadlineMs + 10) * kMs) << "a decision waited past the deadline";
-  // Most checks found the bound full and were answered at once, so the
-  // median stays fast although Redis answers nothing.
-  EXPECT_GT(overload, frozen.requests / 2) << m_frozen.ToString();
+  // Most checks were answered at once, so the median stays fast although
+  // Redis answers nothing: they found the bound full (overload) or, while the
+  // connection a timed-out call closed was reconnecting, no connection
+  // (refused). Which of the two a check meets is timing: over 9 runs
+  // overload was 221-352 and refused 29-199 of 344-450 requests.
+  const int64_t refused = m_frozen.Cause("refused") - m_start.Cause("refused");
+  EXPECT_GT(overload + refused, frozen.requests / 2) << m_frozen.ToString();
+  EXPECT_GT(overload, frozen.requests / 4) << m_frozen.ToString();
   EXPECT_LT(frozen.p50_us, 5 * kMs);
   EXPECT_EQ(m_frozen.breaker_state, 0) << m_frozen.ToString();
   // (No recovery bound here: a bound of 2 is below the load's own
@@ -750,9 +763,13 @@ TEST(FakeRedis, GarbageAndTruncatedRepliesDegradeWithoutACrash) {
 
 // ---- Shutdown while Redis is frozen: store callbacks must not outlive the server -
 
-TEST(Shutdown, SigtermWhileRedisIsFrozenExitsCleanly) {
+class Shutdown : public testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Threads, Shutdown, testing::Values("", "server:\n  threads: 1\n"),
+                         [](const auto& info) { return info.param.empty() ? "Default" : "One"; });
+
+TEST_P(Shutdown, SigtermWhileRedisIsFrozenExitsCleanly) {
   RedisServer redis;
-  Daemon d({"--config", WriteConfig(redis.url(), "closed")});
+  Daemon d({"--config", WriteConfig(redis.url(), "closed", kBreakerAndBound, GetParam())});
   ASSERT_TRUE(d.started()) << d.Log();
   ASSERT_EQ(WaitUntilExact(redis, d), "");
   Load load(d.port(), {.rate = 300, .connections = 4, .keys = 4, .limit = kLoadLimit});
