@@ -125,10 +125,11 @@ struct RedisStore::Impl {
   WaiterShard& WaitersOf(uint64_t fp) { return waiters[fp % std::size(waiters)]; }
 
   std::mutex mu;
-  std::vector<PendingCheck> queue;                  // GUARDED_BY(mu)
-  bool flush_scheduled = false;                     // GUARDED_BY(mu)
-  std::atomic<size_t> in_flight{0};                 // checks queued or awaiting a reply
-  size_t calls_in_flight = 0;                       // GUARDED_BY(mu) script calls awaiting a reply
+  std::vector<PendingCheck> queue;   // GUARDED_BY(mu)
+  bool flush_scheduled = false;      // GUARDED_BY(mu)
+  std::atomic<size_t> in_flight{0};  // checks queued or awaiting a reply
+  size_t calls_in_flight = 0;        // GUARDED_BY(mu) script calls awaiting a reply
+  size_t completing = 0;             // GUARDED_BY(mu) replies whose answers are being handed out
   std::chrono::steady_clock::time_point last_send;  // GUARDED_BY(mu) the newest call's
 
   // While a call sent less than opts.hold_back ago is out, checks that do not
@@ -449,15 +450,20 @@ struct RedisStore::Impl {
     }
     stat_calls.fetch_add(1, std::memory_order_relaxed);
     redis::Callback on_reply = [this, shared](StatusOr<redis::Reply> reply) {
-      Complete(*shared, std::move(reply));
+      // What queued meanwhile leaves before this call's answers are handed
+      // out: Redis works on the next call while they are.
       bool more;
       {
         std::lock_guard lock(mu);
         --calls_in_flight;
+        ++completing;
         more = !queue.empty();
         if (more) flush_scheduled = true;
       }
       if (more) Flush();
+      Complete(*shared, std::move(reply));
+      std::lock_guard lock(mu);
+      --completing;
     };
     if (cluster) {
       cluster->EvalScript(script, keys, args, std::move(on_reply), timeout);
@@ -644,7 +650,7 @@ RedisStore::RedisStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 bool RedisStore::Impl::Idle() {
   std::lock_guard lock(mu);
-  return calls_in_flight == 0 && !flush_scheduled && queue.empty();
+  return calls_in_flight == 0 && completing == 0 && !flush_scheduled && queue.empty();
 }
 
 void RedisStore::Impl::CloseClient() {
