@@ -20,8 +20,13 @@ Limit::Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, in
       limit_(limit),
       window_us_(window_us),
       interval_us_(interval_us) {
-  uint64_t h = 0xcbf29ce484222325ULL ^ static_cast<uint64_t>(a);  // FNV-1a
-  for (unsigned char c : name_) h = (h ^ c) * 0x100000001b3ULL;
+  // FNV-1a over the algorithm as one byte, then the name. (The algorithm
+  // XORed into the offset basis instead made token bucket "b" and fixed
+  // window "c" one identity: 0 ^ 'b' == 1 ^ 'c'.)
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto add = [&h](unsigned char c) { h = (h ^ c) * 0x100000001b3ULL; };
+  add(static_cast<unsigned char>(a));
+  for (unsigned char c : name_) add(c);
   identity_hash_ = h;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 namespace ratelimit {
 namespace {
@@ -45,6 +46,25 @@ TEST(Limit, LeakyBucketRejectsBadParametersByTheirNames) {
   EXPECT_NE(l.ValidateCost(21).message().find("exceeds the depth 20"), std::string::npos);
   // Same name and numbers as a token bucket: another identity in the store.
   EXPECT_NE(l.identity_hash(), Limit::TokenBucket("shape", 20, 5)->identity_hash());
+}
+
+// Every (algorithm, name) pair is its own identity: a store keys state by
+// it. Token bucket "b" and fixed window "c" once shared one (the algorithm
+// was XORed into the hash's first byte, and 0 ^ 'b' == 1 ^ 'c').
+TEST(Limit, IdentityDiffersAcrossAlgorithmsAndNames) {
+  std::set<uint64_t> seen;
+  int made = 0;
+  for (std::string name : {"a", "b", "c", "d", "e", "f", "burst", "curst", "ab", "ba"}) {
+    const Limit ls[] = {*Limit::TokenBucket(name, 10, 1), *Limit::LeakyBucket(name, 10, 1),
+                        *Limit::FixedWindow(name, 10, seconds(1)),
+                        *Limit::SlidingWindow(name, 10, seconds(1)),
+                        *Limit::SlidingLog(name, 10, seconds(1))};
+    for (const Limit& l : ls) {
+      seen.insert(l.identity_hash());
+      ++made;
+    }
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(made));
 }
 
 TEST(Limit, WindowsRejectBadParameters) {

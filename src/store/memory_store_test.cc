@@ -38,6 +38,17 @@ TEST_F(MemoryStoreTest, KeysAreIsolated) {
   EXPECT_TRUE(Check("a", daily_).allowed);
 }
 
+// Limits whose identities once collided (token bucket "b", fixed window
+// "c": see Limit::identity_hash) keep their own state on one client key.
+TEST_F(MemoryStoreTest, LimitsOfOneKeyKeepTheirOwnState) {
+  const Limit b = *Limit::TokenBucket("b", 7, 2);
+  const Limit c = *Limit::FixedWindow("c", 9, seconds(60));
+  EXPECT_EQ(Check("k", b, 4).remaining, 3);
+  EXPECT_EQ(Check("k", c, 2).remaining, 7);
+  EXPECT_EQ(Check("k", b, 1).remaining, 2);
+  EXPECT_EQ(Check("k", c, 1).remaining, 6);
+}
+
 TEST_F(MemoryStoreTest, SeveralLimitsAreAllOrNothing) {
   LimitCheck both[] = {{&burst_, 1}, {&daily_, 1}};
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(store_.CheckSync({"ada", both})->overall.allowed);
