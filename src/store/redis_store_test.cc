@@ -2,6 +2,8 @@
 // A mock cannot tell whether a Lua script is atomic; these tests can.
 #include "ratelimit/redis_store.h"
 
+#include "ratelimit/memory_store.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -263,6 +265,84 @@ TEST(RedisStoreBatching, PartialBatchWaitsForTheReplyOfAYoungCall) {
     EXPECT_EQ(allowed.load(), 6);
     EXPECT_EQ(store->stats().script_calls, hold.count() > 0 ? 3u : 7u);
   }
+}
+
+// Many checks of several limits and costs leave as one call (Redis frozen
+// while they queue), each packed into one number for the script, a peek and
+// a two-limit check among them in their longer form: the answers are those
+// of the memory store deciding the same checks one by one at the same time.
+TEST(RedisStoreBatching, OneCallOfMixedLimitsAndCostsDecidesAsOneByOne) {
+  RedisServer server;
+  ManualClock clock;
+  auto store = MustCreate({.url = server.url(),
+                           .deadline = seconds(10),
+                           .time_source = RedisStore::TimeSource::kLocal,
+                           .clock = &clock,
+                           .hold_back = seconds(30),
+                           .over_limit_cache_entries = 0});
+  MemoryStore memory({.clock = &clock});
+  const Limit limits[] = {*Limit::TokenBucket("a", 10, 1), *Limit::TokenBucket("b", 7, 2),
+                          *Limit::FixedWindow("c", 9, seconds(60)), *Limit::LeakyBucket("d", 5, 1),
+                          *Limit::SlidingWindow("e", 8, seconds(10))};
+  struct Case {
+    std::string key;
+    std::vector<LimitCheck> checks;
+    bool peek = false;
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < 40; ++i) {
+    const Limit& l = limits[i % 5];
+    cases.push_back({"k" + std::to_string(i % 3), {{&l, 1 + (i * 7) % 4}}});
+  }
+  cases.push_back({"k1", {{&limits[0], 2}, {&limits[1], 1}}});  // two limits
+  cases.push_back({"k2", {{&limits[2], 1}}, true});             // a peek
+  cases.push_back({"k0", {{&limits[3], 0}}});                   // cost 0
+  LimitCheck warm[] = {{&limits[4], 1}};
+  ASSERT_TRUE(store->CheckSync({"warm", warm}).ok());
+  clock.Advance(std::chrono::milliseconds(1500));
+  server.Pause();
+  std::vector<std::optional<StatusOr<CheckResult>>> got(cases.size() + 1);
+  std::atomic<int> done{0};
+  store->Check({"warm", warm}, [&](StatusOr<CheckResult> r) {  // the call that holds the rest
+    got.back() = std::move(r);
+    done.fetch_add(1);
+  });
+  for (int i = 0; i < 500 && store->stats().script_calls < 2; ++i)
+    std::this_thread::sleep_for(milliseconds(2));
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto cb = [&, i](StatusOr<CheckResult> r) {
+      got[i] = std::move(r);
+      done.fetch_add(1);
+    };
+    const CheckRequest req{cases[i].key, cases[i].checks};
+    cases[i].peek ? store->Peek(req, cb) : store->Check(req, cb);
+  }
+  server.Resume();
+  for (int i = 0; i < 500 && done.load() < static_cast<int>(got.size()); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_EQ(done.load(), static_cast<int>(got.size()));
+  EXPECT_EQ(store->stats().script_calls, 4u);  // warm, warm, then all the cases in one
+  int allowed = 0, denied = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    const CheckRequest req{cases[i].key, cases[i].checks};
+    StatusOr<CheckResult> want = cases[i].peek ? memory.PeekSync(req) : memory.CheckSync(req);
+    ASSERT_TRUE(got[i]->ok()) << got[i]->status().ToString();
+    ASSERT_TRUE(want.ok());
+    ASSERT_EQ((*got[i])->decisions.size(), want->decisions.size());
+    for (size_t d = 0; d < want->decisions.size(); ++d) {
+      const Decision& g = (*got[i])->decisions[d];
+      const Decision& w = want->decisions[d];
+      EXPECT_EQ(g.allowed, w.allowed);
+      EXPECT_EQ(g.remaining, w.remaining);
+      EXPECT_EQ(g.retry_after, w.retry_after);
+      EXPECT_EQ(g.reset_after, w.reset_after);
+      EXPECT_EQ(g.limit, w.limit);
+    }
+    ((*got[i])->overall.allowed ? allowed : denied) += 1;
+  }
+  EXPECT_GE(allowed, 5);  // both kinds of answer were compared
+  EXPECT_GE(denied, 3);
 }
 
 // A call out longer than hold_back delays nobody: a frozen Redis gets a call

@@ -11,11 +11,14 @@
 --            "s" sliding window, "l" sliding log; "T" a token bucket lease,
 --            below), limit, window (us; token and leaky bucket: capacity or
 --            depth x interval), interval (us, token and leaky bucket only)
--- then     the number of checks; then for each check: "c" to check and consume
---            or "p" to peek (never writes) followed by its number of limits n
---            ("c1", "p2"), then for each limit its index among the S (1-based)
---            and its cost. (A limit shared by many checks of a batch is sent
---            and parsed once: a one-limit check costs 3 arguments.)
+-- then     the number of checks; then for each check either
+--            - one number v: a check of one limit that consumes, its limit's
+--              index i among the S (1-based) and its cost c >= 1 packed as
+--              v = (c - 1) x S + i (the common case: one argument a check), or
+--            - "c" to check and consume or "p" to peek (never writes) followed
+--              by its number of limits n ("c1", "p2"), then for each limit
+--              its index among the S and its cost.
+--            (A limit shared by many checks of a batch is sent and parsed once.)
 -- KEYS     one per limit of each check, in the same order.
 -- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
 --          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
@@ -225,7 +228,8 @@ local evaluators = {
 }
 
 local specs = {}
-for s = 1, tonumber(ARGV[2]) do
+local nspecs = tonumber(ARGV[2])
+for s = 1, nspecs do
   specs[s] = {evaluators[ARGV[argi]], tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
               tonumber(ARGV[argi + 3])}
   argi = argi + 4
@@ -234,16 +238,28 @@ local checks = tonumber(ARGV[argi])
 argi = argi + 1
 for _ = 1, checks do
   local head = ARGV[argi]
-  peek = string.byte(head, 1) == 112  -- 'p'
-  local n = tonumber(string.sub(head, 2))
   argi = argi + 1
+  local packed = tonumber(head)  -- nil for "c..."/"p..."
+  local n, packed_spec, packed_cost
+  if packed then
+    n, peek = 1, false
+    packed_spec = (packed - 1) % nspecs + 1
+    packed_cost = floor((packed - 1) / nspecs) + 1
+  else
+    peek = string.byte(head, 1) == 112  -- 'p'
+    n = tonumber(string.sub(head, 2))
+  end
   local writers = n > 1 and {} or nil  -- one limit: written at once, no table
   local write_now = n == 1 and not peek
   local all = true
   for _ = 1, n do
-    local spec = specs[tonumber(ARGV[argi])]
-    local cost = tonumber(ARGV[argi + 1])
-    argi = argi + 2
+    local spec, cost
+    if packed then
+      spec, cost = specs[packed_spec], packed_cost
+    else
+      spec, cost = specs[tonumber(ARGV[argi])], tonumber(ARGV[argi + 1])
+      argi = argi + 2
+    end
     if peek then cost = 0 end
     local allowed, rem, retry, reset, writer =
         spec[1](KEYS[keyi], spec[2], spec[3], spec[4], cost, write_now)
