@@ -141,11 +141,15 @@ struct RedisStore::Impl {
   // longer delays the next one, so calls (and the breaker's failures) keep
   // coming as they did. In a cluster, where calls are per slot and rarely
   // fill a batch, checks go out at once.
+  //
+  // With `mu` held: whether a batch that is not full may leave now.
+  bool PartialMayLeave(std::chrono::steady_clock::time_point now) const {
+    return calls_in_flight == 0 || cluster != nullptr || now - last_send >= opts.hold_back;
+  }
   // With `mu` held: whether what is queued should leave now.
   bool ReadyToSend(std::chrono::steady_clock::time_point now) const {
     if (calls_in_flight >= MaxCallsInFlight()) return false;  // a reply flushes
-    return calls_in_flight == 0 || cluster != nullptr || queue.size() >= PerCall() ||
-           now - last_send >= opts.hold_back;
+    return queue.size() >= PerCall() || PartialMayLeave(now);
   }
 
   bool Idle();  // no call out, none queued or about to leave
@@ -349,7 +353,7 @@ struct RedisStore::Impl {
       std::lock_guard lock(mu);
       flush_scheduled = false;
       if (!ReadyToSend(now)) return;
-      if (calls_in_flight == 0 || cluster != nullptr || now - last_send >= opts.hold_back) {
+      if (PartialMayLeave(now)) {
         batch.swap(queue);
       } else {  // whole batches only; the remainder waits for a reply
         const size_t whole = queue.size() / per_call * per_call;
@@ -388,13 +392,18 @@ struct RedisStore::Impl {
   // stay exact in Lua's doubles, or not that shape.
   static std::optional<size_t> PackedCheck(const PendingCheck& p, size_t spec, size_t specs) {
     if (p.keys.size() != 1 || p.args[0] != "c") return std::nullopt;
-    const std::string& c = p.args[6];
-    uint64_t cost = 0;
-    if (std::from_chars(c.data(), c.data() + c.size(), cost).ec != std::errc() || cost < 1 ||
-        cost > (uint64_t{1} << 32) || specs > (size_t{1} << 20)) {
-      return std::nullopt;
-    }
-    return static_cast<size_t>((cost - 1) * specs + spec);  // < 2^52: exact in Lua
+    const int64_t cost = LimitArg(p, 0, 4);
+    if (cost < 1 || cost > (int64_t{1} << 32) || specs > (size_t{1} << 20)) return std::nullopt;
+    return static_cast<size_t>(cost - 1) * specs + spec;  // < 2^52: exact in Lua
+  }
+
+  // Limit `i` of a check as its arguments say: field 1 the limit, 2 the
+  // window, 3 the interval, 4 the cost (all numbers written by Submit).
+  static int64_t LimitArg(const PendingCheck& p, size_t i, size_t field) {
+    int64_t v = 0;
+    const std::string& s = p.args[2 + 5 * i + field];
+    std::from_chars(s.data(), s.data() + s.size(), v);
+    return v;
   }
 
   void Send(std::vector<PendingCheck> group, std::chrono::steady_clock::time_point now) {
@@ -551,17 +560,11 @@ struct RedisStore::Impl {
       }
       // The limit is not echoed by the script; take it from the request args,
       // and the leaky bucket's delay from its reset_after (core::LeakyDelay).
-      auto arg = [&p](size_t i, size_t field) {
-        int64_t v = 0;
-        const std::string& s = p.args[2 + 5 * i + field];
-        std::from_chars(s.data(), s.data() + s.size(), v);
-        return v;
-      };
       for (size_t i = 0; i < r.decisions.size(); ++i) {
         Decision& d = r.decisions[i];
-        d.limit = arg(i, 1);
+        d.limit = LimitArg(p, i, 1);
         if (d.allowed && p.args[2 + 5 * i][0] == AlgorithmCode(Algorithm::kLeakyBucket)) {
-          d.delay = core::LeakyDelay(arg(i, 3), d.reset_after, arg(i, 4));
+          d.delay = core::LeakyDelay(LimitArg(p, i, 3), d.reset_after, LimitArg(p, i, 4));
         }
       }
       int64_t granted = 0;

@@ -11,6 +11,7 @@
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <future>
 #include <thread>
 #include <vector>
@@ -44,6 +45,12 @@ Decision Check(Store& store, std::string_view key, const Limit& l, int64_t cost 
   StatusOr<CheckResult> r = store.CheckSync({key, c});
   EXPECT_TRUE(r.ok()) << r.status().ToString();
   return r.ok() ? r->overall : Decision{};
+}
+
+// Polls `reached` every `every`, at most 500 times; the assertions after it
+// say what was to be reached.
+void PollUntil(const std::function<bool()>& reached, milliseconds every = milliseconds(10)) {
+  for (int i = 0; i < 500 && !reached(); ++i) std::this_thread::sleep_for(every);
 }
 
 class RedisStoreTest : public ::testing::Test {
@@ -220,8 +227,7 @@ TEST_F(RedisStoreTest, ConcurrentAsyncChecksAreCoalesced) {
       done.fetch_add(1);
     });
   }
-  for (int i = 0; i < 500 && done.load() < kChecks; ++i)
-    std::this_thread::sleep_for(milliseconds(10));
+  PollUntil([&] { return done.load() >= kChecks; });
   EXPECT_EQ(done.load(), kChecks);
   EXPECT_EQ(allowed.load(), 500 * 3);
   const std::string stats = server_.Cli("INFO", "commandstats");
@@ -251,8 +257,7 @@ TEST(RedisStoreBatching, PartialBatchWaitsForTheReplyOfAYoungCall) {
       });
     };
     submit("first");
-    for (int i = 0; i < 500 && store->stats().script_calls < 2; ++i)
-      std::this_thread::sleep_for(milliseconds(2));
+    PollUntil([&] { return store->stats().script_calls >= 2; }, milliseconds(2));
     ASSERT_EQ(store->stats().script_calls, 2u);  // "warm", then "first": out, unanswered
     for (int i = 0; i < 5; ++i) {                // apart: without hold_back, each gets a call
       submit("k" + std::to_string(i));
@@ -260,7 +265,7 @@ TEST(RedisStoreBatching, PartialBatchWaitsForTheReplyOfAYoungCall) {
     }
     EXPECT_EQ(store->stats().script_calls, hold.count() > 0 ? 2u : 7u);
     server.Resume();
-    for (int i = 0; i < 500 && done.load() < 6; ++i) std::this_thread::sleep_for(milliseconds(10));
+    PollUntil([&] { return done.load() >= 6; });
     EXPECT_EQ(done.load(), 6);
     EXPECT_EQ(allowed.load(), 6);
     EXPECT_EQ(store->stats().script_calls, hold.count() > 0 ? 3u : 7u);
@@ -307,8 +312,7 @@ TEST(RedisStoreBatching, OneCallOfMixedLimitsAndCostsDecidesAsOneByOne) {
     got.back() = std::move(r);
     done.fetch_add(1);
   });
-  for (int i = 0; i < 500 && store->stats().script_calls < 2; ++i)
-    std::this_thread::sleep_for(milliseconds(2));
+  PollUntil([&] { return store->stats().script_calls >= 2; }, milliseconds(2));
   for (size_t i = 0; i < cases.size(); ++i) {
     auto cb = [&, i](StatusOr<CheckResult> r) {
       got[i] = std::move(r);
@@ -318,8 +322,7 @@ TEST(RedisStoreBatching, OneCallOfMixedLimitsAndCostsDecidesAsOneByOne) {
     cases[i].peek ? store->Peek(req, cb) : store->Check(req, cb);
   }
   server.Resume();
-  for (int i = 0; i < 500 && done.load() < static_cast<int>(got.size()); ++i)
-    std::this_thread::sleep_for(milliseconds(10));
+  PollUntil([&] { return done.load() >= static_cast<int>(got.size()); });
   ASSERT_EQ(done.load(), static_cast<int>(got.size()));
   EXPECT_EQ(store->stats().script_calls, 4u);  // warm, warm, then all the cases in one
   int allowed = 0, denied = 0;
@@ -362,7 +365,7 @@ TEST(RedisStoreBatching, AnOldCallHoldsNothingBack) {
   }
   EXPECT_EQ(store->stats().script_calls, 4u);
   server.Resume();
-  for (int i = 0; i < 500 && done.load() < 3; ++i) std::this_thread::sleep_for(milliseconds(10));
+  PollUntil([&] { return done.load() >= 3; });
   EXPECT_EQ(done.load(), 3);
 }
 

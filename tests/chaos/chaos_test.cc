@@ -452,11 +452,17 @@ INSTANTIATE_TEST_SUITE_P(Modes, KillRedis, testing::Values("open", "closed", "lo
 
 // ---- 2. Redis frozen (SIGSTOP) ------------------------------------------------
 
+// The server config a parametrized test adds: the default threads, or one
+// I/O thread (which then runs the Redis client too, Server::SharedContext).
+const auto kThreadModes = testing::Values("", "server:\n  threads: 1\n");
+std::string ThreadModeName(const testing::TestParamInfo<std::string>& info) {
+  return info.param.empty() ? "Default" : "One";
+}
+
 // With server.threads 1 the Redis client runs on the server's own thread
 // (Server::SharedContext): the same bounds must hold there.
 class FreezeRedis : public testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Threads, FreezeRedis, testing::Values("", "server:\n  threads: 1\n"),
-                         [](const auto& info) { return info.param.empty() ? "Default" : "One"; });
+INSTANTIATE_TEST_SUITE_P(Threads, FreezeRedis, kThreadModes, ThreadModeName);
 
 TEST_P(FreezeRedis, NoDecisionWaitsLongerThanTheDeadline) {
   RedisServer redis;
@@ -764,8 +770,7 @@ TEST(FakeRedis, GarbageAndTruncatedRepliesDegradeWithoutACrash) {
 // ---- Shutdown while Redis is frozen: store callbacks must not outlive the server -
 
 class Shutdown : public testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Threads, Shutdown, testing::Values("", "server:\n  threads: 1\n"),
-                         [](const auto& info) { return info.param.empty() ? "Default" : "One"; });
+INSTANTIATE_TEST_SUITE_P(Threads, Shutdown, kThreadModes, ThreadModeName);
 
 TEST_P(Shutdown, SigtermWhileRedisIsFrozenExitsCleanly) {
   RedisServer redis;
