@@ -24,6 +24,7 @@ test_pkgs=(
   # recommended by clang), ccache for the clang build.
   clang libclang-rt-14-dev llvm ccache
   procps psmisc iproute2
+  python3 systemd            # tests/docs' runner; systemd-analyze verify of examples/systemd
 )
 
 pkgs=("${build_pkgs[@]}")
