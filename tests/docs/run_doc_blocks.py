@@ -30,8 +30,8 @@ those ports, :6379 the test's Redis, :3000 and :9000 its upstream. A
 in the foreground must listen, and then exit 0 on SIGTERM.
 
 Exits 1 when a block's output or exit status differs (with a diff), when a
-command block has no marker, or when KNOWN_FAILURES is stale. Standard
-library only.
+command block has no marker or a marker no block, or when KNOWN_FAILURES is
+stale. Standard library only.
 """
 
 import argparse
@@ -67,7 +67,7 @@ BLOCK_TIMEOUT = 30
 class Block:
     def __init__(self, path, line, lines, info, fenced):
         self.path, self.line, self.lines, self.info, self.fenced = path, line, lines, info, fenced
-        self.marker, self.options = None, ""
+        self.marker, self.options, self.after_prose = None, "", False
 
     def is_command_block(self):
         first = next((l for l in self.lines if l.strip()), "")
@@ -75,14 +75,17 @@ class Block:
 
 
 def read_blocks(path):
-    """The fenced and indented code blocks of a markdown file, with their markers."""
+    """The fenced and indented code blocks of a markdown file with their markers,
+    and the line numbers of markers followed by prose instead of a block."""
     lines = open(path, encoding="utf-8").read().split("\n")
-    blocks, marker, i = [], None, 0
+    blocks, stray, marker, prose, i = [], [], None, False, 0
     while i < len(lines):
         line = lines[i]
         m, fence = MARKER.match(line), FENCE.match(line)
         if m:
-            marker, i = m, i + 1
+            if marker:
+                stray.append(marker_line)
+            marker, marker_line, i = m, i + 1, i + 1
             continue
         if fence:
             end = i + 1
@@ -99,15 +102,19 @@ def read_blocks(path):
                 body.pop()
             block, i = Block(path, i + 1, body, "", False), end
         else:
-            if line.strip():
-                marker = None  # prose between a marker and a block: the marker is for nothing
+            if line.strip() and marker:
+                stray.append(marker_line)
+                marker = None
+            prose = prose or bool(line.strip())
             i += 1
             continue
         if marker:
             block.marker, block.options = marker.group(1), marker.group(2)
-        marker = None
+        block.after_prose, marker, prose = prose, None, False
         blocks.append(block)
-    return blocks
+    if marker:
+        stray.append(marker_line)
+    return blocks, stray
 
 
 def parse_steps(block):
@@ -126,8 +133,8 @@ def parse_steps(block):
     else:
         command, output = [], None
         for line in block.lines:
-            comment = line.lstrip().startswith("#")
-            if comment and (command or output is not None) and (output is not None or command[-1].strip()):
+            under_command = command and command[-1].strip() and is_complete("\n".join(command))
+            if line.lstrip().startswith("#") and (output is not None or under_command):
                 output = (output or []) + [re.sub(r"^\s*# ?", "", line)]
                 continue
             if output is not None:
@@ -232,18 +239,20 @@ class Environment:
 
     def __init__(self, args, options):
         self.dir = tempfile.mkdtemp(prefix="rl-docs.")
-        self.processes, self.ports, self.httpd = [], {}, None
+        self.processes, self.ports, self.httpd, self.daemon = [], {}, None, None
         for name in ("examples", "docs"):
             os.symlink(os.path.join(args.source_dir, name), os.path.join(self.dir, name))
         os.makedirs(os.path.join(self.dir, "build"))
         os.makedirs(os.path.join(self.dir, "bin"))
+        with open(os.path.join(self.dir, ".curlrc"), "w") as f:
+            f.write("no-progress-meter\n")  # as on a terminal: curl's meter goes to a pipe only
         for path in ("build/ratelimitd", "bin/ratelimitd"):
             with open(os.path.join(self.dir, path), "w") as f:
                 f.write(WRAPPER)
             os.chmod(os.path.join(self.dir, path), 0o755)
         self.log = os.path.join(self.dir, "ratelimitd.log")
         self.ports = {8080: free_port(), 9090: free_port()}
-        self.env = dict(os.environ, RL_BIN=args.ratelimitd, RL_LOG=self.log,
+        self.env = dict(os.environ, RL_BIN=args.ratelimitd, RL_LOG=self.log, CURL_HOME=self.dir,
                         RL_PORT=str(self.ports[8080]), RL_ADMIN_PORT=str(self.ports[9090]),
                         PATH=os.path.join(self.dir, "bin") + ":" + os.environ["PATH"])
         needs = set(filter(None, options.get("needs", "").split(",")))
@@ -292,7 +301,7 @@ class Environment:
             except subprocess.TimeoutExpired:
                 p.kill()
                 rc = p.wait()
-            if p is getattr(self, "daemon", None) and rc != 0:
+            if p is self.daemon and rc != 0:
                 problem = f"the block's ratelimitd exited {rc} on SIGTERM:\n" + open(self.log).read()
         if self.httpd:
             self.httpd.shutdown()
@@ -300,18 +309,22 @@ class Environment:
         return problem
 
 
+def is_complete(code):
+    """Whether bash reads `code` as whole commands (no open quote, heredoc, loop, `\\`)."""
+    if code.endswith("\\"):
+        return False
+    check = subprocess.run(["bash", "-n", "-c", code], capture_output=True, text=True)
+    return check.returncode == 0 and not check.stderr
+
+
 def split_commands(text):
-    """The complete shell commands of `text`, as bash parses them (comments dropped)."""
+    """The shell commands of `text` one by one (comments and blank lines go with the next)."""
     commands, pending = [], []
     for line in text.split("\n"):
         pending.append(line)
         code = "\n".join(pending)
-        if not code.strip() or all(l.lstrip().startswith("#") or not l.strip() for l in pending):
-            continue
-        if line.endswith("\\"):
-            continue
-        check = subprocess.run(["bash", "-n", "-c", code], capture_output=True, text=True)
-        if check.returncode == 0 and not check.stderr:
+        only_comments = all(l.lstrip().startswith("#") or not l.strip() for l in pending)
+        if not only_comments and is_complete(code):
             commands.append(code)
             pending = []
     if any(l.strip() and not l.lstrip().startswith("#") for l in pending):
@@ -360,74 +373,76 @@ def run_block(block, steps, env):
     return failures
 
 
+def plan(path, rel):
+    """[(block, steps, options)] of a file's runnable blocks, and its marking mistakes."""
+    blocks, stray = read_blocks(path)
+    runnable = []
+    mistakes = [f"{rel}:{line}: a marker with no block right after it" for line in stray]
+    for i, block in enumerate(blocks):
+        block.path = rel
+        if block.marker is None and block.is_command_block():
+            mistakes.append(f"{rel}:{block.line}: a command block without a marker "
+                            "(<!-- runnable ... --> or <!-- not-runnable: why -->)")
+        elif block.marker == "output":
+            if block.after_prose or i == 0 or blocks[i - 1].marker != "runnable" or not (
+                    runnable and runnable[-1][1]):
+                mistakes.append(f"{rel}:{block.line}: <!-- output --> not right after a runnable block")
+            else:
+                runnable[-1][1][-1][1] = list(block.lines)
+        elif block.marker == "runnable":
+            options = dict(o.split("=", 1) if "=" in o else (o, "") for o in block.options.split())
+            runnable.append((block, parse_steps(block), options))
+    return runnable, mistakes
+
+
+def run_and_report(block, steps, env, known_seen):
+    """The block's failures, marked as known (or as a stale KNOWN_FAILURES entry)."""
+    failures = [f"{block.path}:{block.line}: {env.error}"] if env.error else run_block(block, steps, env)
+    key = (block.path, steps[0][0].splitlines()[0] if steps and steps[0][0] else "")
+    if key not in KNOWN_FAILURES:
+        return failures
+    known_seen.add(key)
+    if not failures:
+        return [f"{block.path}:{block.line}: passes now: remove it from KNOWN_FAILURES"]
+    return [f"KNOWN FAILURE ({KNOWN_FAILURES[key]}): " + f for f in failures]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--source-dir", required=True)
     parser.add_argument("--ratelimitd", required=True)
-    parser.add_argument("files", nargs="*")
+    parser.add_argument("files", nargs="*", help="default: README.md and docs/*.md")
     args = parser.parse_args()
     args.source_dir = os.path.abspath(args.source_dir)
     args.ratelimitd = os.path.abspath(args.ratelimitd)
     files = args.files or [os.path.join(args.source_dir, "README.md")] + sorted(
         glob.glob(os.path.join(args.source_dir, "docs", "*.md")))
+    # ctest's timeout sends SIGTERM: stop the servers on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("killed (SIGTERM)"))
 
     failures, known_seen, runs = [], set(), 0
     for path in files:
         rel = os.path.relpath(path, args.source_dir)
-        env, last = None, None
-        for block in read_blocks(path):
-            block.path = rel
-            if block.marker == "output":
-                if last is None or not last[1]:
-                    failures.append(f"{rel}:{block.line}: <!-- output --> after no runnable block")
-                else:
-                    last[1][-1][1] = list(block.lines)
-                continue
-            if block.marker is None and block.is_command_block():
-                failures.append(f"{rel}:{block.line}: a command block without a marker "
-                                "(<!-- runnable ... --> or <!-- not-runnable: why -->)")
-            if last is not None:  # the previous runnable block, now with its output block
-                failures += run_and_report(*last, known_seen)
+        runnable, mistakes = plan(path, rel)
+        failures += mistakes
+        env = None
+        try:
+            for block, steps, options in runnable:
+                if env is None or "continue" not in options:
+                    failures += [p for p in [env.close() if env else ""] if p]
+                    env = Environment(args, options)
+                failures += run_and_report(block, steps, env, known_seen)
                 runs += 1
-                last = None
-            if block.marker != "runnable":
-                continue
-            options = dict(o.split("=", 1) if "=" in o else (o, "") for o in block.options.split())
-            if "continue" not in options or env is None:
-                if env is not None:
-                    failures += [p for p in [env.close()] if p]
-                env = Environment(args, options)
-            last = (block, [list(s) for s in parse_steps(block)], env)
-        if last is not None:
-            failures += run_and_report(*last, known_seen)
-            runs += 1
-        if env is not None:
-            failures += [p for p in [env.close()] if p]
+        finally:
+            failures += [p for p in [env.close() if env else ""] if p]
     for key, why in KNOWN_FAILURES.items():
         if key not in known_seen and not args.files:
-            failures.append(f"KNOWN_FAILURES entry {key} ({why}) matches no failing block: remove it")
+            failures.append(f"KNOWN_FAILURES entry {key} ({why}) matches no block: remove it")
     for f in failures:
         print("FAIL " + f + "\n")
     print(f"{runs} runnable blocks in {len(files)} files: "
           f"{'all ran as shown' if not failures else f'{len(failures)} failures'}")
     return 1 if failures else 0
-
-
-def run_and_report(block, steps, env, known_seen):
-    if env.error:
-        failures = [f"{block.path}:{block.line}: {env.error}"]
-    else:
-        failures = run_block(block, steps, env)
-    first = steps[0][0].splitlines()[0] if steps and steps[0][0] else ""
-    key = (block.path, first)
-    if key in KNOWN_FAILURES:
-        if failures:
-            known_seen.add(key)
-            failures = [f"KNOWN FAILURE ({KNOWN_FAILURES[key]}): " + f for f in failures]
-        else:
-            failures = [f"{block.path}:{block.line}: passes now: remove it from KNOWN_FAILURES"]
-            known_seen.add(key)
-    return failures
 
 
 if __name__ == "__main__":
