@@ -20,10 +20,12 @@
 // Any other path or address is used as written, so an example that names a
 // file a user cannot have fails here as it would for the user.
 //
-// The directory is listed when the tests are listed: a file of a kind no case
-// knows fails (ExampleTest.Starts/<file>). kKnownFailures names cases that
-// fail for a known reason; they still fail (the reason is printed), and an
-// entry whose case passes fails until it is removed.
+// The directory is listed when the binary runs, one case per file
+// (ExampleTest.Starts/<file>): any other kind of file must be named by an
+// example (a keys file, a certificate) and is tested with it, else it fails.
+// kKnownFailures names cases that fail for a known reason; they still fail
+// (the reason is printed), and an entry whose case passes fails until it is
+// removed.
 //
 // Thread-safety: GoogleTest's main thread only.
 #include <signal.h>
@@ -106,7 +108,7 @@ struct UserSupplied {
 };
 
 std::vector<UserSupplied> FindUserSupplied(const std::string& text) {
-  static const std::regex marker(R"(#\s*user-supplied:\s*(\S+)\s*\(([^)\n]*)\))");
+  static const std::regex marker(R"(#\s*user-supplied:\s*(\S+)(?:\s*\(([^)\n]*)\))?)");
   std::vector<UserSupplied> found;
   for (std::sregex_iterator it(text.begin(), text.end(), marker), end; it != end; ++it) {
     found.push_back({(*it)[1], (*it)[2]});
@@ -567,6 +569,20 @@ void RunSystemdUnit(const std::string& rel) {
   Stop(d);
 }
 
+// Any other file must be one an example names (a keys file, a certificate):
+// it is tested with that example. Otherwise no case starts it: a failure.
+void RunDataFile(const std::string& rel) {
+  const std::string name = fs::path(rel).filename().string();
+  for (const std::string& other : ListExamples()) {
+    if (other != rel && ReadFile(kExamples + "/" + other).find(name) != std::string::npos) {
+      std::cout << "examples/" << rel << ": named by examples/" << other << ", tested with it\n";
+      return;
+    }
+  }
+  FAIL() << "examples/" << rel << ": no example names it and no case of " << __FILE__
+         << " starts this kind of file; add one";
+}
+
 class ExampleTest : public ::testing::TestWithParam<std::string> {
  protected:
   void TearDown() override {
@@ -590,8 +606,7 @@ TEST_P(ExampleTest, Starts) {
   } else if (EndsWith(rel, ".service")) {
     RunSystemdUnit(rel);
   } else {
-    FAIL() << "examples/" << rel << ": no case of " << __FILE__
-           << " starts this kind of file; add one";
+    RunDataFile(rel);
   }
 }
 
