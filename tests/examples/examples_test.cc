@@ -206,6 +206,13 @@ struct Servers {
   std::unique_ptr<TestUpstream> upstream;
 };
 
+// config[section][key], or an undefined node when either is missing (yaml-cpp
+// throws on indexing a missing section of a const node).
+YAML::Node Get(const YAML::Node& config, const char* section, const char* key) {
+  const YAML::Node n = config[section];
+  return n && n.IsMap() ? n[key] : YAML::Node(YAML::NodeType::Undefined);
+}
+
 std::string Str(const YAML::Node& n, const std::string& fallback = "") {
   return n && n.IsScalar() ? n.as<std::string>() : fallback;
 }
@@ -213,7 +220,7 @@ std::string Str(const YAML::Node& n, const std::string& fallback = "") {
 // Points store.url (and store.nodes) at the test Redis, and makes the URL's
 // credentials an ACL user there. "" on success.
 std::string RewriteRedis(std::string& text, const YAML::Node& config, Servers& s) {
-  const std::string url = Str(config["store"]["url"]);
+  const std::string url = Str(Get(config, "store", "url"));
   static const std::regex parts(
       R"(^(rediss?(\+cluster)?://)(([^:@/]*)(:([^@/]*))?@)?([^/?]*)(.*)$)");
   std::smatch m;
@@ -248,7 +255,7 @@ std::string RewriteRedis(std::string& text, const YAML::Node& config, Servers& s
   }
   new_url += m[8].str();
   text = Replace(text, url, new_url);
-  if (config["store"]["nodes"]) {
+  if (Get(config, "store", "nodes")) {
     static const std::regex nodes(R"(nodes:\s*\[[^\]]*\])");
     std::string list;
     for (const auto& h : hosts) list += (list.empty() ? "\"" : ", \"") + h + "\"";
@@ -273,7 +280,7 @@ std::string Prepare(const std::string& rel, Servers& s, std::string* error) {
     return "";
   }
   if (*error = ReplaceUserSupplied(text, dir, config); !error->empty()) return "";
-  const std::string upstream = Str(config["server"]["upstream"]);
+  const std::string upstream = Str(Get(config, "server", "upstream"));
   if (!upstream.empty()) {
     s.upstream = std::make_unique<TestUpstream>();
     static const std::regex authority(R"(^(https?://)([^/]*)(.*)$)");
@@ -285,7 +292,7 @@ std::string Prepare(const std::string& rel, Servers& s, std::string* error) {
     text = Replace(text, upstream,
                    m[1].str() + "127.0.0.1:" + std::to_string(s.upstream->port()) + m[3].str());
   }
-  if (Str(config["store"]["type"]) == "redis") {
+  if (Str(Get(config, "store", "type")) == "redis") {
     if (*error = RewriteRedis(text, config, s); !error->empty()) return "";
   }
   const std::string path = dir + "/examples/" + rel;
@@ -300,7 +307,7 @@ std::string Describe(const HttpResponse& r) {
 }
 
 Headers AdminAuth(const YAML::Node& config) {
-  if (Str(config["server"]["admin_token_file"]).empty()) return {};
+  if (Str(Get(config, "server", "admin_token_file")).empty()) return {};
   return {{"Authorization", "Bearer " + kToken}};
 }
 
@@ -313,7 +320,7 @@ void CheckAdmin(const Daemon& d, const YAML::Node& config) {
   EXPECT_EQ(r.status, 200) << Describe(r);
   const auto ready = nlohmann::json::parse(r.body, nullptr, false);
   EXPECT_EQ(ready.value("ready", false), true) << r.body;
-  if (Str(config["store"]["type"]) == "redis") {
+  if (Str(Get(config, "store", "type")) == "redis") {
     EXPECT_EQ(ready.value("reachable", false), true) << "Redis not reached: " << r.body;
   }
   r = Http(d.admin_port(), "GET", "/metrics", AdminAuth(config));
@@ -361,23 +368,23 @@ struct Request {
 std::vector<std::pair<std::string, Request>> RouteRequests(const YAML::Node& config) {
   std::vector<std::pair<std::string, Request>> out;
   static const std::regex param(R"(\{[^}]*\})");
+  const bool everywhere = (config["global"] && config["global"].size() > 0) ||
+                          config["default_plan"] || config["plans"];
   for (const auto& route : config["routes"]) {
     Request req{"GET", std::regex_replace(Str(route["path"], "/"), param, "1")};
-    req.rate_limited = (route["limits"] && route["limits"].size() > 0) ||
-                       (config["global"] && config["global"].size() > 0) ||
-                       config["default_plan"] || config["plans"];
+    req.rate_limited = everywhere || (route["limits"] && route["limits"].size() > 0);
     if (route["methods"] && route["methods"].size() > 0)
       req.method = route["methods"][0].as<std::string>();
     out.push_back({Str(route["name"]), req});
   }
-  if (out.empty()) out.push_back({"(no route)", {"GET", "/examples-test"}});
+  if (out.empty()) out.push_back({"(no route)", {"GET", "/examples-test", everywhere}});
   return out;
 }
 
 // Whether the answer carries the rate limit headers of the configured dialect.
 void CheckRateLimitHeaders(const HttpResponse& r, const YAML::Node& config,
                            const std::string& what) {
-  const std::string dialect = Str(config["server"]["headers"], "draft06");
+  const std::string dialect = Str(Get(config, "server", "headers"), "draft06");
   const std::map<std::string, std::string> expected = {{"draft06", "RateLimit-Limit"},
                                                        {"structured", "RateLimit-Policy"},
                                                        {"legacy", "X-RateLimit-Limit"}};
@@ -437,6 +444,14 @@ void CheckConcurrencyApi(const Daemon& d, const YAML::Node& config) {
   }
 }
 
+// The demo page, when the config turns it on.
+void CheckDemo(const Daemon& d, const YAML::Node& config) {
+  if (Str(Get(config, "server", "demo")) != "true") return;
+  HttpResponse r = Http(d.port(), "GET", "/");
+  EXPECT_EQ(r.status, 200) << Describe(r);
+  EXPECT_NE(r.Header("Content-Type").find("text/html"), std::string::npos) << Describe(r);
+}
+
 void Stop(Daemon& d) {
   d.Signal(SIGTERM);
   EXPECT_EQ(d.Wait(std::chrono::seconds(15)), 0) << "SIGTERM did not end it with 0\n" << d.Log();
@@ -472,6 +487,7 @@ void RunYaml(const std::string& rel) {
   CheckConcurrencyApi(d, s.config);
   CheckAuth(d, s.config);
   if (s.servers.upstream) CheckGateway(d, s.config, *s.servers.upstream);
+  CheckDemo(d, s.config);
   Stop(d);
 }
 
