@@ -78,7 +78,7 @@ def read_blocks(path):
     """The fenced and indented code blocks of a markdown file with their markers,
     and the line numbers of markers followed by prose instead of a block."""
     lines = open(path, encoding="utf-8").read().split("\n")
-    blocks, stray, marker, prose, i = [], [], None, False, 0
+    blocks, stray, marker, marker_line, prose, i = [], [], None, 0, False, 0
     while i < len(lines):
         line = lines[i]
         m, fence = MARKER.match(line), FENCE.match(line)
@@ -133,8 +133,8 @@ def parse_steps(block):
     else:
         command, output = [], None
         for line in block.lines:
-            under_command = command and command[-1].strip() and is_complete("\n".join(command))
-            if line.lstrip().startswith("#") and (output is not None or under_command):
+            if line.lstrip().startswith("#") and (output is not None or (
+                    command and command[-1].strip() and is_complete("\n".join(command)))):
                 output = (output or []) + [re.sub(r"^\s*# ?", "", line)]
                 continue
             if output is not None:
@@ -153,6 +153,7 @@ def parse_steps(block):
 
 
 def unwrap(lines):
+    """Shown output lines with the wrapped ones (starting with white space) joined."""
     out = []
     for line in lines:
         if out and line[:1].isspace():
@@ -163,6 +164,7 @@ def unwrap(lines):
 
 
 def matches(expected, actual):
+    """Whether the actual lines are the shown ones, `...` and `<n>` as placeholders."""
     pattern = ""
     for part in re.split(r"(\.\.\.|<n>)", "\n".join(expected)):
         pattern += {"...": ".*?", "<n>": r"-?\d+(?:\.\d+)?"}.get(part, re.escape(part))
