@@ -176,10 +176,10 @@ std::string MakeUserFile(const std::string& key, const std::string& dir, const Y
 std::string ReplaceUserSupplied(std::string& text, const std::string& dir,
                                 const YAML::Node& config) {
   for (const auto& u : FindUserSupplied(text)) {
+    // A path only comments mention needs no file (a wrong marker shows all the
+    // same: the path actually used stays, and cannot be read).
     const std::string key = KeyOf(text, u.path);
-    if (key.empty()) {
-      return "`# user-supplied: " + u.path + "` names a path no key or flag of the file uses";
-    }
+    if (key.empty()) continue;
     std::string error;
     const std::string file = MakeUserFile(key, dir, config, &error);
     if (file.empty()) return error;
