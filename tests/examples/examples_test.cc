@@ -492,8 +492,9 @@ void RunYaml(const std::string& rel) {
 }
 
 // The conf with its YAML (same name): nginx -> auth_request -> ratelimitd,
-// then the upstream. A route that costs its whole capacity is asked twice:
-// the second must reach the client as nginx's 429 with Retry-After.
+// then the upstream. Every route answers 200 with a RateLimit header at the
+// client; the route that runs out first, asked until it does, answers
+// nginx's 429 with Retry-After.
 void RunNginx(const std::string& rel) {
   ASSERT_EQ(::access("/usr/sbin/nginx", X_OK), 0) << "nginx is required (scripts/install-deps.sh)";
   const std::string yaml_rel = rel.substr(0, rel.size() - 5) + ".yaml";
