@@ -36,6 +36,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -99,6 +100,16 @@ std::string TestName(const ::testing::TestParamInfo<std::string>& info) {
   }
   return name;
 }
+
+// A temporary directory (0755: nginx's workers read it), removed at the end
+// of the case unless RL_KEEP_TEST_DIRS=1 (as in tests/support).
+struct TempDir {
+  TempDir() { ::chmod(path.c_str(), 0755); }
+  ~TempDir() {
+    if (std::getenv("RL_KEEP_TEST_DIRS") == nullptr) fs::remove_all(path);
+  }
+  const std::string path = MakeTempDir();
+};
 
 // --- user-supplied paths ------------------------------------------------------
 
@@ -264,12 +275,10 @@ std::string RewriteRedis(std::string& text, const YAML::Node& config, Servers& s
   return "";
 }
 
-// A copy of examples/ in a temporary directory (relative paths keep working)
-// with `rel` rewritten as the file's header says. Returns its path, or "" and
-// *error.
-std::string Prepare(const std::string& rel, Servers& s, std::string* error) {
-  const std::string dir = MakeTempDir();
-  ::chmod(dir.c_str(), 0755);
+// A copy of examples/ in `dir` (relative paths keep working) with `rel`
+// rewritten as the file's header says. Returns its path, or "" and *error.
+std::string Prepare(const std::string& rel, const std::string& dir, Servers& s,
+                    std::string* error) {
   fs::copy(kExamples, dir + "/examples", fs::copy_options::recursive);
   std::string text = ReadFile(kExamples + "/" + rel);
   YAML::Node config;
@@ -462,6 +471,7 @@ void Stop(Daemon& d) {
 
 // A YAML of examples/, prepared (Prepare) and started with its servers.
 struct Started {
+  TempDir dir;  // first: removed after the daemon and the servers are gone
   Servers servers;
   YAML::Node config;
   std::unique_ptr<Daemon> daemon;
@@ -469,7 +479,7 @@ struct Started {
 
 void Start(const std::string& rel, Started& s) {
   std::string error;
-  const std::string path = Prepare(rel, s.servers, &error);
+  const std::string path = Prepare(rel, s.dir.path, s.servers, &error);
   ASSERT_TRUE(error.empty()) << rel << ": " << error;
   s.config = YAML::LoadFile(path);
   s.daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config", path});
@@ -504,8 +514,8 @@ void RunNginx(const std::string& rel) {
   Daemon& d = *s.daemon;
   const YAML::Node& config = s.config;
   TestUpstream upstream;
-  const std::string dir = MakeTempDir();
-  ::chmod(dir.c_str(), 0755);
+  const TempDir prefix;
+  const std::string& dir = prefix.path;
   const int port = FreePort();
   std::string conf = ReadFile(kExamples + "/" + rel);
   conf = Replace(conf, "{{PREFIX}}", dir);
@@ -572,7 +582,8 @@ void RunSystemdUnit(const std::string& rel) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(unit, m, exec_start)) << rel << " has no ExecStart";
   const std::string installed = m[1];
-  const std::string dir = MakeTempDir();
+  const TempDir temp;
+  const std::string& dir = temp.path;
   unit = Replace(unit, installed + " ", std::string(RATELIMITD_PATH) + " ");
   const std::string unit_path = dir + "/" + fs::path(rel).filename().string();
   WriteFile(unit_path, unit);
