@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make run    install what is missing, build, start ratelimitd on its embedded default
+#   make run    install what is missing, build ratelimitd (and build/rl-lab, the README's lab),
+#               start ratelimitd on its embedded default
 #   make test   install what is missing, build, run the whole suite (also under ASan+UBSan and TSan)
 # `make` alone builds build/ratelimitd.
 
@@ -27,7 +28,7 @@ build: build-deps build/build.ninja
 	ninja -C build -j $(JOBS)
 
 run: build-deps build/build.ninja
-	ninja -C build -j $(JOBS) ratelimitd
+	ninja -C build -j $(JOBS) ratelimitd rl-lab
 	./build/ratelimitd $(ARGS)
 
 # The whole suite: normal build, then ASan+UBSan (everything), then TSan

@@ -3,7 +3,7 @@
 //   ratelimitd [--config FILE] [--listen HOST:PORT] [--redis URL]
 //              [--failure-mode open|closed|local] [--admin-listen HOST:PORT]
 //              [--user NAME [--group NAME]]
-//   ratelimitd --check-config FILE
+//   ratelimitd --check-config FILE     (the config and every file it names)
 //   ratelimitd --help | --version
 #include <csignal>
 #include <cstdio>
@@ -14,6 +14,7 @@
 
 #include "policy/config.h"
 #include "policy/policy.h"
+#include "server/config_check.h"
 #include "server/json_log.h"
 #include "server/privileges.h"
 #include "server/server.h"
@@ -44,7 +45,8 @@ options:
   --user NAME                 switch to this user once the listeners are bound (server.user);
                               the start fails rather than run on as root if that fails
   --group NAME                with --user: this group instead of the user's primary group
-  --check-config FILE         validate FILE, print OK or the error, exit 0 or 1
+  --check-config FILE         validate FILE and every file it names (admin token, API keys,
+                              TLS files): print OK (warnings on stderr) or the error, exit 0 or 1
   --help                      this text
   --version                   the version
 )";
@@ -103,6 +105,11 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       *f.failure_mode != "local") {
     return "--failure-mode must be open, closed or local";
   }
+  if (f.redis) {
+    if (auto s = ratelimit::policy::CheckStoreUrlScheme(*f.redis); !s.ok()) {
+      return "--redis " + s.message();
+    }
+  }
   return "";
 }
 
@@ -120,6 +127,23 @@ void ApplyOverrides(const Flags& f, Config& c) {
                            : *f.failure_mode == "closed" ? FailureMode::kClosed
                                                          : FailureMode::kLocal;
   }
+}
+
+// Redis down at start is no reason not to start (the failure mode decides
+// meanwhile), but it must be said at once: one Peek, logged if it fails.
+// (With one I/O thread the answer comes once the server runs.)
+void WarnIfUnreachable(ratelimit::Store& store, const ratelimit::policy::StoreConfig& config) {
+  static const ratelimit::Limit kProbe = *ratelimit::Limit::TokenBucket("start", 1, 1.0);
+  static const ratelimit::LimitCheck kCheck[] = {{&kProbe, 0}};
+  store.Peek({"ratelimitd:start", kCheck},
+             [url = ratelimit::policy::RedactUrl(config.url),
+              mode = std::string(ratelimit::policy::FailureModeName(config.failure_mode))](
+                 ratelimit::StatusOr<ratelimit::CheckResult> r) {
+               if (r.ok()) return;
+               Log(Level::kWarn,
+                   "the store cannot be reached: requests are decided by failure_mode",
+                   {{"store", url}, {"error", r.status().message()}, {"failure_mode", mode}});
+             });
 }
 
 }  // namespace
@@ -140,18 +164,25 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (flags.check_config) {
+    // What the start checks before it binds anything; warnings go to stderr.
     auto c = ratelimit::policy::LoadConfigFile(*flags.check_config);
-    if (c.ok()) {
-      auto p = ratelimit::policy::Policy::Create(std::move(*c));
-      if (p.ok()) {
-        std::cout << "OK\n";
-        return 0;
-      }
+    if (!c.ok()) {
+      std::cout << c.status().message() << "\n";
+      return 1;
+    }
+    auto warnings = ratelimit::server::CheckConfig(*c);
+    if (!warnings.ok()) {
+      std::cout << c->source << ": " << warnings.status().message() << "\n";
+      return 1;
+    }
+    auto p = ratelimit::policy::Policy::Create(std::move(*c));
+    if (!p.ok()) {
       std::cout << p.status().message() << "\n";
       return 1;
     }
-    std::cout << c.status().message() << "\n";
-    return 1;
+    for (const std::string& w : *warnings) std::cerr << "warning: " << w << "\n";
+    std::cout << "OK\n";
+    return 0;
   }
 
   Config config;
@@ -180,6 +211,13 @@ int main(int argc, char** argv) {
     }
     run_as = std::move(*who);
   }
+  if (auto warnings = ratelimit::server::CheckConfig(config); !warnings.ok()) {
+    Log(Level::kError, "bad config",
+        {{"error", config.source + ": " + warnings.status().message()}});
+    return 1;
+  } else {
+    for (const std::string& w : *warnings) Log(Level::kWarn, "config", {{"warning", w}});
+  }
   const ratelimit::policy::StoreConfig store_config = config.store;
   auto policy = ratelimit::policy::Policy::Create(std::move(config));
   if (!policy.ok()) {
@@ -195,6 +233,9 @@ int main(int argc, char** argv) {
   if (!store.ok()) {
     Log(Level::kError, "cannot create the store", {{"error", store.status().message()}});
     return 1;
+  }
+  if (store_config.type == ratelimit::policy::StoreConfig::Type::kRedis) {
+    WarnIfUnreachable(**store, store_config);
   }
   if (auto s = server.Start(std::move(*store)); !s.ok()) {
     Log(Level::kError, "cannot start", {{"error", s.message()}});

@@ -5,9 +5,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <cstring>
 #include <initializer_list>
 #include <set>
 #include <sstream>
@@ -142,9 +147,19 @@ class Loader {
     return Scalar(n, key, out);
   }
 
+  // A quoted scalar ("10") is a string in YAML: numbers and booleans must be
+  // written plain, so that a string never passes for one by accident.
+  Status Plain(const YAML::Node& n, std::string_view field, std::string_view kind) const {
+    if (n.Tag() != "!") return Status::Ok();
+    return Error(n, Quote(field) + " must be a plain " + std::string(kind) +
+                        ", not a quoted string: " + "write " + n.Scalar() + ", not \"" +
+                        n.Scalar() + "\"");
+  }
+
   Status Int(const YAML::Node& n, std::string_view field, int64_t* out) const {
     std::string s;
     RL_RETURN_IF_ERROR(Scalar(n, field, &s));
+    RL_RETURN_IF_ERROR(Plain(n, field, "number"));
     int64_t v = 0;
     const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
     auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), v);
@@ -177,6 +192,7 @@ class Loader {
   Status Double(const YAML::Node& n, std::string_view field, double* out) const {
     std::string s;
     RL_RETURN_IF_ERROR(Scalar(n, field, &s));
+    RL_RETURN_IF_ERROR(Plain(n, field, "number"));
     double d = 0;
     const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
     auto [ptr, ec] = std::from_chars(b, s.data() + s.size(), d);
@@ -192,6 +208,7 @@ class Loader {
     if (!n.IsDefined()) return Status::Ok();
     std::string s;
     RL_RETURN_IF_ERROR(Scalar(n, key, &s));
+    RL_RETURN_IF_ERROR(Plain(n, key, "true or false"));
     if (s == "true") {
       *out = true;
     } else if (s == "false") {
@@ -287,6 +304,7 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
                  "'admin_listen' must be host:port or \"\", got " + Quote(s->admin_listen));
   }
   RL_RETURN_IF_ERROR(String(n, "admin_token_file", &s->admin_token_file));
+  s->admin_token_file = RelativeTo(base_dir_, s->admin_token_file);
   RL_RETURN_IF_ERROR(String(n, "upstream", &s->upstream));
   if (!s->upstream.empty() && s->upstream.rfind("http://", 0) != 0) {
     return Error(Get(n, "upstream"),
@@ -330,12 +348,8 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
   RL_RETURN_IF_ERROR(ClusterNodes(n, s));
   if (s->type == StoreConfig::Type::kRedis) {
     if (s->url.empty()) return Error(n, "store type redis needs a 'url' (redis://host:6379)");
-    if (!s->url.starts_with("redis://") && !s->url.starts_with("rediss://") &&
-        !s->url.starts_with("redis+cluster://") && !s->url.starts_with("rediss+cluster://")) {
-      // Never echo the URL: it may hold a password.
-      return Error(Get(n, "url"),
-                   "store 'url' must start with redis://, rediss://, redis+cluster:// or "
-                   "rediss+cluster://");
+    if (Status bad = CheckStoreUrlScheme(s->url); !bad.ok()) {
+      return Error(Get(n, "url"), "store 'url' " + bad.message());
     }
   } else if (!s->url.empty()) {
     return Error(Get(n, "url"), "store 'url' is only used with type: redis");
@@ -641,19 +655,20 @@ namespace {
 
 Status Loader::Route(const YAML::Node& n, RouteClass* r) {
   if (!n.IsMap()) return Error(n, "a route must be a map (name, path, limits, ...)");
-  RL_RETURN_IF_ERROR(CheckMap(n, "route",
+  r->source_line = n.Mark().line + 1;
+  // The name first, so that every message about this route names it.
+  YAML::Node name = Get(n, "name");
+  if (name.IsDefined() && name.IsScalar()) r->name = name.Scalar();
+  const std::string what = r->name.empty() ? "route" : "route " + Quote(r->name);
+  RL_RETURN_IF_ERROR(CheckMap(n, what,
                               {"name", "methods", "path", "match", "key_by", "cost", "shadow",
                                "failure_mode", "limits", "concurrency"}));
-  r->source_line = n.Mark().line + 1;
-  YAML::Node name = Get(n, "name");
   if (!name.IsDefined()) return Error(n, "a route needs a 'name'");
   RL_RETURN_IF_ERROR(Scalar(name, "name", &r->name));
   if (Status s = ValidateLimitName(r->name); !s.ok()) {
     return Error(
         name, "route name " + Quote(r->name) + " must be 1..64 letters, digits, '_', '-' or '.'");
   }
-  const std::string what = "route " + Quote(r->name);
-  // Check the keys' names in the route map once more, so the message names the route.
   if (YAML::Node m = Get(n, "methods"); m.IsDefined()) {
     if (!m.IsSequence())
       return Error(m, "'methods' of " + what + " must be a list like [GET, POST]");
@@ -753,10 +768,12 @@ Status Loader::Concurrency(const YAML::Node& n, const std::string& what, Concurr
 }
 
 Status Loader::ApiKeysFile(const std::string& path, const YAML::Node& at, Config* c) {
-  const std::string full =
-      path.empty() || path[0] == '/' || base_dir_.empty() ? path : base_dir_ + "/" + path;
-  std::ifstream in(full);
-  if (!in) return Error(at, "cannot read api_keys_file " + Quote(full));
+  const std::string full = RelativeTo(base_dir_, path);
+  StatusOr<std::string> text = ReadTextFile(full);
+  if (!text.ok()) {
+    return Error(at, "cannot read api_keys_file " + Quote(full) + ": " + text.status().message());
+  }
+  std::istringstream in(*text);
   std::string line;
   int number = 0;
   while (std::getline(in, line)) {
@@ -917,14 +934,61 @@ StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name
   return ParseConfig(yaml, source_name, "");
 }
 
-StatusOr<Config> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound(path + ": cannot read the config file");
-  std::ostringstream text;
-  text << in.rdbuf();
+StatusOr<std::string> ReadTextFile(const std::string& path) {
+  // open(2) and fstat(2) directly: a directory opens fine but is no file, and
+  // errno says why a file cannot be read ("Permission denied").
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound(std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int e = errno;
+    ::close(fd);
+    return NotFound(S_ISDIR(st.st_mode) ? "it is a directory"
+                    : e                 ? std::strerror(e)
+                                        : "not a file");
+  }
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      return NotFound(std::strerror(e));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+Status CheckStoreUrlScheme(std::string_view url) {
+  for (std::string_view scheme :
+       {"redis://", "rediss://", "redis+cluster://", "rediss+cluster://"}) {
+    if (url.starts_with(scheme)) return Status::Ok();
+  }
+  // Never echo the URL: it may hold a password.
+  return InvalidArgument(
+      "must start with redis://, rediss://, redis+cluster:// or rediss+cluster://");
+}
+
+std::string FolderOf(const std::string& path) {
   const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
-  return ParseConfig(text.str(), path, dir);
+  return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+}
+
+std::string RelativeTo(const std::string& dir, const std::string& path) {
+  return path.empty() || path[0] == '/' || dir.empty() ? path : dir + "/" + path;
+}
+
+StatusOr<Config> LoadConfigFile(const std::string& path) {
+  StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) {
+    return NotFound(path + ": cannot read the config file: " + text.status().message());
+  }
+  return ParseConfig(*text, path, FolderOf(path));
 }
 
 Config EmbeddedDefault() {
@@ -943,6 +1007,74 @@ Config EmbeddedDefault() {
   r.limits.push_back(RuleLimit{.limit = ping});
   c.routes.push_back(std::move(r));
   return c;
+}
+
+}  // namespace ratelimit::policy
+
+namespace ratelimit::policy {
+namespace {
+
+// The text of a setting's value, as the dump writes it.
+std::string Text(const std::string& s) { return s; }
+std::string Text(bool b) { return b ? "true" : "false"; }
+std::string Text(int64_t v) { return std::to_string(v); }
+std::string Text(int v) { return std::to_string(v); }
+std::string Text(size_t v) { return std::to_string(v); }
+std::string Text(std::chrono::milliseconds d) {
+  return FormatDuration(std::chrono::duration_cast<std::chrono::microseconds>(d));
+}
+std::string Text(StoreConfig::Type t) {
+  return t == StoreConfig::Type::kRedis ? "redis" : "memory";
+}
+std::string Text(StoreConfig::TimeSource t) {
+  return t == StoreConfig::TimeSource::kRedis ? "redis" : "local";
+}
+
+}  // namespace
+
+void KeepRestartBound(const Config& running, Config* loaded) {
+  std::vector<PendingSetting>& pending = loaded->pending_restart;
+  pending.clear();
+  auto keep = [&pending](std::string_view name, auto& field, const auto& in_effect) {
+    if (field == in_effect) return;
+    pending.push_back({std::string(name), Text(field)});
+    field = in_effect;
+  };
+  const StoreConfig& rs = running.store;
+  StoreConfig& ls = loaded->store;
+  keep("store.type", ls.type, rs.type);
+  if (ls.url != rs.url) pending.push_back({"store.url", RedactUrl(ls.url)});
+  ls.url = rs.url;
+  keep("store.deadline", ls.deadline, rs.deadline);
+  keep("store.key_prefix", ls.key_prefix, rs.key_prefix);
+  keep("store.time_source", ls.time_source, rs.time_source);
+  keep("store.max_keys", ls.max_keys, rs.max_keys);
+  keep("store.max_key_length", ls.max_key_length, rs.max_key_length);
+  keep("store.connections", ls.connections, rs.connections);
+  keep("store.max_pending", ls.max_pending, rs.max_pending);
+  keep("store.breaker.failures", ls.breaker.failures, rs.breaker.failures);
+  keep("store.breaker.open_for", ls.breaker.open_for, rs.breaker.open_for);
+  keep("store.breaker.max_open_for", ls.breaker.max_open_for, rs.breaker.max_open_for);
+  keep("store.reconnect_max_backoff", ls.reconnect_max_backoff, rs.reconnect_max_backoff);
+  keep("store.local_max_keys", ls.local_max_keys, rs.local_max_keys);
+  const ServerConfig& r = running.server;
+  ServerConfig& l = loaded->server;
+  keep("server.listen", l.listen, r.listen);
+  keep("server.admin_listen", l.admin_listen, r.admin_listen);
+  keep("server.admin_token_file", l.admin_token_file, r.admin_token_file);
+  keep("server.upstream", l.upstream, r.upstream);
+  keep("server.demo", l.demo, r.demo);
+  keep("server.threads", l.threads, r.threads);
+  keep("server.max_body_bytes", l.max_body_bytes, r.max_body_bytes);
+  keep("server.max_header_bytes", l.max_header_bytes, r.max_header_bytes);
+  keep("server.max_connections", l.max_connections, r.max_connections);
+  keep("server.max_connections_per_ip", l.max_connections_per_ip, r.max_connections_per_ip);
+  keep("server.max_requests_per_second_per_connection", l.max_requests_per_second_per_connection,
+       r.max_requests_per_second_per_connection);
+  keep("server.read_timeout", l.read_timeout, r.read_timeout);
+  keep("server.idle_timeout", l.idle_timeout, r.idle_timeout);
+  keep("server.user", l.user, r.user);
+  keep("server.group", l.group, r.group);
 }
 
 }  // namespace ratelimit::policy

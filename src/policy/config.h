@@ -144,6 +144,12 @@ struct ServerConfig {
   std::string group;  // "" = the user's primary group
 };
 
+// A setting a reload read but could not apply: it waits for a restart.
+struct PendingSetting {
+  std::string name;   // "store.url"
+  std::string value;  // as the dump would show it (secrets redacted)
+};
+
 struct Config {
   std::string source;  // file path, or "<embedded default>"
   ServerConfig server;
@@ -156,16 +162,41 @@ struct Config {
   std::vector<RuleLimit> global_limits;         // per client, across all routes, every plan
   std::vector<RouteClass> routes;               // first match wins
   std::map<std::string, Limit> named_limits;    // for POST /v1/check {"limits": ["burst"]}
+  // After a reload: settings of the file that differ from those in effect
+  // and need a restart (KeepRestartBound). Empty at start.
+  std::vector<PendingSetting> pending_restart;
 };
 
-// Errors name the file, line and key: "x.yaml:12: unknown key 'limitz' in route".
-// Every error is kInvalidArgument, except an unreadable file (kNotFound).
-// `api_keys_file` is read relative to the config file's folder (ParseConfig:
-// relative to the current directory unless `base_dir` is given).
+// Errors name the file, line and key: "x.yaml:12: unknown key 'limitz' in route 'api'".
+// Every error is kInvalidArgument, except an unreadable file (kNotFound, with
+// the reason: "x.yaml: cannot read the config file: Permission denied").
+// `api_keys_file` and `server.admin_token_file` are relative to the config
+// file's folder (ParseConfig: relative to the current directory unless
+// `base_dir` is given); admin_token_file is stored so resolved.
 StatusOr<Config> LoadConfigFile(const std::string& path);
 StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name);
 StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name,
                              const std::string& base_dir);
+
+// A regular file's whole content, or kNotFound whose message says why not
+// ("No such file or directory", "Permission denied", "it is a directory").
+StatusOr<std::string> ReadTextFile(const std::string& path);
+
+// Ok iff `url` starts with redis://, rediss://, redis+cluster:// or
+// rediss+cluster://; the error ("must start with ...") never echoes the URL.
+Status CheckStoreUrlScheme(std::string_view url);
+
+// `path` relative to `dir` unless it is absolute (or `dir` is "").
+std::string RelativeTo(const std::string& dir, const std::string& path);
+// The folder of a file path: "examples/gateway.yaml" -> "examples", "x.yaml" -> ".".
+std::string FolderOf(const std::string& path);
+
+// Settings bound at start (listeners, threads, upstream, bounds, the store
+// and its connections) cannot change on reload. Sets them in `loaded` to
+// their values in `running`, so that `loaded` describes what is in effect,
+// and lists each that differed, with the file's value, in
+// loaded->pending_restart. (DumpRedacted shows them as comments.)
+void KeepRestartBound(const Config& running, Config* loaded);
 
 // The YAML spellings, shared with the server's admin API and logs.
 std::string_view FailureModeName(FailureMode m);      // "open", "closed", "local"
@@ -176,8 +207,9 @@ std::string_view HeaderDialectName(HeaderDialect d);  // "draft06", "structured"
 Config EmbeddedDefault();
 
 // The config as YAML with secrets (Redis password, API keys, admin token) redacted.
-// Every default is spelled out. API keys appear as a list of `"***": plan`
-// entries, so the dump documents the mapping but cannot be loaded back as is.
+// Every default is spelled out; pending_restart follows as comments
+// ("# waiting for a restart: store.url: redis://h2:6379"). API keys appear as a list of `"***":
+// plan` entries, so the dump documents the mapping but cannot be loaded back as is.
 std::string DumpRedacted(const Config& config);
 
 // "redis://user:secret@host:6379/0" -> "redis://user:***@host:6379/0".

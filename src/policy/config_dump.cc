@@ -67,7 +67,6 @@ std::string RedactUrl(std::string_view url) {
 
 std::string DumpRedacted(const Config& c) {
   YAML::Emitter out;
-  out << YAML::Comment("effective config from " + c.source + " (secrets redacted)");
   out << YAML::BeginMap;
 
   const ServerConfig& s = c.server;
@@ -204,7 +203,15 @@ std::string DumpRedacted(const Config& c) {
   }
   out << YAML::EndSeq;
   out << YAML::EndMap;
-  std::string text = out.c_str();
+  // Comments, so that the dump still loads back as the config in effect.
+  std::string text = "# effective config from " + c.source + " (secrets redacted)\n";
+  if (!c.pending_restart.empty()) {
+    text += "# waiting for a restart (read from the file at the last reload, not in effect):\n";
+    for (const PendingSetting& p : c.pending_restart) {
+      text += "#   " + p.name + ": " + p.value + "\n";
+    }
+  }
+  text += out.c_str();
   text += '\n';
   return text;
 }

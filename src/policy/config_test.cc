@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "policy/policy.h"
 
 namespace ratelimit::policy {
@@ -286,12 +288,43 @@ TEST_F(ApiKeysFile, ErrorsNameTheKeysFileAndLine) {
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("c.yaml:2: cannot read api_keys_file"), std::string::npos)
       << c.status().message();
+  EXPECT_NE(c.status().message().find("missing.txt': No such file or directory"), std::string::npos)
+      << c.status().message();
+}
+
+TEST_F(ApiKeysFile, AdminTokenFileIsRelativeToTheConfigToo) {
+  Write("c.yaml", "server: {admin_token_file: admin.token}\n");
+  StatusOr<Config> c = LoadConfigFile((dir_ / "c.yaml").string());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->server.admin_token_file, (dir_ / "admin.token").string());
+  Write("c.yaml", "server: {admin_token_file: /etc/ratelimit/admin.token}\n");
+  c = LoadConfigFile((dir_ / "c.yaml").string());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->server.admin_token_file, "/etc/ratelimit/admin.token");
+}
+
+TEST_F(ApiKeysFile, UnreadableConfigSaysWhy) {
+  StatusOr<Config> c = LoadConfigFile(dir_.string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().message(),
+            dir_.string() + ": cannot read the config file: it is a directory");
+  Write("c.yaml", "store: {type: memory}\n");
+  fs::permissions(dir_ / "c.yaml", fs::perms::none);
+  if (::geteuid() != 0) {  // root reads it anyway
+    c = LoadConfigFile((dir_ / "c.yaml").string());
+    ASSERT_FALSE(c.ok());
+    EXPECT_NE(c.status().message().find("cannot read the config file: Permission denied"),
+              std::string::npos)
+        << c.status().message();
+  }
 }
 
 TEST(LoadConfigFile, MissingFileIsNotFound) {
   StatusOr<Config> c = LoadConfigFile("/nonexistent/ratelimit.yaml");
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(c.status().message(),
+            "/nonexistent/ratelimit.yaml: cannot read the config file: No such file or directory");
 }
 
 TEST(ParseConfig, StoreReconnectMaxBackoff) {
@@ -310,6 +343,43 @@ TEST(ParseConfig, StoreReconnectMaxBackoff) {
                     "t.yaml");
     EXPECT_FALSE(c.ok()) << bad;
   }
+}
+
+// ---- reload: what needs a restart stays as it is, and the dump says what waits ----
+TEST(KeepRestartBound, KeepsWhatIsInEffectAndListsWhatWaits) {
+  StatusOr<Config> running = ParseConfig("server: {threads: 2}\nstore: {type: memory}\n", "a.yaml");
+  ASSERT_TRUE(running.ok()) << running.status().message();
+  StatusOr<Config> loaded = ParseConfig(R"(
+server: {threads: 4, headers: legacy}
+store: {type: redis, url: "redis://:pw@h2:6379", failure_mode: closed}
+)",
+                                        "a.yaml");
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  KeepRestartBound(*running, &*loaded);
+  EXPECT_EQ(loaded->store.type, StoreConfig::Type::kMemory);
+  EXPECT_EQ(loaded->store.url, "");
+  EXPECT_EQ(loaded->server.threads, 2);
+  // Settings a reload applies keep the file's value.
+  EXPECT_EQ(loaded->server.headers, HeaderDialect::kLegacy);
+  EXPECT_EQ(loaded->store.failure_mode, FailureMode::kClosed);
+  ASSERT_EQ(loaded->pending_restart.size(), 3u);
+  const std::string dump = DumpRedacted(*loaded);
+  EXPECT_NE(dump.find("  type: memory\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("  threads: 2\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("# waiting for a restart"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("#   store.type: redis\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("#   store.url: redis://:***@h2:6379\n"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("#   server.threads: 4\n"), std::string::npos) << dump;
+  EXPECT_EQ(dump.find("pw@"), std::string::npos) << dump;
+  // The dump still loads back as the config in effect.
+  StatusOr<Config> again = ParseConfig(dump, "dump");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->store.type, StoreConfig::Type::kMemory);
+  // A later reload that matches the running config waits for nothing.
+  StatusOr<Config> same = ParseConfig("server: {threads: 2}\n", "a.yaml");
+  KeepRestartBound(*running, &*same);
+  EXPECT_TRUE(same->pending_restart.empty());
+  EXPECT_EQ(DumpRedacted(*same).find("waiting"), std::string::npos);
 }
 
 // ---- the dump ----

@@ -102,6 +102,8 @@ struct EvalCall {
 
 }  // namespace
 
+Status CheckTlsFiles(const Options& options) { return MakeTlsContext(options).status(); }
+
 std::string Sha1Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

@@ -51,6 +51,10 @@ struct Script {
 // Lowercase hex SHA1 of `data` (what Redis uses to name scripts).
 std::string Sha1Hex(std::string_view data);
 
+// Loads the TLS files of `options` (tls_ca_file, tls_cert_file, tls_key_file)
+// as a Client does: Ok, or the error its Create() would return.
+Status CheckTlsFiles(const Options& options);
+
 class Client {
  public:
   // Starts connecting at once. A TLS setup error (unreadable CA file, ...) is

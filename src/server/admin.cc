@@ -8,10 +8,8 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <vector>
 
 #include "policy/config.h"
@@ -189,11 +187,12 @@ AdminApi::AdminApi(Enforcer& enforcer, std::string token)
     : enforcer_(enforcer), token_(std::move(token)) {}
 
 StatusOr<std::string> AdminApi::ReadTokenFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument("cannot read server.admin_token_file '" + path + "'");
-  std::stringstream s;
-  s << in.rdbuf();
-  std::string t = s.str();
+  StatusOr<std::string> text = policy::ReadTextFile(path);
+  if (!text.ok()) {
+    return InvalidArgument("cannot read server.admin_token_file '" + path +
+                           "': " + text.status().message());
+  }
+  std::string t = std::move(*text);
   const auto not_space = [](unsigned char c) { return !std::isspace(c); };
   t.erase(t.begin(), std::find_if(t.begin(), t.end(), not_space));
   t.erase(std::find_if(t.rbegin(), t.rend(), not_space).base(), t.end());

@@ -142,7 +142,15 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
       default: out = Limit::SlidingLog(limit_name, count, *w); break;
     }
   }
-  if (!out.ok()) return Bad(where + ": " + out.status().message());
+  if (!out.ok()) {
+    // The core names the limit ("limit 'default': capacity must ..."); `where`
+    // already says which one, and 'default' is no name the caller wrote.
+    std::string_view m = out.status().message();
+    if (const std::string named = "limit '" + limit_name + "': "; m.starts_with(named)) {
+      m.remove_prefix(named.size());
+    }
+    return Bad(where + ": " + std::string(m));
+  }
   return out;
 }
 

@@ -144,6 +144,10 @@ TEST(ParseCheck, Errors) {
   EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "leaky_bucket", "depth": 0,)"
                        R"( "rate_per_second": 5}})"),
             "limit: field 'depth' must be a positive integer");
+  // The core's own "limit 'default': " is not repeated after "limit: ".
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10,)"
+                       R"( "refill_per_second": 2000000}})"),
+            "limit: refill_per_second must be at most 1000000 (one token per microsecond)");
   EXPECT_EQ(
       ParseError(
           R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 1, "window": "1s"}})"),

@@ -150,7 +150,13 @@ Status Server::Start(std::shared_ptr<Store> store) {
     s.admin_router = Router::Admin(s.policies, *s.enforcer, *s.admin);
     s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
                                                   caps, s.OneThread());
-    if (Status st = s.admin_listener->Open(); !st.ok()) return st;
+    if (Status st = s.admin_listener->Open(); !st.ok()) {
+      // The usual cause: a second instance on this host with the default.
+      return Status(st.code(), st.message() +
+                                   " (server.admin_listen: each instance on a host needs its own, "
+                                   "e.g. --admin-listen 127.0.0.1:9091, or --admin-listen \"\" "
+                                   "for none)");
+    }
     const tcp::endpoint abound = s.admin_listener->local_endpoint();
     admin_addr = abound.address().to_string();
     if (abound.address().is_v6()) admin_addr = "[" + admin_addr + "]";
@@ -198,42 +204,14 @@ void Server::Impl::Reload() {
     return;
   }
   if (options.apply_overrides) options.apply_overrides(*c);
-  // Settings bound at start: note what a restart would change.
-  const policy::StoreConfig& a = start_config.store;
-  const policy::StoreConfig& b = c->store;
+  // Settings bound at start keep their running values, so that the policy
+  // (and GET /v1/config) says what is in effect; the file's values wait.
+  policy::KeepRestartBound(start_config, &*c);
   std::string ignored;
-  auto note = [&ignored](bool changed, std::string_view name) {
-    if (!changed) return;
+  for (const policy::PendingSetting& pending : c->pending_restart) {
     if (!ignored.empty()) ignored += ", ";
-    ignored += name;
-  };
-  note(a.type != b.type, "store.type");
-  note(a.url != b.url, "store.url");
-  note(a.deadline != b.deadline, "store.deadline");
-  note(a.key_prefix != b.key_prefix, "store.key_prefix");
-  note(a.time_source != b.time_source, "store.time_source");
-  note(a.max_keys != b.max_keys, "store.max_keys");
-  note(a.connections != b.connections || a.max_pending != b.max_pending ||
-           a.breaker.failures != b.breaker.failures || a.breaker.open_for != b.breaker.open_for ||
-           a.breaker.max_open_for != b.breaker.max_open_for ||
-           a.reconnect_max_backoff != b.reconnect_max_backoff ||
-           a.local_max_keys != b.local_max_keys,
-       "store connections, max_pending, breaker, reconnect_max_backoff, local_max_keys");
-  const policy::ServerConfig& x = start_config.server;
-  const policy::ServerConfig& y = c->server;
-  note(x.listen != y.listen, "server.listen");
-  note(x.admin_listen != y.admin_listen, "server.admin_listen");
-  note(x.admin_token_file != y.admin_token_file, "server.admin_token_file");
-  note(x.upstream != y.upstream, "server.upstream");
-  note(x.demo != y.demo, "server.demo");
-  note(x.threads != y.threads, "server.threads");
-  note(x.max_body_bytes != y.max_body_bytes || x.max_header_bytes != y.max_header_bytes ||
-           x.max_connections != y.max_connections || x.read_timeout != y.read_timeout ||
-           x.idle_timeout != y.idle_timeout ||
-           x.max_connections_per_ip != y.max_connections_per_ip ||
-           x.max_requests_per_second_per_connection != y.max_requests_per_second_per_connection,
-       "server limits");
-  note(x.user != y.user || x.group != y.group, "server.user, server.group");
+    ignored += pending.name;
+  }
   StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(std::move(*c));
   if (!p.ok()) {
     Metrics::Global().reloads_failed.Inc();

@@ -24,10 +24,10 @@ struct Curl {
   HttpResponse response;
 };
 
-// curl -s -i [--interface SRC] [-H ...] URL
+// curl -s -i [-X METHOD] [--interface SRC] [-H ...] URL
 Curl RunCurl(const std::string& url, const std::string& source,
-             const std::vector<std::string>& headers = {}) {
-  std::string cmd = "curl -s -i --max-time 10";
+             const std::vector<std::string>& headers = {}, const std::string& method = "GET") {
+  std::string cmd = "curl -s -i --max-time 10 -X " + method;
   if (!source.empty()) cmd += " --interface " + source;
   for (const auto& h : headers) cmd += " -H '" + h + "'";
   cmd += " '" + url + "'";
@@ -125,6 +125,30 @@ TEST(NginxAuthRequest, LimitsThroughNginx) {
   Curl other = RunCurl(url, "127.0.0.3");
   EXPECT_EQ(other.status, 200) << other.response.raw_head;
   EXPECT_EQ(upstream.requests(), 4);
+}
+
+// The two example files together, as shipped: the client sees the RateLimit
+// headers of the yaml's dialect (structured) on 200 and on 429.
+TEST(NginxAuthRequest, TheExampleFilesTogetherShowTheRateLimitHeaders) {
+  std::string yaml_path = NGINX_CONF_TEMPLATE;  // examples/nginx-auth-request.conf
+  yaml_path.replace(yaml_path.size() - 4, 4, "yaml");
+  Stack stack(ReadFile(yaml_path));
+  ASSERT_EQ(stack.Problem(), "");
+  const std::string url = stack.Url("/upload");
+  // POST /upload costs all 10 tokens of upload_rate: allowed once, then denied.
+  Curl ok = RunCurl(url, "127.0.0.2", {}, "POST");
+  ASSERT_EQ(ok.status, 200) << ok.response.raw_head << stack.ErrorLog();
+  EXPECT_NE(ok.response.Header("RateLimit-Policy"), "") << ok.response.raw_head;
+  EXPECT_NE(ok.response.Header("RateLimit").find(";r="), std::string::npos) << ok.response.raw_head;
+  EXPECT_FALSE(ok.response.Has("RateLimit-Limit")) << "no header of another dialect";
+  Curl denied = RunCurl(url, "127.0.0.2", {}, "POST");
+  ASSERT_EQ(denied.status, 429) << denied.response.raw_head << stack.ErrorLog();
+  EXPECT_NE(denied.response.Header("RateLimit-Policy"), "") << denied.response.raw_head;
+  EXPECT_NE(denied.response.Header("RateLimit").find(";r=0"), std::string::npos)
+      << denied.response.raw_head;
+  EXPECT_GE(std::atoi(denied.response.Header("Retry-After").c_str()), 1)
+      << denied.response.raw_head;
+  EXPECT_EQ(stack.upstream().requests(), 1);
 }
 
 // Shaping through nginx: ratelimitd answers /_ratelimit only when the

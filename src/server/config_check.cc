@@ -1,0 +1,101 @@
+#include "server/config_check.h"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+
+#include "redis/client.h"
+#include "redis/url.h"
+#include "server/admin.h"
+
+namespace ratelimit::server {
+namespace {
+
+// "is readable by every user of this host (mode 0644)", or "" when it is not.
+std::string OpenToEveryone(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 0007) == 0) return "";
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return std::string((st.st_mode & 0002) ? "is writable" : "is readable") +
+         " by every user of this host (mode " + mode + "): chmod 600 it (640 for a group)";
+}
+
+// A file the start reads: readable (else an error naming the setting), and,
+// for a secret, a warning when every user may read it.
+Status CheckFile(std::string_view setting, const std::string& path, bool secret,
+                 std::vector<std::string>& warnings) {
+  StatusOr<std::string> text = policy::ReadTextFile(path);
+  if (!text.ok()) {
+    return InvalidArgument(std::string(setting) + " '" + path + "': " + text.status().message());
+  }
+  if (secret) {
+    if (std::string open = OpenToEveryone(path); !open.empty()) {
+      warnings.push_back(std::string(setting) + " '" + path + "' " + open);
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckRedis(const policy::StoreConfig& store, std::vector<std::string>& warnings) {
+  if (store.type != policy::StoreConfig::Type::kRedis) return Status::Ok();
+  redis::Options o;
+  if (redis::IsClusterUrl(store.url)) {
+    StatusOr<redis::ClusterOptions> c = redis::ParseClusterUrl(store.url);
+    if (!c.ok()) return InvalidArgument("store.url: " + c.status().message());
+    o = c->node;
+  } else {
+    StatusOr<redis::Options> p = redis::ParseRedisUrl(store.url);
+    if (!p.ok()) return InvalidArgument("store.url: " + p.status().message());
+    o = *p;
+  }
+  const struct {
+    const char* setting;
+    const std::string& path;
+    bool secret;
+  } files[] = {{"store.url tls_ca_file", o.tls_ca_file, false},
+               {"store.url tls_cert_file", o.tls_cert_file, false},
+               {"store.url tls_key_file", o.tls_key_file, true}};
+  for (const auto& f : files) {
+    if (f.path.empty()) continue;
+    if (Status s = CheckFile(f.setting, f.path, f.secret, warnings); !s.ok()) return s;
+  }
+  return redis::CheckTlsFiles(o);
+}
+
+// True iff some request could meet a limit (rate or concurrency).
+bool AnyLimit(const policy::Config& c) {
+  if (!c.global_limits.empty()) return true;
+  for (const auto& [name, plan] : c.plans) {
+    if (!plan.limits.empty()) return true;
+  }
+  for (const policy::RouteClass& r : c.routes) {
+    if (!r.limits.empty() || r.concurrency) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::string>> CheckConfig(const policy::Config& c) {
+  std::vector<std::string> warnings;
+  if (const std::string& token = c.server.admin_token_file; !token.empty()) {
+    if (Status s = CheckFile("server.admin_token_file", token, true, warnings); !s.ok()) return s;
+    // As the start reads it: an empty token is refused there.
+    if (StatusOr<std::string> t = AdminApi::ReadTokenFile(token); !t.ok()) return t.status();
+  }
+  if (!c.api_keys_file.empty()) {
+    // The loader has read and parsed it; only its permissions are left.
+    const std::string path = policy::RelativeTo(policy::FolderOf(c.source), c.api_keys_file);
+    if (Status s = CheckFile("api_keys_file", path, true, warnings); !s.ok()) return s;
+  }
+  if (Status s = CheckRedis(c.store, warnings); !s.ok()) return s;
+  if (!c.server.upstream.empty() && !AnyLimit(c)) {
+    warnings.push_back(
+        "server.upstream is set but no limit applies to any request (no global, plan or route "
+        "limits): every request is forwarded unlimited");
+  }
+  return warnings;
+}
+
+}  // namespace ratelimit::server

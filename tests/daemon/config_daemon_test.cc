@@ -1,0 +1,121 @@
+// The config as a new user meets it, through the real binary: the README's
+// example starts, --check-config checks every file a config names, the
+// effective config after a reload, and what the start says about Redis down,
+// an upstream without limits and a taken admin port (issue 16).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "harness.h"
+
+namespace rltest {
+namespace {
+
+std::pair<int, std::string> RunDaemon(const std::string& args) {
+  const std::string dir = MakeTempDir();
+  const std::string cmd = std::string(RATELIMITD_PATH) + " " + args + " > " + dir + "/out 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return {WEXITSTATUS(rc), ReadFile(dir + "/out")};
+}
+
+TEST(ConfigDaemon, TheReadmeGatewayExampleStartsAndItsSampleTokenWorks) {
+  Daemon d({"--config", RL_EXAMPLES_DIR "/gateway.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  EXPECT_EQ(Http(d.admin_port(), "GET", "/v1/config").status, 401);
+  HttpResponse r = Http(d.admin_port(), "GET", "/v1/config",
+                        {{"Authorization", "Bearer example-admin-token-change-me"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  // The sample token is readable by everyone: said at start.
+  EXPECT_NE(d.Log().find("is readable by every user of this host"), std::string::npos) << d.Log();
+}
+
+TEST(ConfigDaemon, CheckConfigChecksTheFilesTheConfigNames) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml", "server: {admin_token_file: /nonexistent/tok}\n");
+  auto [rc, out] = RunDaemon("--check-config " + dir + "/c.yaml");
+  EXPECT_EQ(rc, 1);
+  EXPECT_EQ(out, dir +
+                     "/c.yaml: server.admin_token_file '/nonexistent/tok': No such file or "
+                     "directory\n");
+  WriteFile(dir + "/c.yaml", "store: {type: redis, url: \"rediss://h?tls_ca_file=ca.pem\"}\n");
+  std::tie(rc, out) = RunDaemon("--check-config " + dir + "/c.yaml");
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(out.find("tls_ca_file 'ca.pem': No such file or directory"), std::string::npos) << out;
+  // The README's own command.
+  std::tie(rc, out) = RunDaemon("--check-config " RL_EXAMPLES_DIR "/gateway.yaml");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("OK\n"), std::string::npos) << out;
+}
+
+TEST(ConfigDaemon, RedisFlagErrorListsEveryScheme) {
+  auto [rc, out] = RunDaemon("--redis http://127.0.0.1:6379");
+  EXPECT_EQ(rc, 2);
+  EXPECT_NE(out.find("redis://, rediss://, redis+cluster:// or rediss+cluster://"),
+            std::string::npos)
+      << out;
+}
+
+TEST(ConfigDaemon, AfterAReloadTheConfigShowsWhatIsInEffect) {
+  const std::string dir = MakeTempDir();
+  const std::string file = dir + "/c.yaml";
+  WriteFile(file, "server: {threads: 2}\nstore: {type: memory}\n");
+  Daemon d({"--config", file});
+  ASSERT_TRUE(d.started()) << d.Log();
+  WriteFile(file,
+            "server: {threads: 3, headers: legacy}\n"
+            "store: {type: redis, url: \"redis://:pw@127.0.0.1:1\"}\n");
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", std::chrono::seconds(10))) << d.Log();
+  HttpResponse r = Http(d.admin_port(), "GET", "/v1/config");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("\n  type: memory\n"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("\n  threads: 2\n"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("\n  headers: legacy\n"), std::string::npos) << r.body;  // reloaded
+  EXPECT_NE(r.body.find("#   store.type: redis\n"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("#   store.url: redis://:***@127.0.0.1:1\n"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("#   server.threads: 3\n"), std::string::npos) << r.body;
+  r = Http(d.admin_port(), "GET", "/readyz");
+  EXPECT_NE(r.body.find("\"store\":\"memory\""), std::string::npos) << r.body;
+}
+
+TEST(ConfigDaemon, RedisUnreachableAtStartIsSaidAndTheFailureModeServes) {
+  const std::string url = "redis://127.0.0.1:" + std::to_string(FreePort());
+  Daemon d({"--redis", url});
+  ASSERT_TRUE(d.started()) << d.Log();
+  ASSERT_TRUE(d.WaitForLog("the store cannot be reached", std::chrono::seconds(10))) << d.Log();
+  EXPECT_NE(d.Log().find("\"store\":\"" + url + "\""), std::string::npos) << d.Log();
+  HttpResponse r = Http(d.port(), "GET", "/api/ping", {{"X-API-Key", "a"}});
+  EXPECT_EQ(r.status, 200);  // failure_mode: open
+  EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
+}
+
+TEST(ConfigDaemon, AnUpstreamWithoutLimitsIsWarnedAbout) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml", "server: {upstream: \"http://127.0.0.1:1\"}\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  EXPECT_NE(d.Log().find("every request is forwarded unlimited"), std::string::npos) << d.Log();
+  auto [rc, out] = RunDaemon("--check-config " + dir + "/c.yaml");
+  EXPECT_EQ(rc, 0);
+  EXPECT_NE(out.find("warning: server.upstream is set but no limit applies"), std::string::npos)
+      << out;
+}
+
+TEST(ConfigDaemon, ATakenAdminPortSaysHowToRunASecondInstance) {
+  Daemon first({});
+  ASSERT_TRUE(first.started()) << first.Log();
+  const std::string admin = "127.0.0.1:" + std::to_string(first.admin_port());
+  Daemon second({"--admin-listen", admin});
+  EXPECT_FALSE(second.started());  // it exited: the constructor saw it go
+  EXPECT_NE(second.Log().find("each instance on a host needs its own, e.g. --admin-listen"),
+            std::string::npos)
+      << second.Log();
+}
+
+}  // namespace
+}  // namespace rltest
