@@ -4,6 +4,7 @@
 //              [--failure-mode open|closed|local] [--admin-listen HOST:PORT]
 //              [--user NAME [--group NAME]]
 //   ratelimitd --check-config FILE     (the config and every file it names)
+//   ratelimitd [--config FILE] --explain 'GET /api/x' [-H 'Name: value']... [--peer ADDR]
 //   ratelimitd --help | --version
 #include <csignal>
 #include <cstdio>
@@ -11,10 +12,13 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "policy/config.h"
 #include "policy/policy.h"
 #include "server/config_check.h"
+#include "server/explain.h"
 #include "server/json_log.h"
 #include "server/privileges.h"
 #include "server/server.h"
@@ -47,18 +51,25 @@ options:
   --group NAME                with --user: this group instead of the user's primary group
   --check-config FILE         validate FILE and every file it names (admin token, API keys,
                               TLS files): print OK (warnings on stderr) or the error, exit 0 or 1
+  --explain 'METHOD TARGET'   print (JSON) the route, client, plan and limits the config
+                              applies to this request, consuming nothing; exit 0, or 1
+                              for a bad config, 2 for a bad request
+  -H, --header 'Name: value'  with --explain: a request header (repeatable)
+  --peer ADDR                 with --explain: the TCP peer's address (default 127.0.0.1)
   --help                      this text
   --version                   the version
 )";
 
 struct Flags {
   std::optional<std::string> config, listen, redis, failure_mode, admin_listen, check_config, user,
-      group;
+      group, explain, peer;
+  std::vector<std::string> headers;  // --explain's -H
   bool help = false, version = false;
 };
 
 // Returns an error message, or "" on success.
 std::string ParseFlags(int argc, char** argv, Flags& f) {
+  std::optional<std::string> header;  // one -H value, appended to f.headers
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     std::string_view value;
@@ -93,6 +104,12 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       slot = &f.user;
     else if (arg == "--group")
       slot = &f.group;
+    else if (arg == "--explain")
+      slot = &f.explain;
+    else if (arg == "--peer")
+      slot = &f.peer;
+    else if (arg == "-H" || arg == "--header")
+      slot = &header;
     else
       return "unknown flag '" + std::string(arg) + "' (see --help)";
     if (!inline_value) {
@@ -100,6 +117,7 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       value = argv[++i];
     }
     *slot = std::string(value);
+    if (header) f.headers.push_back(*std::exchange(header, std::nullopt));
   }
   if (f.failure_mode && *f.failure_mode != "open" && *f.failure_mode != "closed" &&
       *f.failure_mode != "local") {
@@ -197,6 +215,10 @@ int main(int argc, char** argv) {
     config = ratelimit::policy::EmbeddedDefault();
   }
   ApplyOverrides(flags, config);
+  if (flags.explain) {
+    return ratelimit::server::ExplainCommand(std::move(config), *flags.explain, flags.headers,
+                                             flags.peer.value_or(""));
+  }
   if (config.server.user.empty() && !config.server.group.empty()) {
     Log(Level::kError, "cannot start", {{"error", "--group needs --user"}});
     return 1;

@@ -132,8 +132,10 @@ struct ServerConfig {
   // beyond this are refused; peers in clients.trusted_proxies are exempt. 0 = no cap.
   size_t max_connections_per_ip = 256;
   // Requests read per second on one connection (burst: one second's worth);
-  // beyond, the next request is read later. Trusted proxies are exempt. 0 = no cap.
-  int64_t max_requests_per_second_per_connection = 1000;
+  // beyond, the next request is read later. Trusted proxies are exempt. 0 = no
+  // cap, the default: the decision API's callers (application servers, nginx
+  // auth_request) use few keep-alive connections (docs/security.md).
+  int64_t max_requests_per_second_per_connection = 0;
   // Requests held at once for a leaky bucket's delay (gateway, auth_request);
   // beyond: 503. Each holds at most max_header_bytes + max_body_bytes.
   size_t max_held_requests = 1'000;

@@ -14,6 +14,7 @@
 
 #include "policy/config.h"
 #include "ratelimit/redis_store.h"
+#include "server/explain.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
 #include "server/problem.h"
@@ -148,13 +149,28 @@ StatusOr<policy::Identity> IdentityOf(const policy::Policy& policy, std::string_
   return who;
 }
 
-std::string_view SourceName(policy::IdentitySource s) {
-  switch (s) {
-    case policy::IdentitySource::kApiKey: return "api_key";
-    case policy::IdentitySource::kUser: return "user";
-    case policy::IdentitySource::kIp: return "ip";
+// "k:demo***1f2e3d4c", an API key as the admin answers and logs show it ->
+// "k:<the key>", found among the config's api_keys and the keys of this
+// instance's recent denials (the only keys an operator can have seen shown).
+StatusOr<std::string> Unredact(const policy::Policy& policy, const AdminDenials& denials,
+                               std::string_view shown) {
+  const std::string_view start = shown.substr(0, shown.find("***"));
+  std::vector<std::string> found;
+  auto consider = [&](std::string key) {
+    if (!key.starts_with(start) || RedactKey(key) != shown) return;
+    if (std::find(found.begin(), found.end(), key) == found.end()) found.push_back(std::move(key));
+  };
+  for (const auto& [key, plan] : policy.config().api_keys) consider("k:" + key);
+  for (std::string& key : denials.Keys()) consider(std::move(key));
+  if (found.empty()) {
+    return NotFound("no API key shown as '" + std::string(shown) +
+                    "' in this config or this instance's recent denials: name it in full");
   }
-  return "ip";
+  if (found.size() > 1) {
+    return InvalidArgument("'" + std::string(shown) +
+                           "' stands for more than one API key: name it in full");
+  }
+  return std::move(found.front());
 }
 
 int64_t Ms(std::chrono::microseconds d) { return (d.count() + 999) / 1000; }
@@ -179,6 +195,54 @@ std::vector<policy::CheckGroup> OwnGroups(const policy::Policy& policy, const po
     return !(g.key == who.key || (include_ip_key && g.key == who.ip_key));
   });
   return groups;
+}
+
+}  // namespace
+
+// Whom an admin path names: an identity the policy forms (k:, u:, ip:) or a
+// decision-API caller's key (d:<key>), with every (key, limit) that may hold
+// its state.
+struct AdminApi::Client {
+  std::string key;          // the client part of its store keys
+  std::string shown;        // in answers (API keys shortened)
+  std::string_view source;  // api_key, user, ip, decision_api
+  std::string plan;
+  std::vector<policy::CheckGroup> groups;
+};
+
+namespace {
+
+AdminApi::Client FromIdentity(const policy::Policy& policy, const policy::Identity& who,
+                              bool include_ip_key) {
+  return {.key = who.key,
+          .shown = RedactKey(who.key),
+          .source = IdentitySourceName(who.source),
+          .plan = who.plan,
+          .groups = OwnGroups(policy, who, include_ip_key)};
+}
+
+// A decision-API key "d:<key>": the key as /v1/check and /v1/acquire take it
+// (percent-encoded in the path). Its limits come with each request, so only
+// the config's named limits (`limits:`) can be read or reset.
+StatusOr<AdminApi::Client> DecisionApiClientOf(const policy::Policy& policy,
+                                               std::string_view client) {
+  const std::string_view key = client.substr(kDecisionApiPrefix.size());
+  const size_t max = policy.config().store.max_key_length;
+  if (key.empty() || key.size() > max) {
+    return InvalidArgument("a decision-API key is 1.." + std::to_string(max) + " bytes");
+  }
+  AdminApi::Client c{.key = std::string(key),
+                     .shown = std::string(client),
+                     .source = "decision_api",
+                     .plan = "",
+                     .groups = {}};
+  for (const auto& [name, limit] : policy.config().named_limits) {
+    if (c.groups.empty() || c.groups.back().checks.size() == kMaxChecksPerRequest) {
+      c.groups.push_back({c.key, {}, false, policy.config().store.failure_mode});
+    }
+    c.groups.back().checks.push_back({&limit, 0});
+  }
+  return c;
 }
 
 }  // namespace
@@ -223,12 +287,19 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
       qpos == std::string_view::npos ? std::string_view() : target.substr(qpos + 1);
   const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
 
+  const bool draining = draining_.load(std::memory_order_relaxed);
   if (path == "/healthz") {
     if (!get) return done(MethodNotAllowed(path, "GET"));
-    return done(JsonReply(200, {{"status", "ok"}}));
+    // Alive while draining: a liveness probe must not kill the drain.
+    return done(JsonReply(200, {{"status", draining ? "draining" : "ok"}}));
   }
   if (path == "/readyz") {
     if (!get) return done(MethodNotAllowed(path, "GET"));
+    if (draining) {
+      Reply r = JsonReply(503, {{"ready", false}, {"draining", true}});
+      r.Add("Retry-After", "1");
+      return done(std::move(r));
+    }
     return Ready(std::move(policy), std::move(done));
   }
   if (!Authorized(req)) {
@@ -290,6 +361,16 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     return done(
         JsonReply(200, {{"window", window}, {"n", n}, {"clients", clients}, {"others", others}}));
   }
+  if (path == "/v1/explain") {
+    if (req.method() != http::verb::post) return done(MethodNotAllowed(path, "POST"));
+    json body = json::parse(req.body(), nullptr, false);
+    if (body.is_discarded()) return done(ProblemReply(400, "the body is not JSON", path));
+    StatusOr<ExplainRequest> r = ParseExplainRequest(body);
+    if (!r.ok()) return done(ProblemReply(400, r.status().message(), path));
+    StatusOr<json> answer = Explain(*policy, *r);
+    if (!answer.ok()) return done(ProblemReply(400, answer.status().message(), path));
+    return done(JsonReply(200, *answer));
+  }
   constexpr std::string_view kClients = "/v1/clients/";
   if (path.starts_with(kClients)) {
     std::string_view rest = path.substr(kClients.size());
@@ -321,7 +402,7 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     } else if (!formed.empty()) {
       return done(ProblemReply(400, "name the client in the path or use '-' with a query", path));
     }
-    StatusOr<policy::Identity> who = IdentityOf(*policy, *client);
+    StatusOr<Client> who = ClientOf(*policy, *client);
     if (!who.ok()) {
       const unsigned status = who.status().code() == StatusCode::kNotFound ? 404 : 400;
       return done(ProblemReply(status, who.status().message(), path));
@@ -329,19 +410,21 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     const std::string instance(path);
     if (action == "state") {
       if (req.method() == http::verb::delete_) {
-        return Reset(std::move(policy), *who, instance, std::move(done));
+        return Reset(std::move(policy), std::move(*who), instance, std::move(done));
       }
       if (!get) return done(MethodNotAllowed(path, "GET, DELETE"));
-      return State(std::move(policy), *who, false, true, instance, std::move(done));
+      return State(std::move(policy), std::move(*who), true, instance, std::move(done));
     }
     if (action == "reset") {
       if (req.method() != http::verb::post) return done(MethodNotAllowed(path, "POST"));
-      return Reset(std::move(policy), *who, instance, std::move(done));
+      return Reset(std::move(policy), std::move(*who), instance, std::move(done));
     }
     if (action == "denials") {
       if (!get) return done(MethodNotAllowed(path, "GET"));
       json list = json::array();
-      for (const DenialEntry& e : enforcer_.denials().ForClient(who->key)) {
+      const std::string recorded =
+          who->source == "decision_api" ? DecisionApiClient(who->key) : who->key;
+      for (const DenialEntry& e : enforcer_.denials().ForClient(recorded)) {
         list.push_back({{"time", IsoTime(e.unix_ms)},
                         {"unix_ms", e.unix_ms},
                         {"route", e.route},
@@ -350,18 +433,31 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
                         {"shadow", e.shadow}});
       }
       return done(JsonReply(
-          200,
-          {{"client", RedactKey(who->key)}, {"denials", list}, {"kept", AdminDenials::kRingSize}}));
+          200, {{"client", who->shown}, {"denials", list}, {"kept", AdminDenials::kRingSize}}));
     }
     return done(ProblemReply(404, "no such admin path (see docs/admin.md)", path));
   }
   done(ProblemReply(404, "no such admin path (see docs/admin.md)", path));
 }
 
+StatusOr<AdminApi::Client> AdminApi::ClientOf(const policy::Policy& policy,
+                                              std::string_view client) const {
+  if (client.starts_with(kDecisionApiPrefix)) return DecisionApiClientOf(policy, client);
+  std::string full;
+  if (client.starts_with("k:") && client.find("***") != std::string_view::npos) {
+    StatusOr<std::string> key = Unredact(policy, enforcer_.denials(), client);
+    if (!key.ok()) return key.status();
+    full = std::move(*key);
+    client = full;
+  }
+  StatusOr<policy::Identity> who = IdentityOf(policy, client);
+  if (!who.ok()) return who.status();
+  return FromIdentity(policy, *who, false);
+}
+
 struct AdminApi::StateOp {
   std::shared_ptr<const policy::Policy> policy;
-  policy::Identity who;
-  std::vector<policy::CheckGroup> groups;
+  Client who;
   size_t next = 0;
   json limits = json::array();
   bool any_state = false;
@@ -372,16 +468,16 @@ struct AdminApi::StateOp {
 
 void AdminApi::DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
                          std::function<void(Reply)> done) {
-  State(std::move(policy), who, true, false, "/demo/state", std::move(done));
+  Client c = FromIdentity(*policy, who, true);
+  State(std::move(policy), std::move(c), false, "/demo/state", std::move(done));
 }
 
-void AdminApi::State(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
-                     bool include_ip_key, bool not_found_if_empty, std::string instance,
+void AdminApi::State(std::shared_ptr<const policy::Policy> policy, Client who,
+                     bool not_found_if_empty, std::string instance,
                      std::function<void(Reply)> done) {
   auto op = std::make_shared<StateOp>();
-  op->groups = OwnGroups(*policy, who, include_ip_key);
   op->policy = std::move(policy);
-  op->who = who;
+  op->who = std::move(who);
   op->not_found_if_empty = not_found_if_empty;
   op->instance = std::move(instance);
   op->done = std::move(done);
@@ -389,19 +485,18 @@ void AdminApi::State(std::shared_ptr<const policy::Policy> policy, const policy:
 }
 
 void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
-  if (op->next == op->groups.size()) {
+  if (op->next == op->who.groups.size()) {
     if (op->not_found_if_empty && !op->any_state) {
       return op->done(ProblemReply(
-          404,
-          "no state for client '" + RedactKey(op->who.key) + "' (unknown, or every limit full)",
+          404, "no state for client '" + op->who.shown + "' (unknown, or every limit full)",
           op->instance));
     }
-    return op->done(JsonReply(200, {{"client", RedactKey(op->who.key)},
-                                    {"source", SourceName(op->who.source)},
+    return op->done(JsonReply(200, {{"client", op->who.shown},
+                                    {"source", op->who.source},
                                     {"plan", op->who.plan},
                                     {"limits", op->limits}}));
   }
-  const policy::CheckGroup& g = op->groups[op->next++];
+  const policy::CheckGroup& g = op->who.groups[op->next++];
   store().Peek({g.key, g.checks}, [this, op, &g](StatusOr<CheckResult> r) {
     if (!r.ok()) {
       Reply reply = ProblemReply(503,
@@ -455,12 +550,12 @@ struct AdminApi::ResetOp {
   std::function<void(Reply)> done;
 };
 
-void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
-                     std::string instance, std::function<void(Reply)> done) {
+void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, std::string instance,
+                     std::function<void(Reply)> done) {
   auto op = std::make_shared<ResetOp>();
-  op->groups = OwnGroups(*policy, who, false);
+  op->groups = std::move(who.groups);
   op->policy = std::move(policy);
-  op->client = RedactKey(who.key);
+  op->client = std::move(who.shown);
   op->instance = std::move(instance);
   op->done = std::move(done);
   for (const policy::CheckGroup& g : op->groups) {

@@ -1,19 +1,23 @@
 // AdminApi: the operators' HTTP API, served only on the admin listener
 // (server.admin_listen, default 127.0.0.1:9090). docs/admin.md is its manual.
 //
-//   GET    /healthz                          the process is up
-//   GET    /readyz                           the store can decide (or the failure mode can)
+//   GET    /healthz                          the process is up (also while draining)
+//   GET    /readyz                           the store can decide (or the failure mode can);
+//                                            503 while draining (SIGTERM)
 //   GET    /metrics                          Prometheus text format 0.0.4 (server/metrics.h)
 //   GET    /v1/config                        the loaded config, secrets redacted
 //   GET    /v1/clients/{client}/state        each limit's remaining/limit/reset/retry (Peek)
 //   GET    /v1/clients/{client}/denials      this instance's recent denials of the client
 //   POST   /v1/clients/{client}/reset        forget the client's state (also DELETE .../state)
 //   GET    /v1/top-denied?n=10&window=5m     the clients denied most lately
+//   POST   /v1/explain                       what the rules would do with a request (explain.h)
 //
 // {client} is the identity the policy forms ("k:<api key>", "u:<user>",
-// "ip:<address>", percent-encoded in the path), or "-" with exactly one of
-// ?api_key=, ?user=, ?ip= to have it formed. Reading never creates state
-// (Store::Peek); a client none of whose limits holds usage answers 404.
+// "ip:<address>", percent-encoded in the path), an API key as answers show it
+// ("k:demo***1f2e3d4c", when this instance knows the key), a decision-API
+// caller's key ("d:<key>": the config's named limits), or "-" with exactly
+// one of ?api_key=, ?user=, ?ip= to have it formed. Reading never creates
+// state (Store::Peek); a client none of whose limits holds usage answers 404.
 //
 // With server.admin_token_file set, every path but /healthz and /readyz
 // requires `Authorization: Bearer <token>` (compared in constant time; 401
@@ -26,6 +30,7 @@
 // whatever thread the store answers on.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -52,19 +57,25 @@ class AdminApi {
   void DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
                  std::function<void(Reply)> done);
 
+  // SIGTERM: from now on /readyz answers 503 {"ready":false,"draining":true}
+  // and /healthz 200 {"status":"draining"}, until the process exits.
+  void StartDraining() { draining_.store(true, std::memory_order_relaxed); }
+
   // The token in `path` (surrounding white space dropped). An empty or
   // unreadable file is an error (kInvalidArgument naming the path, never the content).
   static StatusOr<std::string> ReadTokenFile(const std::string& path);
 
+  struct Client;  // whom {client} names (admin.cc)
+
  private:
+  StatusOr<Client> ClientOf(const policy::Policy& policy, std::string_view client) const;
   struct StateOp;
-  void State(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
-             bool include_ip_key, bool not_found_if_empty, std::string instance,
-             std::function<void(Reply)> done);
+  void State(std::shared_ptr<const policy::Policy> policy, Client who, bool not_found_if_empty,
+             std::string instance, std::function<void(Reply)> done);
   void PeekNext(std::shared_ptr<StateOp> op);
   struct ResetOp;
-  void Reset(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
-             std::string instance, std::function<void(Reply)> done);
+  void Reset(std::shared_ptr<const policy::Policy> policy, Client who, std::string instance,
+             std::function<void(Reply)> done);
   void ResetNext(std::shared_ptr<ResetOp> op);
   void Ready(std::shared_ptr<const policy::Policy> policy, std::function<void(Reply)> done);
   bool Authorized(const Request& request) const;
@@ -73,6 +84,7 @@ class AdminApi {
 
   Enforcer& enforcer_;
   const std::string token_;
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace ratelimit::server

@@ -67,4 +67,18 @@ std::vector<TopEntry> AdminDenials::Top(size_t n, int minutes, int64_t now_ms,
   return out;
 }
 
+std::vector<std::string> AdminDenials::Keys() const {
+  std::vector<std::string> out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const DenialEntry& e : ring_) out.push_back(e.key);
+    for (const Minute& m : minutes_) {
+      for (const auto& [k, c] : m.counts) out.push_back(k);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
 }  // namespace ratelimit::server

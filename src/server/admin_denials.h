@@ -28,9 +28,19 @@
 
 namespace ratelimit::server {
 
+// How the admin API names a decision-API caller's key (/v1/check,
+// /v1/acquire): "d:" + the key, apart from the identities the rules form
+// ("k:", "u:", "ip:"). Its denials are recorded under this name.
+inline constexpr std::string_view kDecisionApiPrefix = "d:";
+inline std::string DecisionApiClient(std::string_view key) {
+  return std::string(kDecisionApiPrefix) + std::string(key);
+}
+
 struct DenialEntry {
   int64_t unix_ms = 0;
-  std::string key;    // the client part of the store key (e.g. "u:ada", "ip:203.0.113.7")
+  // The client: a policy identity, the client part of the store key ("u:ada",
+  // "ip:203.0.113.7"), or a decision-API key (DecisionApiClient: "d:user:ada").
+  std::string key;
   std::string route;  // route class, "" if none
   std::string limit;  // the limit that denied
   std::string path;   // canonical path (or the decision API's path)
@@ -54,6 +64,8 @@ class AdminDenials {
   // minutes (1..kMinutes, the current one included), most first. `others`:
   // denials of clients that did not fit in a minute's table.
   std::vector<TopEntry> Top(size_t n, int minutes, int64_t now_ms, uint64_t* others) const;
+  // Every client key held now (ring and minute tables), each once.
+  std::vector<std::string> Keys() const;
 
  private:
   struct Minute {

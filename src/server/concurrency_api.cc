@@ -30,6 +30,16 @@ Status String(const json& j, std::string_view name, std::string* out) {
   return Status::Ok();
 }
 
+// The form of every lease id /v1/acquire hands out: NewLeaseId's 32
+// lower-case hex digits, with "l-" when the local fallback issued it. Anything
+// else was never ours: a 400, not {"released": false} (which says "not held").
+bool IssuedLeaseId(std::string_view id) {
+  if (id.starts_with("l-")) id.remove_prefix(2);
+  return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
 // Common to both: key, and either route or name (+ limits, for acquire).
 StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool release) {
   if (!j.is_object()) return Bad("the body must be a JSON object");
@@ -103,10 +113,10 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
   if (release) {
     if (Status s = String(j, "lease_id", &p.lease_id); !s.ok()) return s;
     if (p.lease_id.empty()) return Bad("field 'lease_id' is required");
-    if (Status s =
-            ValidateLeaseId(p.lease_id.starts_with("l-") ? p.lease_id.substr(2) : p.lease_id);
-        !s.ok()) {
-      return Bad("field 'lease_id': " + s.message());
+    if (!IssuedLeaseId(p.lease_id)) {
+      return Bad(
+          "field 'lease_id' is not a lease id /v1/acquire gives out (32 hex digits, "
+          "or l- and 32 hex digits)");
     }
   }
   return p;
@@ -148,7 +158,8 @@ void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::
       if (!o.error.empty()) body["error"] = o.error;
       r.Add("Retry-After", "1");
       r.Add("Cache-Control", "no-store");
-      if (o.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path);
+      if (o.status == 429)
+        enforcer_.RecordDenial(DecisionApiClient(key), "concurrency:" + name, path);
     }
     if (o.degraded) r.Add("X-RateLimit-Degraded", "true");
     r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);

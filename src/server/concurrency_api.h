@@ -8,6 +8,7 @@
 //   -> 429 {"acquired": false, "in_flight": 3, "max_in_flight": 3, "retry_after_ms": 1000, ...}
 //   POST /v1/release {"key": "user:ada", "name": "upload", "lease_id": "9f..."}
 //   -> 200 {"released": true}   (false: not held: released before, or expired)
+//   -> 400 when lease_id is not of the form /v1/acquire hands out
 //
 // The caller holds the lease until it releases it (or lease_ttl passes).
 // Unknown fields and bad values are 400 problem+json naming the field.

@@ -176,14 +176,23 @@ TEST(ParseAcquire, ContractAndErrors) {
   EXPECT_NE(error(R"({"key": "u", "name": "x", "max_in_flight": 1, "cost": 1})")
                 .find("unknown field 'cost'"),
             std::string::npos);
-  StatusOr<ParsedAcquire> rel = ParseRelease(
-      nlohmann::json::parse(R"({"key": "u", "name": "x", "lease_id": "l-abc"})"), nullptr);
-  ASSERT_TRUE(rel.ok()) << rel.status().message();
-  EXPECT_EQ(rel->lease_id, "l-abc");
-  EXPECT_FALSE(
-      ParseRelease(nlohmann::json::parse(R"({"key": "u", "name": "x", "lease_id": "a b"})"),
-                   nullptr)
-          .ok());
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  for (const std::string& good : {id, "l-" + id}) {
+    StatusOr<ParsedAcquire> rel =
+        ParseRelease(nlohmann::json{{"key", "u"}, {"name", "x"}, {"lease_id", good}}, nullptr);
+    ASSERT_TRUE(rel.ok()) << rel.status().message();
+    EXPECT_EQ(rel->lease_id, good);
+  }
+  // Only the ids /v1/acquire hands out: anything else is a 400, never
+  // {"released": false}.
+  for (const std::string& bad :
+       {std::string("a b"), std::string("l-abc"), std::string("nope"), id.substr(1), id + "0",
+        "L-" + id, "l-l-" + id, std::string("0123456789ABCDEF0123456789abcdef"),
+        id.substr(1) + "g"}) {
+    StatusOr<ParsedAcquire> rel =
+        ParseRelease(nlohmann::json{{"key", "u"}, {"name", "x"}, {"lease_id", bad}}, nullptr);
+    EXPECT_FALSE(rel.ok()) << bad;
+  }
 }
 
 }  // namespace

@@ -513,7 +513,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
         AppendCheckBody(g.result, op->check.checks, g.degraded, r.body);
         const Limit* speaker = Speaker(g.result, op->check.checks);
         if (!g.result.overall.allowed && speaker != nullptr) {
-          enforcer_.RecordDenial(op->check.key, speaker->name(), path);
+          enforcer_.RecordDenial(DecisionApiClient(op->check.key), speaker->name(), path);
         }
         RateLimitInfo info{
             .decision = g.result.overall,

@@ -1,5 +1,7 @@
 #include "server/json_log.h"
 
+#include <openssl/sha.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -124,7 +126,19 @@ bool LogSampler::Admit(int64_t& suppressed) {
 
 std::string RedactKey(std::string_view key) {
   if (key.size() > 2 && key.substr(0, 2) == "k:") {
-    return std::string(key.substr(0, std::min<size_t>(key.size(), 6))) + "***";
+    // The first 4 characters say which key it is to a reader; 32 bits of its
+    // SHA-256 tell apart keys that share them ("demo-pro-key-0001" and
+    // "demo-internal-0001"), and reveal no more of it than they do.
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(key.data() + 2), key.size() - 2, digest);
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out(key.substr(0, std::min<size_t>(key.size(), 6)));
+    out += "***";
+    for (int i = 0; i < 4; ++i) {
+      out.push_back(kHex[digest[i] >> 4]);
+      out.push_back(kHex[digest[i] & 15]);
+    }
+    return out;
   }
   return std::string(key);
 }

@@ -61,14 +61,16 @@ class DenialLog {
  public:
   explicit DenialLog(int per_second = 20) : sampler_(per_second) {}
   // Logs {"msg":"denied","key":...,"limit":...,"path":...} unless sampled out.
-  // API keys are shortened ("k:abcd…") so that secrets do not reach the logs.
+  // API keys are shortened ("k:abcd***<hash>") so that secrets do not reach the logs.
   void Record(std::string_view key, std::string_view limit, std::string_view path);
 
  private:
   LogSampler sampler_;
 };
 
-// "k:secret-api-key" -> "k:secr***"; other keys unchanged.
+// "k:secret-api-key" -> "k:secr***1f2e3d4c" (the first 4 characters, then
+// 8 hex digits of the key's SHA-256: keys that share a beginning stay
+// apart); other keys unchanged.
 std::string RedactKey(std::string_view key);
 
 }  // namespace ratelimit::server

@@ -21,8 +21,17 @@ TEST(JsonLog, OneObjectPerLine) {
 }
 
 TEST(JsonLog, RedactsApiKeys) {
-  EXPECT_EQ(RedactKey("k:supersecret"), "k:supe***");
+  // sha256("supersecret") starts f75778f7.
+  EXPECT_EQ(RedactKey("k:supersecret"), "k:supe***f75778f7");
   EXPECT_EQ(RedactKey("ip:127.0.0.1"), "ip:127.0.0.1");
+  EXPECT_EQ(RedactKey("d:user:ada"), "d:user:ada");
+  // Keys that share their first characters stay apart, and neither shows more.
+  const std::string a = RedactKey("k:demo-pro-key-0001"), b = RedactKey("k:demo-internal-0001");
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(a.starts_with("k:demo***")) << a;
+  EXPECT_TRUE(b.starts_with("k:demo***")) << b;
+  EXPECT_EQ(a.size(), std::string("k:demo***").size() + 8);
+  EXPECT_EQ(a.find("pro"), std::string::npos);
 }
 
 TEST(JsonLog, SamplerCapsPerSecond) {

@@ -270,6 +270,11 @@ std::string Metrics::Render(const Store* store) const {
          "Held requests whose client disconnected before the delay ended (never forwarded).");
   out += "ratelimit_held_requests_abandoned_total " + std::to_string(held_abandoned.value()) + "\n";
 
+  Header(out, "ratelimit_paced_requests_total", "counter",
+         "Requests read later because their connection exceeded "
+         "server.max_requests_per_second_per_connection.");
+  out += "ratelimit_paced_requests_total " + std::to_string(paced.value()) + "\n";
+
   Header(out, "ratelimit_denial_log_lines_suppressed_total", "counter",
          "Per-denial log lines dropped by the log sampler.");
   out += "ratelimit_denial_log_lines_suppressed_total " +

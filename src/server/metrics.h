@@ -133,6 +133,9 @@ class Metrics {
   Counter reloads_failed;         // ratelimit_config_reloads_total{result="failed"}
   Gauge in_flight;                // ratelimit_http_requests_in_flight
   Counter denial_log_suppressed;  // ratelimit_denial_log_lines_suppressed_total
+  // ratelimit_paced_requests_total: requests whose read waited for
+  // server.max_requests_per_second_per_connection.
+  Counter paced;
 
   // Shaping (leaky bucket): requests held for their delay before they proceed.
   Counter& Delayed(Face f) { return delayed_[static_cast<size_t>(f)]; }  // ..._delayed_total{face}

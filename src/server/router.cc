@@ -84,33 +84,6 @@ Reply ConcurrencyBlocked(const ConcurrencyOutcome& c, std::string_view name,
   return r;
 }
 
-// How the policy sees a request: the header lookup joins repeated
-// X-Forwarded-For lines (into `xff`, which must outlive the view).
-policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
-                             const policy::IpAddress& peer, std::string& xff) {
-  return policy::RequestView{
-      .method = method,
-      .target = target,
-      .peer = peer,
-      .header = [&req, &xff](std::string_view name) -> std::optional<std::string_view> {
-        if (EqualsIgnoreCase(name, "X-Forwarded-For")) {
-          auto range = req.equal_range("X-Forwarded-For");
-          if (range.first == range.second) return std::nullopt;
-          auto next = range.first;
-          if (++next == range.second) return range.first->value();
-          xff.clear();
-          for (auto it = range.first; it != range.second; ++it) {
-            if (!xff.empty()) xff += ", ";
-            xff.append(it->value());
-          }
-          return std::string_view(xff);
-        }
-        auto it = req.find(name);
-        if (it == req.end()) return std::nullopt;
-        return it->value();
-      }};
-}
-
 // A streamed upstream answer keeps its concurrency lease until its body has
 // ended (or the client went away: the guard's destructor releases). The last
 // piece is passed on only once the release is answered, so a client that
@@ -135,6 +108,41 @@ class LeasedBody final : public BodyStream {
 };
 
 }  // namespace
+
+bool IsOwnPath(std::string_view canonical) {
+  for (std::string_view own : {"/v1/check", "/v1/auth", "/v1/acquire", "/v1/release"}) {
+    if (canonical.starts_with(own) &&
+        (canonical.size() == own.size() || canonical[own.size()] == '/')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
+                             const policy::IpAddress& peer, std::string& xff) {
+  return policy::RequestView{
+      .method = method,
+      .target = target,
+      .peer = peer,
+      .header = [&req, &xff](std::string_view name) -> std::optional<std::string_view> {
+        if (EqualsIgnoreCase(name, "X-Forwarded-For")) {
+          auto range = req.equal_range("X-Forwarded-For");
+          if (range.first == range.second) return std::nullopt;
+          auto next = range.first;
+          if (++next == range.second) return range.first->value();
+          xff.clear();
+          for (auto it = range.first; it != range.second; ++it) {
+            if (!xff.empty()) xff += ", ";
+            xff.append(it->value());
+          }
+          return std::string_view(xff);
+        }
+        auto it = req.find(name);
+        if (it == req.end()) return std::nullopt;
+        return it->value();
+      }};
+}
 
 Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
                AdminApi* admin, ConcurrencyLimiter* limiter)
@@ -235,6 +243,15 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   const std::string path(target.substr(0, target.find('?')));
   StatusOr<policy::RequestPlan> plan = policy->Resolve(view);
   if (!plan.ok()) return done(ProblemReply(400, plan.status().message(), path));
+  if (!auth && IsOwnPath(plan->canonical_path)) {
+    return done(ProblemReply(404,
+                             "no endpoint '" + path +
+                                 "': paths under /v1/check, /v1/auth, /v1/acquire and /v1/release "
+                                 "are ratelimitd's and never forwarded; its endpoints are spelled "
+                                 "exactly /v1/check, /v1/check/batch, /v1/auth, /v1/acquire, "
+                                 "/v1/release",
+                             path));
+  }
 
   const policy::HeaderDialect dialect = policy->config().server.headers;
   const size_t max_held = policy->config().server.max_held_requests;

@@ -6,6 +6,8 @@
 //   /v1/auth (any method)              nginx auth_request
 //   GET / (server.demo)                the demo page (not limited)
 //   GET /demo/state (server.demo)      the CALLER's own bucket state (not limited)
+//   other spellings of the paths above /v1/ (/V1/CHECK, /v1/check/, /v1/auth/x):
+//                                      404, never forwarded nor limited
 //   anything else                      the configured rules (Policy::Resolve ->
 //                                      Enforcer), then: the route's concurrency
 //                                      lease (gateway only), the upstream (gateway),
@@ -45,6 +47,20 @@ namespace ratelimit::server {
 
 class AdminApi;
 class Gateway;
+
+// The public listener's own paths, in canonical form (policy::CanonicalPath:
+// case-insensitive, dot segments and duplicate or trailing slashes resolved,
+// unreserved escapes decoded): /v1/check, /v1/auth, /v1/acquire, /v1/release
+// and every path below one of them. The Router serves only their exact
+// spellings; any other is a 404, never forwarded nor limited
+// (docs/http-api.md). Segment-aware: /v1/checkout is not ours.
+bool IsOwnPath(std::string_view canonical_path);
+
+// How the policy sees a request (the gateway, /v1/auth, the demo and
+// explain): the header lookup joins repeated X-Forwarded-For lines into
+// `xff`, which must outlive the view, as must `req`.
+policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
+                             const policy::IpAddress& peer, std::string& xff);
 
 class Router {
  public:

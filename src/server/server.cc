@@ -64,8 +64,12 @@ struct Server::Impl {
   ServerOptions options;
   const policy::Config start_config;  // what needs a restart to change
   // Declared before the io_context: sessions still queued in it when it is
-  // destroyed unregister themselves and may hold store callbacks.
+  // destroyed unregister themselves and may hold store callbacks. The public
+  // listener's sessions, drained on SIGTERM, and the admin listener's, which
+  // keep being served until the drain ends (a load balancer sees /readyz
+  // answer 503 "draining" meanwhile).
   SessionRegistry registry;
+  SessionRegistry admin_registry;
   PolicyHolder policies;
   std::shared_ptr<Store> store;
   std::unique_ptr<Enforcer> enforcer;  // made in Start, with the store
@@ -148,8 +152,8 @@ Status Server::Start(std::shared_ptr<Store> store) {
     StatusOr<tcp::endpoint> aep = ResolveListenAddress(s.ioc, sc.admin_listen);
     if (!aep.ok()) return aep.status();
     s.admin_router = Router::Admin(s.policies, *s.enforcer, *s.admin);
-    s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits, s.registry,
-                                                  caps, s.OneThread());
+    s.admin_listener = std::make_shared<Listener>(s.ioc, *aep, *s.admin_router, limits,
+                                                  s.admin_registry, caps, s.OneThread());
     if (Status st = s.admin_listener->Open(); !st.ok()) {
       // The usual cause: a second instance on this host with the default.
       return Status(st.code(), st.message() +
@@ -232,7 +236,8 @@ void Server::Impl::Drain() {
   draining = true;
   registry.draining.store(true);
   listener->Stop();
-  if (admin_listener) admin_listener->Stop();
+  // The admin listener stays up until the drain ends: /readyz says 503.
+  admin->StartDraining();
   beast::error_code ignored;
   signals.cancel(ignored);
   sweep_timer.cancel();
@@ -245,6 +250,7 @@ void Server::Impl::PollDrain() {
   const size_t left = registry.size();
   if (left == 0 || std::chrono::steady_clock::now() >= drain_deadline) {
     if (left > 0) Log(Level::kWarn, "drain timeout: closing", {{"connections", left}});
+    if (admin_listener) admin_listener->Stop();
     Log(Level::kInfo, "stopped");
     // A Redis client on this io_context (SharedContext) closes first: its
     // calls in flight fail (and answer their sessions) while it still runs.

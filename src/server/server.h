@@ -2,7 +2,9 @@
 // the listener, the Router and its faces, the current Policy, and the
 // signal handling:
 //   SIGTERM / SIGINT  stop accepting, let in-flight requests finish (at most
-//                     drain_timeout), close idle connections, return 0
+//                     drain_timeout), close idle connections, return 0. The
+//                     admin listener serves on until the drain ends, /readyz
+//                     answering 503 "draining"
 //   SIGHUP            reload the config file: a new Policy is built fully and
 //                     swapped in; a bad file is logged and the old policy keeps
 //                     serving; changes that need a restart (store, listeners,

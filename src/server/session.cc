@@ -26,6 +26,14 @@ std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {
 
 namespace {
 
+// The status line's reason phrase: the problem title's name (RFC 9110's,
+// "413 Content Too Large") where there is one, so the two always agree;
+// Beast's phrase for the rest (an upstream's 418).
+std::string_view ReasonPhrase(unsigned status) {
+  const std::string_view title = StatusTitle(status);
+  return title != StatusTitle(0) ? title : http::obsolete_reason(http::int_to_status(status));
+}
+
 policy::IpAddress ToIp(const net::ip::address& a) {
   if (a.is_v4()) return policy::IpAddress::FromV4(a.to_v4().to_uint());
   return policy::IpAddress::FromV6(a.to_v6().to_bytes());
@@ -102,6 +110,7 @@ bool Session::Pace() {
   }
   // Too fast: read nothing until one more request is allowed (at most 1/rate
   // seconds). The client's bytes wait in the socket: TCP backpressure.
+  Metrics::Global().paced.Inc();
   const auto wait = std::chrono::duration<double>((1 - tokens_) / rate);
   pace_timer_.expires_after(std::chrono::ceil<std::chrono::microseconds>(wait));
   pace_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
@@ -189,14 +198,17 @@ void Session::OnBody(beast::error_code ec) {
 }
 
 void Session::FailRequest(beast::error_code ec) {
+  // The request target, once the request line has been parsed (Beast parses
+  // it before the header fields): a 431 for a long field still names it.
   std::string_view instance;
-  if (parser_.has_value() && parser_->is_header_done()) {
+  if (parser_.has_value()) {
     instance = parser_->get().target();
     instance = instance.substr(0, instance.find('?'));
   }
   if (ec == http::error::header_limit) {
     Reply r = ProblemReply(
-        431, "request headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes", "");
+        431, "request headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes",
+        instance);
     r.close = true;
     return Write(std::move(r));
   }
@@ -298,7 +310,7 @@ void Session::Write(Reply reply) {
   out_.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
   out_.append(std::to_string(reply.status));
   out_.push_back(' ');
-  out_.append(http::obsolete_reason(http::int_to_status(reply.status)));
+  out_.append(ReasonPhrase(reply.status));
   out_.append("\r\n");
   for (const auto& [name, value] : reply.headers) AppendField(out_, name, value);  // repeats kept
   if (!reply.content_type.empty()) AppendField(out_, "Content-Type", reply.content_type);
@@ -327,6 +339,7 @@ void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
   streamed_.emplace();
   auto& res = *streamed_;
   res.result(reply.status);
+  res.reason(ReasonPhrase(reply.status));
   res.version(version);
   for (auto& [name, value] : reply.headers) res.insert(name, value);  // repeats kept
   if (!reply.content_type.empty()) res.set(http::field::content_type, reply.content_type);

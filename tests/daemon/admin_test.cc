@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "harness.h"
 
@@ -54,7 +56,7 @@ TEST_F(AdminApi, StateMatchesTheNextDecision) {
   HttpResponse s = Admin(d_, "GET", "/v1/clients/k:ada/state");
   ASSERT_EQ(s.status, 200) << s.body;
   json j = Body(s);
-  EXPECT_EQ(j["client"], "k:ada***");  // API keys are shown shortened
+  EXPECT_EQ(j["client"], "k:ada***fdee430d");  // API keys are shown shortened
   EXPECT_EQ(j["source"], "api_key");
   ASSERT_EQ(j["limits"].size(), 1u) << s.body;
   const json& l = j["limits"][0];
@@ -160,7 +162,7 @@ TEST_F(AdminApi, DenialsAndTopDenied) {
   ASSERT_EQ(r.status, 200) << r.body;
   j = Body(r);
   ASSERT_EQ(j["clients"].size(), 2u) << r.body;
-  EXPECT_EQ(j["clients"][0]["client"], "k:dave***");
+  EXPECT_EQ(j["clients"][0]["client"], "k:dave***61ea0803");
   EXPECT_EQ(j["clients"][0]["denials"], 2);
   EXPECT_EQ(j["clients"][1]["denials"], 1);
   EXPECT_EQ(Body(Admin(d_, "GET", "/v1/top-denied?n=100&window=1m"))["clients"].size(), 3u);
@@ -196,8 +198,209 @@ TEST_F(AdminApi, DemoStateShowsOnlyTheCallersOwnBucket) {
       Http(d_.port(), "GET", "/demo/state?api_key=gina&client=k:gina", {{"X-API-Key", "hal"}});
   ASSERT_EQ(other.status, 200);
   EXPECT_EQ(Body(other)["limits"][0]["remaining"], 5);
-  EXPECT_EQ(Body(other)["client"], "k:hal***");
+  EXPECT_EQ(Body(other)["client"], "k:hal***232554ca");
   EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:hal/state").status, 404);  // created nothing
+}
+
+// A decision-API caller's key is named d:<key> everywhere in the admin API:
+// /v1/top-denied lists it so, and state, denials and reset take it (the
+// config's named limits: a request's inline limits are its own).
+TEST_F(AdminApi, DecisionApiKeysAreNamedWithD) {
+  const std::string check = R"({"key": "demo", "limits": ["ping"]})";
+  int denied = 0;
+  for (int i = 0; i < 7; ++i)
+    denied += Http(d_.port(), "POST", "/v1/check", {}, check).status == 429;
+  ASSERT_EQ(denied, 2);
+  json top = Body(Admin(d_, "GET", "/v1/top-denied"));
+  ASSERT_EQ(top["clients"].size(), 1u) << top.dump();
+  EXPECT_EQ(top["clients"][0]["client"], "d:demo");
+  HttpResponse s = Admin(d_, "GET", "/v1/clients/d:demo/state");
+  ASSERT_EQ(s.status, 200) << s.body;
+  json j = Body(s);
+  EXPECT_EQ(j["client"], "d:demo");
+  EXPECT_EQ(j["source"], "decision_api");
+  ASSERT_EQ(j["limits"].size(), 1u) << s.body;
+  EXPECT_EQ(j["limits"][0]["name"], "ping");
+  EXPECT_EQ(j["limits"][0]["remaining"], 0);
+  HttpResponse den = Admin(d_, "GET", "/v1/clients/d:demo/denials");
+  ASSERT_EQ(den.status, 200) << den.body;
+  EXPECT_EQ(Body(den)["denials"].size(), 2u) << den.body;
+  EXPECT_EQ(Body(den)["denials"][0]["path"], "/v1/check");
+  // The identity the rules would form for API key "demo" is another client.
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:demo/state").status, 404);
+  HttpResponse reset = Admin(d_, "POST", "/v1/clients/d:demo/reset");
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  EXPECT_EQ(Body(reset)["reset"], json::array({"ping"}));
+  EXPECT_EQ(Http(d_.port(), "POST", "/v1/check", {}, check).status, 200);
+  // Any key, percent-encoded in the path.
+  ASSERT_EQ(Http(d_.port(), "POST", "/v1/check", {}, R"({"key": "user:ada x", "limits": ["ping"]})")
+                .status,
+            200);
+  s = Admin(d_, "GET", "/v1/clients/d:user:ada%20x/state");
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(Body(s)["limits"][0]["remaining"], 4);
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/d:/state").status, 400);
+}
+
+// API keys that share their first characters stay apart in the admin views
+// (a hash suffix), and the shortened name shown can be looked up.
+TEST_F(AdminApi, ShortenedApiKeysDoNotCollideAndCanBeLookedUp) {
+  for (int i = 0; i < 6; ++i) Ping(d_, "demo-pro-key-0001");   // 5 allowed, 1 denied
+  for (int i = 0; i < 7; ++i) Ping(d_, "demo-internal-0001");  // 5 allowed, 2 denied
+  json top = Body(Admin(d_, "GET", "/v1/top-denied"));
+  ASSERT_EQ(top["clients"].size(), 2u) << top.dump();
+  const std::string internal = top["clients"][0]["client"], pro = top["clients"][1]["client"];
+  EXPECT_EQ(top["clients"][0]["denials"], 2);
+  EXPECT_NE(internal, pro);
+  for (const std::string& shown : {internal, pro}) {
+    EXPECT_TRUE(shown.starts_with("k:demo***")) << shown;
+    EXPECT_EQ(shown.find("internal"), std::string::npos) << shown;
+    EXPECT_EQ(shown.find("pro-key"), std::string::npos) << shown;
+    HttpResponse s = Admin(d_, "GET", "/v1/clients/" + shown + "/state");
+    ASSERT_EQ(s.status, 200) << shown << ": " << s.body;
+    EXPECT_EQ(Body(s)["client"], shown);
+    HttpResponse den = Admin(d_, "GET", "/v1/clients/" + shown + "/denials");
+    EXPECT_EQ(Body(den)["denials"].size(), shown == internal ? 2u : 1u) << den.body;
+  }
+  EXPECT_EQ(Body(Admin(d_, "GET", "/v1/clients/k:demo-internal-0001/state"))["client"], internal);
+  // A shortened name nobody here has: 404.
+  EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:demo***00000000/state").status, 404);
+}
+
+// The config of the explain tests: a plan by API key, a shadow route with a
+// cost, a route keyed by IP, global limits and a concurrency limit.
+constexpr const char* kExplainConfig = R"(store: {failure_mode: open}
+clients: {trusted_proxies: [127.0.0.0/8]}
+limits:
+  burst: {algorithm: token_bucket, capacity: 50, refill_per_second: 20}
+plans:
+  free: {limits: [{name: free_daily, algorithm: fixed_window, limit: 1000, window: 1d}]}
+  pro: {limits: [{name: pro_daily, algorithm: fixed_window, limit: 100000, window: 1d}]}
+default_plan: free
+api_keys: {"demo-pro-key-0001": pro}
+global: [burst]
+routes:
+  - {name: login, methods: [POST], path: /login, match: exact, key_by: ip, failure_mode: closed,
+     limits: [{name: login, algorithm: sliding_log, limit: 5, window: 15m}]}
+  - name: search
+    path: /api/search
+    cost: 5
+    shadow: true
+    concurrency: {max_in_flight: 3}
+    limits: [{name: search_burst, algorithm: token_bucket, capacity: 20, refill_per_second: 2}]
+)";
+
+const json* LimitNamed(const json& answer, const std::string& name) {
+  for (const json& l : answer["limits"]) {
+    if (l["name"] == name) return &l;
+  }
+  return nullptr;
+}
+
+// POST /v1/explain: the route, client, plan and limits a request would meet,
+// with their parameters, costs, shadow and failure modes; nothing consumed.
+TEST(Explain, AnswersRouteClientPlanAndLimitsWithoutConsuming) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", kExplainConfig);
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  const std::string body =
+      R"({"method": "GET", "target": "/api/search/x?q=1", "peer": "127.0.0.1",
+          "headers": {"X-API-Key": "demo-pro-key-0001", "X-Forwarded-For": ["198.51.100.7", "203.0.113.9"]}})";
+  HttpResponse r = Http(d.admin_port(), "POST", "/v1/explain", {}, body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = Body(r);
+  EXPECT_EQ(j["canonical_path"], "/api/search/x");
+  EXPECT_EQ(j["route"]["name"], "search");
+  EXPECT_EQ(j["route"]["cost"], 5);
+  EXPECT_EQ(j["route"]["shadow"], true);
+  EXPECT_EQ(j["client"]["source"], "api_key");
+  EXPECT_EQ(j["client"]["plan"], "pro");
+  EXPECT_EQ(j["client"]["key"], "k:demo***4bc17db9");  // shortened, as everywhere
+  EXPECT_EQ(j["client"]["ip"], "203.0.113.9");         // the peer is trusted: XFF, right to left
+  ASSERT_EQ(j["limits"].size(), 3u) << r.body;
+  const json* search = LimitNamed(j, "search_burst");
+  ASSERT_NE(search, nullptr) << r.body;
+  EXPECT_EQ((*search)["from"], "route");
+  EXPECT_EQ((*search)["algorithm"], "token_bucket");
+  EXPECT_EQ((*search)["capacity"], 20);
+  EXPECT_EQ((*search)["refill_per_second"], 2.0);
+  EXPECT_EQ((*search)["cost"], 5);
+  EXPECT_EQ((*search)["shadow"], true);
+  EXPECT_EQ((*search)["failure_mode"], "open");
+  const json* daily = LimitNamed(j, "pro_daily");
+  ASSERT_NE(daily, nullptr) << r.body;
+  EXPECT_EQ((*daily)["from"], "plan");
+  EXPECT_EQ((*daily)["limit"], 100000);
+  EXPECT_EQ((*daily)["window"], "1d");
+  EXPECT_EQ((*daily)["cost"], 1);
+  EXPECT_EQ((*daily)["shadow"], false);
+  ASSERT_NE(LimitNamed(j, "burst"), nullptr);
+  EXPECT_EQ((*LimitNamed(j, "burst"))["from"], "global");
+  EXPECT_EQ(j["concurrency"]["max_in_flight"], 3);
+  // key_by: ip and the route's failure mode; an anonymous client's plan.
+  r = Http(d.admin_port(), "POST", "/v1/explain", {},
+           R"({"method": "POST", "target": "/Login/", "peer": "192.0.2.1"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json login = Body(r);
+  EXPECT_EQ(login["route"]["name"], "login");
+  EXPECT_EQ(login["client"]["key"], "ip:192.0.2.1");
+  EXPECT_EQ(login["client"]["plan"], "free");
+  EXPECT_EQ((*LimitNamed(login, "login"))["failure_mode"], "closed");
+  EXPECT_EQ((*LimitNamed(login, "login"))["scope"], "client");
+  // /v1/auth: the original request nginx names.
+  r = Http(
+      d.admin_port(), "POST", "/v1/explain", {},
+      R"({"target": "/v1/auth", "headers": {"X-Original-Method": "POST", "X-Original-URI": "/login"}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["face"], "auth_request");
+  EXPECT_EQ(Body(r)["route"]["name"], "login");
+  // Nothing was consumed or created.
+  EXPECT_EQ(Admin(d, "GET", "/v1/clients/k:demo-pro-key-0001/state").status, 404);
+  EXPECT_EQ(Admin(d, "GET", "/v1/clients/ip:192.0.2.1/state").status, 404);
+  // Bad input: 400 naming what; GET: 405.
+  r = Http(d.admin_port(), "POST", "/v1/explain", {}, R"({"target": "x"})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("target"), std::string::npos) << r.body;
+  r = Http(d.admin_port(), "POST", "/v1/explain", {}, R"({"target": "/", "peer": "nope"})");
+  EXPECT_EQ(r.status, 400);
+  r = Http(d.admin_port(), "POST", "/v1/explain", {}, R"({"target": "/", "methd": "GET"})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("unknown field 'methd'"), std::string::npos) << r.body;
+  EXPECT_EQ(Admin(d, "GET", "/v1/explain").status, 405);
+}
+
+// Runs a command; returns its exit code and standard output.
+std::pair<int, std::string> RunCommand(const std::string& command) {
+  const std::string dir = MakeTempDir();
+  const int rc = std::system((command + " > " + dir + "/out 2> " + dir + "/err").c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ReadFile(dir + "/out") + ReadFile(dir + "/err")};
+}
+
+// `ratelimitd --explain` prints the same JSON as the admin endpoint.
+TEST(Explain, CommandLinePrintsTheEndpointsAnswer) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", kExplainConfig);
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  HttpResponse r = Http(d.admin_port(), "POST", "/v1/explain", {},
+                        R"({"method": "GET", "target": "/api/search?q=1", "peer": "192.0.2.1",
+                            "headers": {"X-API-Key": "demo-pro-key-0001"}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string bin = RATELIMITD_PATH;
+  auto [rc, out] =
+      RunCommand(bin + " --config " + dir + "/rl.yaml --explain 'GET /api/search?q=1'" +
+                 " -H 'X-API-Key: demo-pro-key-0001' --peer 192.0.2.1");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(json::parse(out, nullptr, false), Body(r)) << out << "\n" << r.body;
+  EXPECT_EQ(Body(r)["route"]["name"], "search");
+  // A bad request: 2; a bad config: 1.
+  std::tie(rc, out) = RunCommand(bin + " --config " + dir + "/rl.yaml --explain 'GET'");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find("--explain"), std::string::npos) << out;
+  WriteFile(dir + "/bad.yaml", "limits: {x: {algorithm: token_bucket, capacity: -1}}\n");
+  std::tie(rc, out) = RunCommand(bin + " --config " + dir + "/bad.yaml --explain 'GET /'");
+  EXPECT_EQ(rc, 1) << out;
 }
 
 TEST(AdminToken, Enforced) {

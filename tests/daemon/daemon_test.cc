@@ -130,8 +130,10 @@ TEST(DecisionApi, Contract) {
   EXPECT_LE(j["retry_after_ms"].get<int>(), 200);
   EXPECT_EQ(r.Header("Retry-After"), "1");
   EXPECT_EQ(r.Header("Cache-Control"), "no-store");
-  EXPECT_TRUE(d.WaitForLog(R"("msg":"denied","key":"user:ada","limit":"burst","path":"/v1/check")",
-                           std::chrono::seconds(5)))
+  // Logged under the admin API's name of a decision-API key: d:<key>.
+  EXPECT_TRUE(
+      d.WaitForLog(R"("msg":"denied","key":"d:user:ada","limit":"burst","path":"/v1/check")",
+                   std::chrono::seconds(5)))
       << d.Log();
 
   // Named limits from the config (the embedded default defines "ping").

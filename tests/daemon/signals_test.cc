@@ -50,6 +50,9 @@ TEST(Signals, HupReloadsAGoodFileAndKeepsTheOldOnABadOne) {
       << d.Log();
 }
 
+// While a request holds the drain (a slow upstream answer), the admin
+// listener keeps answering: /readyz 503 "draining" (a load balancer takes the
+// instance out), /healthz 200 (a liveness probe does not kill the drain).
 TEST(Signals, TermDrainsInFlightRequestsThenExitsZero) {
   TestUpstream upstream;
   std::string dir = MakeTempDir();
@@ -57,7 +60,9 @@ TEST(Signals, TermDrainsInFlightRequestsThenExitsZero) {
                                              std::to_string(upstream.port()) + "\n"));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
-  const int port = d.port();
+  const int port = d.port(), admin = d.admin_port();
+  ASSERT_GT(admin, 0);
+  EXPECT_EQ(Http(admin, "GET", "/readyz").status, 200);
   auto slow = std::async(std::launch::async, [port] { return Http(port, "GET", "/slow"); });
   // Wait until the upstream has the request, then ask the daemon to stop.
   for (int i = 0; i < 200 && upstream.requests() == 0; ++i) {
@@ -65,11 +70,22 @@ TEST(Signals, TermDrainsInFlightRequestsThenExitsZero) {
   }
   ASSERT_EQ(upstream.requests(), 1);
   d.Signal(SIGTERM);
+  ASSERT_TRUE(d.WaitForLog("\"msg\":\"draining\"", std::chrono::seconds(5))) << d.Log();
+  // The upstream holds /slow for 1.5 s: the drain lasts that long.
+  HttpResponse ready = Http(admin, "GET", "/readyz");
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_NE(ready.body.find("\"draining\":true"), std::string::npos) << ready.body;
+  EXPECT_NE(ready.body.find("\"ready\":false"), std::string::npos) << ready.body;
+  HttpResponse health = Http(admin, "GET", "/healthz");
+  EXPECT_EQ(health.status, 200);
+  EXPECT_NE(health.body.find("draining"), std::string::npos) << health.body;
+  EXPECT_EQ(Http(admin, "GET", "/metrics").status, 200);
+  EXPECT_EQ(Http(port, "GET", "/x").status, 0) << "the public listener stopped accepting";
   HttpResponse r = slow.get();
   EXPECT_EQ(r.status, 200) << "the in-flight request completes";
   EXPECT_EQ(d.Wait(std::chrono::seconds(12)), 0) << d.Log();
-  EXPECT_NE(d.Log().find("\"msg\":\"draining\""), std::string::npos);
   EXPECT_EQ(Http(port, "GET", "/x").status, 0) << "no longer listening";
+  EXPECT_EQ(Http(admin, "GET", "/readyz").status, 0) << "closed once the drain ended";
 }
 
 TEST(Signals, TermWithIdleKeepAliveConnectionsExitsPromptly) {
