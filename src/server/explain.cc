@@ -22,10 +22,22 @@ bool Token(std::string_view s) {
   });
 }
 
+// Beyond what a request head may hold anyway (and Beast's fields refuse
+// larger parts by throwing).
+constexpr size_t kMaxPart = 16 * 1024;
+
 Status Check(const ExplainRequest& r) {
-  if (!Token(r.method)) return Bad("the method must be an HTTP token such as GET");
+  if (!Token(r.method) || r.method.size() > 64) {
+    return Bad("the method must be an HTTP token such as GET");
+  }
   if (!r.target.starts_with("/")) return Bad("the target must start with '/' (origin form)");
+  if (r.target.size() > kMaxPart || r.headers.size() > 100) {
+    return Bad("the target or the headers are too large for a request");
+  }
   for (const auto& [name, value] : r.headers) {
+    if (name.size() + value.size() > kMaxPart) {
+      return Bad("header '" + name.substr(0, 64) + "' is too large for a request");
+    }
     if (!Token(name)) return Bad("header name '" + name + "' is not an HTTP token");
     if (value.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
       return Bad("header '" + name + "' holds a line break or NUL");

@@ -367,6 +367,9 @@ TEST(Explain, AnswersRouteClientPlanAndLimitsWithoutConsuming) {
   r = Http(d.admin_port(), "POST", "/v1/explain", {}, R"({"target": "/", "methd": "GET"})");
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("unknown field 'methd'"), std::string::npos) << r.body;
+  r = Http(d.admin_port(), "POST", "/v1/explain", {},
+           R"({"target": "/", "headers": {"X-Big": ")" + std::string(20000, 'a') + "\"}}");
+  EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_EQ(Admin(d, "GET", "/v1/explain").status, 405);
 }
 
