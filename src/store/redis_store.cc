@@ -560,10 +560,13 @@ struct RedisStore::Impl {
       }
       // The limit is not echoed by the script; take it from the request args,
       // and the leaky bucket's delay from its reset_after (core::LeakyDelay).
+      // (A denied check admits nothing: no delay.)
+      const bool all = std::all_of(r.decisions.begin(), r.decisions.end(),
+                                   [](const Decision& d) { return d.allowed; });
       for (size_t i = 0; i < r.decisions.size(); ++i) {
         Decision& d = r.decisions[i];
         d.limit = LimitArg(p, i, 1);
-        if (d.allowed && p.args[2 + 5 * i][0] == AlgorithmCode(Algorithm::kLeakyBucket)) {
+        if (all && p.args[2 + 5 * i][0] == AlgorithmCode(Algorithm::kLeakyBucket)) {
           d.delay = core::LeakyDelay(LimitArg(p, i, 3), d.reset_after, LimitArg(p, i, 4));
         }
       }

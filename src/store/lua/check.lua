@@ -27,7 +27,8 @@
 --          "T" (lease) takes as many tokens as there are, at most `cost`, at
 --          least 1 (else it is denied as a cost of 1 would be); its allowed
 --          value is the number of tokens taken.
---          A check is all or nothing: state is written only when all its limits allow.
+--          A check is all or nothing: state is written only when all its limits allow;
+--          when one denies, the others answer for their state as it stands (cost 0).
 
 local rcall, rpcall = redis.call, redis.pcall  -- locals: no global lookup per call
 local now = tonumber(ARGV[1])
@@ -249,6 +250,7 @@ for _ = 1, checks do
     peek = string.byte(head, 1) == 112  -- 'p'
     n = tonumber(string.sub(head, 2))
   end
+  local keyi0, argi0, nout0 = keyi, argi, nout  -- where this check starts
   local writers = n > 1 and {} or nil  -- one limit: written at once, no table
   local write_now = n == 1 and not peek
   local all = true
@@ -281,6 +283,22 @@ for _ = 1, checks do
   end
   if n > 1 and all and not peek then
     for _, write in ipairs(writers) do write() end
+  elseif n > 1 and not peek then
+    -- Denied: nothing is taken, so the limits that would have allowed answer
+    -- for their state as it stands (cost 0, as core::Standing); the denying
+    -- ones keep their numbers.
+    peek = true
+    local ai, o = argi0, nout0
+    for k = 0, n - 1 do
+      local spec = specs[tonumber(ARGV[ai])]
+      ai = ai + 2
+      if out[o + 1] > 0 then
+        local _, rem, _, reset = spec[1](KEYS[keyi0 + k], spec[2], spec[3], spec[4], 0, false)
+        out[o + 2], out[o + 3], out[o + 4] = rem, 0, reset
+      end
+      o = o + 4
+    end
+    peek = false
   end
 end
 return out
