@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "flags.h"
 #include "ratelimit/memory_store.h"
 #include "ratelimit/redis_store.h"
 
@@ -77,74 +78,34 @@ struct Flags {
   std::string run_id;
 };
 
-[[noreturn]] void Usage(const char* bad) {
-  std::fprintf(stderr,
-               "redis_decisions_bench: bad flag '%s'\n"
-               "flags: --store=redis|memory --url=URL --duration-ms --warmup-ms --inflight --keys\n"
-               "       --stores --connections --max-batch --max-calls-in-flight --deadline-ms\n"
-               "       --capacity --refill --lease --rate --sequential --run-id=ID\n",
-               bad);
-  std::exit(2);
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   f.run_id = std::to_string(::getpid()) + "." +
              std::to_string(Clock::now().time_since_epoch().count() % 1'000'000) + ":";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--sequential") {
-      f.sequential = true;
-      continue;
-    }
-    const size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos) Usage(argv[i]);
-    const std::string name = a.substr(2, eq - 2), v = a.substr(eq + 1);
-    auto num = [&](int64_t& out) {
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-      if (ec != std::errc() || p != v.data() + v.size() || out < 0) Usage(argv[i]);
-    };
-    auto dbl = [&](double& out) {
-      char* end = nullptr;
-      out = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || out < 0) Usage(argv[i]);
-    };
-    if (name == "store")
-      f.store = v;
-    else if (name == "url")
-      f.url = v;
-    else if (name == "duration-ms")
-      num(f.duration_ms);
-    else if (name == "warmup-ms")
-      num(f.warmup_ms);
-    else if (name == "inflight")
-      num(f.inflight);
-    else if (name == "keys")
-      num(f.keys);
-    else if (name == "stores")
-      num(f.stores);
-    else if (name == "connections")
-      num(f.connections);
-    else if (name == "max-batch")
-      num(f.max_batch);
-    else if (name == "max-calls-in-flight")
-      num(f.max_calls_in_flight);
-    else if (name == "deadline-ms")
-      num(f.deadline_ms);
-    else if (name == "capacity")
-      num(f.capacity);
-    else if (name == "refill")
-      dbl(f.refill);
-    else if (name == "lease")
-      num(f.lease);
-    else if (name == "rate")
-      dbl(f.rate);
-    else if (name == "run-id")
-      f.run_id = v;
-    else
-      Usage(argv[i]);
-  }
-  if (f.inflight < 1 || f.keys < 1 || f.stores < 1 || f.capacity < 1) Usage("(zero)");
+  const bench::Usage usage{
+      "redis_decisions_bench",
+      "--store=redis|memory --url=URL --duration-ms --warmup-ms --inflight --keys\n"
+      "       --stores --connections --max-batch --max-calls-in-flight --deadline-ms\n"
+      "       --capacity --refill --lease --rate --sequential --run-id=ID"};
+  bench::ParseFlags(argc, argv, usage,
+                    {{"store", &f.store},
+                     {"url", &f.url},
+                     {"duration-ms", &f.duration_ms},
+                     {"warmup-ms", &f.warmup_ms},
+                     {"inflight", &f.inflight},
+                     {"keys", &f.keys},
+                     {"stores", &f.stores},
+                     {"connections", &f.connections},
+                     {"max-batch", &f.max_batch},
+                     {"max-calls-in-flight", &f.max_calls_in_flight},
+                     {"deadline-ms", &f.deadline_ms},
+                     {"capacity", &f.capacity},
+                     {"refill", &f.refill},
+                     {"lease", &f.lease},
+                     {"rate", &f.rate},
+                     {"sequential", &f.sequential},
+                     {"run-id", &f.run_id}});
+  if (f.inflight < 1 || f.keys < 1 || f.stores < 1 || f.capacity < 1) usage.Fail("(zero)");
   return f;
 }
 
@@ -340,7 +301,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (flags.store == "memory") return RunMemoryStore(flags, *limit);
-  if (flags.store != "redis") Usage("--store");
+  if (flags.store != "redis") {
+    std::fprintf(stderr, "redis_decisions_bench: --store must be redis or memory\n");
+    return 2;
+  }
 
   Shared sh(flags, *limit);
   sh.keys.reserve(flags.keys);
