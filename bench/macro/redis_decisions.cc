@@ -19,8 +19,8 @@
 //   --rate=R            open loop: R checks/s scheduled by the main thread
 //                       (latency from the scheduled time), e.g. the abuse flood
 //                       on --keys=1.
-//   --lease=N           the limit takes token leases of N (`lease: N`); the
-//                       per-key bound grows by stores x (N - 1).
+//   --prefetch=N        the limit prefetches N tokens (`prefetch: N`; --lease=N
+//                       is the old name); the per-key bound grows by stores x (N - 1).
 //   --sequential        each key exactly once (0..keys-1), then stop: fills
 //                       Redis for the memory-per-key measurement.
 //   --run-id=P          client keys are P0, P1, ... (default "<pid>.<n>:", fresh
@@ -72,8 +72,8 @@ struct Flags {
   int64_t deadline_ms = 100;
   int64_t capacity = 10;
   double refill = 5;
-  int64_t lease = 0;  // > 1: the limit takes token leases of this size (`lease: n`)
-  double rate = 0;    // 0: closed loop
+  int64_t prefetch = 0;  // > 1: the limit prefetches tokens, this many (`prefetch: n`)
+  double rate = 0;       // 0: closed loop
   bool sequential = false;
   std::string run_id;
 };
@@ -86,7 +86,7 @@ Flags ParseFlags(int argc, char** argv) {
       "redis_decisions_bench",
       "--store=redis|memory --url=URL --duration-ms --warmup-ms --inflight --keys\n"
       "       --stores --connections --max-batch --max-calls-in-flight --deadline-ms\n"
-      "       --capacity --refill --lease --rate --sequential --run-id=ID"};
+      "       --capacity --refill --prefetch (--lease) --rate --sequential --run-id=ID"};
   bench::ParseFlags(argc, argv, usage,
                     {{"store", &f.store},
                      {"url", &f.url},
@@ -101,7 +101,8 @@ Flags ParseFlags(int argc, char** argv) {
                      {"deadline-ms", &f.deadline_ms},
                      {"capacity", &f.capacity},
                      {"refill", &f.refill},
-                     {"lease", &f.lease},
+                     {"prefetch", &f.prefetch},
+                     {"lease", &f.prefetch},  // the old name (scripts/bench.sh)
                      {"rate", &f.rate},
                      {"sequential", &f.sequential},
                      {"run-id", &f.run_id}});
@@ -295,7 +296,7 @@ int RunMemoryStore(const Flags& f, const Limit& limit) {
 int main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   auto limit = Limit::TokenBucket("b", flags.capacity, flags.refill);
-  if (limit.ok() && flags.lease > 1) limit = limit->WithLease(flags.lease);
+  if (limit.ok() && flags.prefetch > 1) limit = limit->WithPrefetch(flags.prefetch);
   if (!limit.ok()) {
     std::fprintf(stderr, "bad limit: %s\n", limit.status().ToString().c_str());
     return 2;
@@ -424,10 +425,10 @@ int main(int argc, char** argv) {
   // Everything since the first check counts for the per-key bound.
   const double whole_secs = std::chrono::duration<double>(run_end - measure_start).count() +
                             static_cast<double>(flags.warmup_ms) / 1000.0 + 1.0;
-  // Leases: each store may spend up to lease - 1 tokens it took earlier (the
-  // documented overshoot, docs/architecture.md "Token leases").
+  // Token prefetch: each store may spend up to prefetch - 1 tokens it took
+  // earlier (the documented overshoot, docs/architecture.md "Token prefetch").
   const int64_t per_key_max = flags.capacity + static_cast<int64_t>(flags.refill * whole_secs) + 1 +
-                              (flags.lease > 1 ? flags.stores * (flags.lease - 1) : 0);
+                              (flags.prefetch > 1 ? flags.stores * (flags.prefetch - 1) : 0);
   int64_t over_bound = 0, denied_early = 0, answered_total = 0, allowed_total = 0;
   for (int64_t k = 0; k < flags.keys; ++k) {
     const int64_t a = sh.allowed[k].load(), n = sh.answered[k].load();

@@ -105,11 +105,11 @@ class RedisStore final : public Store {
 
   // Counters since start, for metrics.
   struct Stats {
-    uint64_t checks = 0;        // Check() calls that reached the store
-    uint64_t script_calls = 0;  // EVALSHA calls sent
-    uint64_t cache_hits = 0;    // checks answered by the over-limit cache
-    uint64_t lease_hits = 0;    // checks answered with a leased token (Limit::lease)
-    uint64_t failures = 0;      // checks that completed with an error
+    uint64_t checks = 0;         // Check() calls that reached the store
+    uint64_t script_calls = 0;   // EVALSHA calls sent
+    uint64_t cache_hits = 0;     // checks answered by the over-limit cache
+    uint64_t prefetch_hits = 0;  // checks answered with a prefetched token (Limit::prefetch)
+    uint64_t failures = 0;       // checks that completed with an error
   };
 
   static StatusOr<std::unique_ptr<RedisStore>> Create(Options options);

@@ -30,14 +30,14 @@ std::optional<CheckResult> CheckAdmission::Answer(const CheckRequest& req, bool 
   // A hot key of a limit with token prefetch: spend a token taken earlier,
   // or ask for several.
   const LimitCheck& only = req.checks.front();
-  if (!peek && req.checks.size() == 1 && only.cost == 1 && only.limit->lease() > 1) {
+  if (!peek && req.checks.size() == 1 && only.cost == 1 && only.limit->prefetch() > 1) {
     p.prefetch_fp =
         Mix(Hash64(req.key, seed_) ^ only.limit->identity_hash(), 0x9E3779B97F4A7C15ULL);
     if (std::optional<CheckResult> spent = prefetched_.Spend(p.prefetch_fp, now)) {
       prefetch_hits_.fetch_add(1, std::memory_order_relaxed);
       return spent;
     }
-    p.prefetch = only.limit->lease();
+    p.prefetch = only.limit->prefetch();
     p.want = prefetched_.Want(p.prefetch_fp, now, *only.limit);
   }
   return std::nullopt;

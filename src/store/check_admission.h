@@ -4,7 +4,7 @@
 //   - the over-limit cache: a denial of a cost-1 check holds until its retry
 //     time, for every identical check (store/over_limit_cache.h);
 //   - token prefetch: a hot key of a limit with `prefetch: n` spends tokens
-//     taken earlier in one call (store/lease_table.h);
+//     taken earlier in one call (store/token_prefetch.h);
 //   - waiting duplicates: while a cacheable check is in flight, identical
 //     checks wait for its answer (its `leader`) rather than send their own,
 //     and share its denial if it was in force when they arrived.
@@ -26,10 +26,10 @@
 
 #include "ratelimit/clock.h"
 #include "ratelimit/store.h"
-#include "store/lease_table.h"
 #include "store/lua/check_codec.h"
 #include "store/over_limit_cache.h"
 #include "store/pending_check.h"
+#include "store/token_prefetch.h"
 
 namespace ratelimit::store {
 
@@ -84,7 +84,7 @@ class CheckAdmission {
   const Clock* clock_;
   PendingBound* bound_;
   std::unique_ptr<OverLimitCache> cache_;  // nullptr: off
-  LeaseTable prefetched_;
+  TokenPrefetch prefetched_;
   const uint64_t seed_;
   std::atomic<uint64_t> hits_{0}, prefetch_hits_{0};
   WaiterShard waiters_[16];

@@ -1,6 +1,6 @@
 // The Redis keys of both Redis stores: `<prefix>{<client>}<limit>` for a rate
 // limit's state, `<prefix>{<client>}~c:<name>` for a concurrency limit's
-// leases. The client part (EncodeClientKey, include/ratelimit/redis_store.h)
+// leases (concurrency). The client part (EncodeClientKey, include/ratelimit/redis_store.h)
 // is escaped or hashed, and its braces make it the hash tag: all of a
 // client's keys share one Redis Cluster slot, so one script call can decide
 // all its limits.

@@ -230,7 +230,7 @@ RedisStore::Stats RedisStore::stats() const {
   return {.checks = impl_->stat_checks.load(std::memory_order_relaxed),
           .script_calls = impl_->stat_calls.load(std::memory_order_relaxed),
           .cache_hits = impl_->admission.cache_hits(),
-          .lease_hits = impl_->admission.prefetch_hits(),
+          .prefetch_hits = impl_->admission.prefetch_hits(),
           .failures = impl_->stat_failures.load(std::memory_order_relaxed)};
 }
 

@@ -551,7 +551,7 @@ TEST_F(RedisStoreTest, AbuseFloodOnOneKey) {
 // flood costs about two calls per ten tokens; the overshoot stays within one
 // lease (one instance).
 TEST_F(RedisStoreTest, AbuseFloodOnALeasedLimit) {
-  Limit l = *Limit::TokenBucket("abuse-leased", 10, 50)->WithLease(10);
+  Limit l = *Limit::TokenBucket("abuse-leased", 10, 50)->WithPrefetch(10);
   FloodFigures f = OpenLoopFlood(server_, *store_, l, "leased abuse flood");
   EXPECT_LE(f.allowed, 10 + static_cast<int>(f.elapsed_s * 50) + 9) << "bucket + one lease at most";
   EXPECT_GE(f.allowed, static_cast<int>(f.elapsed_s * 50 * 0.7))
@@ -568,7 +568,7 @@ TEST_F(RedisStoreTest, AbuseFloodOnALeasedLimit) {
 // calls for the same decisions (that regime is OvershootWithinTheBound's).
 TEST(RedisStoreLeases, CallsDropByTheLeaseFactor) {
   RedisServer server;
-  Limit l = *Limit::TokenBucket("hot", 10'000, 100'000)->WithLease(10);
+  Limit l = *Limit::TokenBucket("hot", 10'000, 100'000)->WithPrefetch(10);
   std::vector<std::unique_ptr<RedisStore>> stores;
   for (int i = 0; i < 3; ++i) stores.push_back(MustCreate({.url = server.url()}));
   const long before = EvalshaCalls(server);
@@ -583,7 +583,7 @@ TEST(RedisStoreLeases, CallsDropByTheLeaseFactor) {
   for (auto& t : threads) t.join();
   const long calls = EvalshaCalls(server) - before;
   uint64_t lease_hits = 0;
-  for (auto& s : stores) lease_hits += s->stats().lease_hits;
+  for (auto& s : stores) lease_hits += s->stats().prefetch_hits;
   std::printf(
       "leases: %d decisions, %d allowed, %ld Redis calls (%.3f per decision), %llu from leases\n",
       3 * kPerStore, allowed.load(), calls, static_cast<double>(calls) / (3 * kPerStore),
@@ -601,7 +601,7 @@ TEST(RedisStoreLeases, CallsDropByTheLeaseFactor) {
 // leases on the same Redis keeps exact answers.
 TEST(RedisStoreLeases, OvershootWithinTheBound) {
   RedisServer server;
-  Limit l = *Limit::TokenBucket("flooded", 20, 200)->WithLease(10);
+  Limit l = *Limit::TokenBucket("flooded", 20, 200)->WithPrefetch(10);
   std::vector<std::unique_ptr<RedisStore>> stores;
   for (int i = 0; i < 3; ++i) stores.push_back(MustCreate({.url = server.url()}));
   std::atomic<int> allowed{0};
