@@ -5,7 +5,9 @@
 // or unknown flag prints the usage and exits 2 (Fail).
 //
 //   const bench::Usage usage{"http_load", "--host --port --rate"};
-//   bench::ParseFlags(argc, argv, usage, {{"host", &f.host}, {"port", &f.port}});
+//   std::vector<bench::Flag> flags = bench::LoadFlags(f);   // --duration-ms, --rate, ...
+//   flags.insert(flags.end(), {{"host", &f.host}, {"port", &f.port}});
+//   bench::ParseFlags(argc, argv, usage, std::move(flags));
 //   if (f.port == 0) usage.Fail("--port");
 //
 // Thread-safety: for main() only.
@@ -18,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <vector>
 
 namespace bench {
 
@@ -58,8 +61,18 @@ inline bool SetFlag(const Flag& flag, const std::string_view* value) {
   return end != v.c_str() && *end == '\0' && *d >= 0;
 }
 
-inline void ParseFlags(int argc, char** argv, const Usage& usage,
-                       std::initializer_list<Flag> flags) {
+// The flags every driver has, for a `Flags` struct with these members.
+template <typename Flags>
+std::vector<Flag> LoadFlags(Flags& f) {
+  return {{"duration-ms", &f.duration_ms},
+          {"warmup-ms", &f.warmup_ms},
+          {"connections", &f.connections},
+          {"keys", &f.keys},
+          {"rate", &f.rate}};
+}
+
+// `flags`: LoadFlags(f) and the driver's own.
+inline void ParseFlags(int argc, char** argv, const Usage& usage, std::vector<Flag> flags) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     if (a.substr(0, 2) != "--") usage.Fail(argv[i]);

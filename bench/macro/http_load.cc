@@ -62,16 +62,10 @@ Flags ParseFlags(int argc, char** argv) {
   const bench::Usage usage{"http_load",
                            "--host --port --kind=get|check|gateway --connections --duration-ms "
                            "--warmup-ms --rate --keys --path"};
-  bench::ParseFlags(argc, argv, usage,
-                    {{"host", &f.host},
-                     {"port", &f.port},
-                     {"kind", &f.kind},
-                     {"connections", &f.connections},
-                     {"duration-ms", &f.duration_ms},
-                     {"warmup-ms", &f.warmup_ms},
-                     {"rate", &f.rate},
-                     {"keys", &f.keys},
-                     {"path", &f.path}});
+  std::vector<bench::Flag> flags = bench::LoadFlags(f);
+  flags.insert(flags.end(),
+               {{"host", &f.host}, {"port", &f.port}, {"kind", &f.kind}, {"path", &f.path}});
+  bench::ParseFlags(argc, argv, usage, std::move(flags));
   if (f.connections < 1 || f.keys < 1) usage.Fail("(zero)");
   if (f.kind != "get" && f.kind != "check" && f.kind != "gateway") usage.Fail("--kind");
   return f;
