@@ -39,6 +39,8 @@
 #include <string_view>
 #include <vector>
 
+#include "flags.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -55,48 +57,17 @@ struct Flags {
   std::string path = "/api/x";
 };
 
-[[noreturn]] void Usage(const char* bad) {
-  std::fprintf(stderr,
-               "http_load: bad flag '%s'\nflags: --host --port --kind=get|check|gateway "
-               "--connections --duration-ms --warmup-ms --rate --keys --path\n",
-               bad);
-  std::exit(2);
-}
-
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    const size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos) Usage(argv[i]);
-    const std::string name = a.substr(2, eq - 2), v = a.substr(eq + 1);
-    auto num = [&](int64_t& out) {
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-      if (ec != std::errc() || p != v.data() + v.size() || out < 0) Usage(argv[i]);
-    };
-    if (name == "host")
-      f.host = v;
-    else if (name == "port")
-      num(f.port);
-    else if (name == "kind")
-      f.kind = v;
-    else if (name == "connections")
-      num(f.connections);
-    else if (name == "duration-ms")
-      num(f.duration_ms);
-    else if (name == "warmup-ms")
-      num(f.warmup_ms);
-    else if (name == "rate")
-      f.rate = std::atof(v.c_str());
-    else if (name == "keys")
-      num(f.keys);
-    else if (name == "path")
-      f.path = v;
-    else
-      Usage(argv[i]);
-  }
-  if (f.connections < 1 || f.keys < 1) Usage("(zero)");
-  if (f.kind != "get" && f.kind != "check" && f.kind != "gateway") Usage("--kind");
+  const bench::Usage usage{"http_load",
+                           "--host --port --kind=get|check|gateway --connections --duration-ms "
+                           "--warmup-ms --rate --keys --path"};
+  std::vector<bench::Flag> flags = bench::LoadFlags(f);
+  flags.insert(flags.end(),
+               {{"host", &f.host}, {"port", &f.port}, {"kind", &f.kind}, {"path", &f.path}});
+  bench::ParseFlags(argc, argv, usage, std::move(flags));
+  if (f.connections < 1 || f.keys < 1) usage.Fail("(zero)");
+  if (f.kind != "get" && f.kind != "check" && f.kind != "gateway") usage.Fail("--kind");
   return f;
 }
 

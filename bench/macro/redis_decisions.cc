@@ -19,8 +19,8 @@
 //   --rate=R            open loop: R checks/s scheduled by the main thread
 //                       (latency from the scheduled time), e.g. the abuse flood
 //                       on --keys=1.
-//   --lease=N           the limit takes token leases of N (`lease: N`); the
-//                       per-key bound grows by stores x (N - 1).
+//   --prefetch=N        the limit prefetches N tokens (`prefetch: N`; --lease=N
+//                       is the old name); the per-key bound grows by stores x (N - 1).
 //   --sequential        each key exactly once (0..keys-1), then stop: fills
 //                       Redis for the memory-per-key measurement.
 //   --run-id=P          client keys are P0, P1, ... (default "<pid>.<n>:", fresh
@@ -46,6 +46,7 @@
 #include <thread>
 #include <vector>
 
+#include "flags.h"
 #include "ratelimit/memory_store.h"
 #include "ratelimit/redis_store.h"
 
@@ -71,80 +72,37 @@ struct Flags {
   int64_t deadline_ms = 100;
   int64_t capacity = 10;
   double refill = 5;
-  int64_t lease = 0;  // > 1: the limit takes token leases of this size (`lease: n`)
-  double rate = 0;    // 0: closed loop
+  int64_t prefetch = 0;  // > 1: the limit prefetches tokens, this many (`prefetch: n`)
+  double rate = 0;       // 0: closed loop
   bool sequential = false;
   std::string run_id;
 };
-
-[[noreturn]] void Usage(const char* bad) {
-  std::fprintf(stderr,
-               "redis_decisions_bench: bad flag '%s'\n"
-               "flags: --store=redis|memory --url=URL --duration-ms --warmup-ms --inflight --keys\n"
-               "       --stores --connections --max-batch --max-calls-in-flight --deadline-ms\n"
-               "       --capacity --refill --lease --rate --sequential --run-id=ID\n",
-               bad);
-  std::exit(2);
-}
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   f.run_id = std::to_string(::getpid()) + "." +
              std::to_string(Clock::now().time_since_epoch().count() % 1'000'000) + ":";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--sequential") {
-      f.sequential = true;
-      continue;
-    }
-    const size_t eq = a.find('=');
-    if (a.rfind("--", 0) != 0 || eq == std::string::npos) Usage(argv[i]);
-    const std::string name = a.substr(2, eq - 2), v = a.substr(eq + 1);
-    auto num = [&](int64_t& out) {
-      auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-      if (ec != std::errc() || p != v.data() + v.size() || out < 0) Usage(argv[i]);
-    };
-    auto dbl = [&](double& out) {
-      char* end = nullptr;
-      out = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || out < 0) Usage(argv[i]);
-    };
-    if (name == "store")
-      f.store = v;
-    else if (name == "url")
-      f.url = v;
-    else if (name == "duration-ms")
-      num(f.duration_ms);
-    else if (name == "warmup-ms")
-      num(f.warmup_ms);
-    else if (name == "inflight")
-      num(f.inflight);
-    else if (name == "keys")
-      num(f.keys);
-    else if (name == "stores")
-      num(f.stores);
-    else if (name == "connections")
-      num(f.connections);
-    else if (name == "max-batch")
-      num(f.max_batch);
-    else if (name == "max-calls-in-flight")
-      num(f.max_calls_in_flight);
-    else if (name == "deadline-ms")
-      num(f.deadline_ms);
-    else if (name == "capacity")
-      num(f.capacity);
-    else if (name == "refill")
-      dbl(f.refill);
-    else if (name == "lease")
-      num(f.lease);
-    else if (name == "rate")
-      dbl(f.rate);
-    else if (name == "run-id")
-      f.run_id = v;
-    else
-      Usage(argv[i]);
-  }
-  if (f.inflight < 1 || f.keys < 1 || f.stores < 1 || f.capacity < 1) Usage("(zero)");
+  const bench::Usage usage{
+      "redis_decisions_bench",
+      "--store=redis|memory --url=URL --duration-ms --warmup-ms --inflight --keys\n"
+      "       --stores --connections --max-batch --max-calls-in-flight --deadline-ms\n"
+      "       --capacity --refill --prefetch (--lease) --rate --sequential --run-id=ID"};
+  std::vector<bench::Flag> flags = bench::LoadFlags(f);
+  flags.insert(flags.end(), {{"store", &f.store},
+                             {"url", &f.url},
+                             {"inflight", &f.inflight},
+                             {"stores", &f.stores},
+                             {"max-batch", &f.max_batch},
+                             {"max-calls-in-flight", &f.max_calls_in_flight},
+                             {"deadline-ms", &f.deadline_ms},
+                             {"capacity", &f.capacity},
+                             {"refill", &f.refill},
+                             {"prefetch", &f.prefetch},
+                             {"lease", &f.prefetch},  // the old name (scripts/bench.sh)
+                             {"sequential", &f.sequential},
+                             {"run-id", &f.run_id}});
+  bench::ParseFlags(argc, argv, usage, std::move(flags));
+  if (f.inflight < 1 || f.keys < 1 || f.stores < 1 || f.capacity < 1) usage.Fail("(zero)");
   return f;
 }
 
@@ -334,13 +292,16 @@ int RunMemoryStore(const Flags& f, const Limit& limit) {
 int main(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   auto limit = Limit::TokenBucket("b", flags.capacity, flags.refill);
-  if (limit.ok() && flags.lease > 1) limit = limit->WithLease(flags.lease);
+  if (limit.ok() && flags.prefetch > 1) limit = limit->WithPrefetch(flags.prefetch);
   if (!limit.ok()) {
     std::fprintf(stderr, "bad limit: %s\n", limit.status().ToString().c_str());
     return 2;
   }
   if (flags.store == "memory") return RunMemoryStore(flags, *limit);
-  if (flags.store != "redis") Usage("--store");
+  if (flags.store != "redis") {
+    std::fprintf(stderr, "redis_decisions_bench: --store must be redis or memory\n");
+    return 2;
+  }
 
   Shared sh(flags, *limit);
   sh.keys.reserve(flags.keys);
@@ -460,10 +421,10 @@ int main(int argc, char** argv) {
   // Everything since the first check counts for the per-key bound.
   const double whole_secs = std::chrono::duration<double>(run_end - measure_start).count() +
                             static_cast<double>(flags.warmup_ms) / 1000.0 + 1.0;
-  // Leases: each store may spend up to lease - 1 tokens it took earlier (the
-  // documented overshoot, docs/architecture.md "Token leases").
+  // Token prefetch: each store may spend up to prefetch - 1 tokens it took
+  // earlier (the documented overshoot, docs/architecture.md "Token prefetch").
   const int64_t per_key_max = flags.capacity + static_cast<int64_t>(flags.refill * whole_secs) + 1 +
-                              (flags.lease > 1 ? flags.stores * (flags.lease - 1) : 0);
+                              (flags.prefetch > 1 ? flags.stores * (flags.prefetch - 1) : 0);
   int64_t over_bound = 0, denied_early = 0, answered_total = 0, allowed_total = 0;
   for (int64_t k = 0; k < flags.keys; ++k) {
     const int64_t a = sh.allowed[k].load(), n = sh.answered[k].load();

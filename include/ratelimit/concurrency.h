@@ -32,6 +32,7 @@
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/clock.h"
+#include "ratelimit/redis_store.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 
@@ -125,19 +126,11 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
 // lease: it expires after lease_ttl).
 class RedisConcurrencyStore final : public ConcurrencyStore {
  public:
-  enum class TimeSource { kRedis, kLocal };
-  struct Options {
-    std::string url = "redis://127.0.0.1:6379";  // as RedisStore (cluster URLs too)
-    std::chrono::milliseconds deadline{100};
-    std::string key_prefix = "rl:";
-    TimeSource time_source = TimeSource::kRedis;
-    const Clock* clock = nullptr;  // kLocal: the time source
-    int connections = 1;
-    size_t max_pending = 10'000;
-    size_t max_key_length = kDefaultMaxKeyLength;
-    CircuitBreaker::Options breaker;
-    std::chrono::milliseconds reconnect_max_backoff{250};
-  };
+  // The options RedisStore takes too (include/ratelimit/redis_store.h); its
+  // batching and cache fields are ignored here. The daemon uses one
+  // connection per node (acquire/release are rare next to checks).
+  using TimeSource = RedisTimeSource;
+  using Options = RedisConnectionOptions;
   static StatusOr<std::unique_ptr<RedisConcurrencyStore>> Create(Options options);
   ~RedisConcurrencyStore() override;
 

@@ -82,12 +82,19 @@ class Limit {
   }
   double refill_per_second() const { return 1e6 / static_cast<double>(interval_us_); }
 
-  // Token bucket only: with a lease of n >= 2, a RedisStore that sees the
-  // limit's key hot takes up to n tokens from Redis in one call and spends
-  // them locally (see docs/architecture.md, "Token leases"). 0: off (exact).
-  static constexpr int64_t kMaxLease = 1000;
-  StatusOr<Limit> WithLease(int64_t n) const;
-  int64_t lease() const { return lease_; }
+  // Token bucket only: token prefetch. With n >= 2, a RedisStore that sees
+  // the limit's key hot takes up to n tokens from Redis in one call and
+  // spends them locally (see docs/architecture.md, "Token prefetch"). 0: off
+  // (exact). (Not to be confused with concurrency leases, ConcurrencyStore.)
+  // `key` names the setting in error messages: the YAML key the user wrote.
+  static constexpr int64_t kMaxPrefetch = 1000;
+  StatusOr<Limit> WithPrefetch(int64_t n, std::string_view key = "prefetch") const;
+  int64_t prefetch() const { return prefetch_; }
+  // The old names of token prefetch, kept for embedders (YAML still accepts
+  // `lease:` too).
+  static constexpr int64_t kMaxLease = kMaxPrefetch;
+  StatusOr<Limit> WithLease(int64_t n) const { return WithPrefetch(n, "lease"); }
+  int64_t lease() const { return prefetch_; }
 
   // OK iff a request of this cost can ever be allowed. A cost above the limit
   // can never succeed and is an error, not a denial.
@@ -114,7 +121,7 @@ class Limit {
   int64_t window_us_;
   int64_t interval_us_;
   uint64_t identity_hash_;
-  int64_t lease_ = 0;
+  int64_t prefetch_ = 0;
 };
 
 // Names are 1..64 characters of [A-Za-z0-9_.-]; they become part of store keys.

@@ -50,54 +50,67 @@ class io_context;
 
 namespace ratelimit {
 
+// Where a Redis-backed store takes `now` from: Redis TIME, or the caller's
+// Clock (for managed Redis that refuses TIME in scripts, and for tests).
+enum class RedisTimeSource { kRedis, kLocal };
+
+// The options of both Redis-backed stores (RedisStore::Options and
+// RedisConcurrencyStore::Options are this struct): how to reach Redis, then
+// RedisStore's batching and over-limit cache, which RedisConcurrencyStore
+// ignores. src/store/redis_backend.h turns the connection part into a
+// connection. (One struct rather than a base and two extensions, so that
+// `Create({.url = ..., .deadline = ...})` keeps compiling for embedders.)
+struct RedisConnectionOptions {
+  // redis://[user:password@]host:port[/db], rediss://..., or a cluster:
+  // redis+cluster://[user:password@]host:port,host:port (rediss+cluster://).
+  std::string url = "redis://127.0.0.1:6379";
+  std::chrono::milliseconds deadline{100};  // per call; a late call fails, never replays
+  std::string key_prefix = "rl:";
+  RedisTimeSource time_source = RedisTimeSource::kRedis;
+  const Clock* clock = nullptr;  // kLocal: the time source (nullptr: System)
+  int connections = 2;           // per node
+  size_t max_pending = 10'000;   // queued + in flight; beyond: kResourceExhausted
+  // RedisStore only:
+  size_t max_batch = 32;            // checks per script call (1: no coalescing)
+  size_t max_calls_in_flight = 16;  // script calls out at once; more checks wait and
+                                    // leave together when a reply comes back
+  // RedisStore only: while a call sent less than this long ago is out, checks
+  // that do not fill a batch wait for its reply and leave together with one
+  // call (one node; 0: each leaves at once). Fewer, fuller calls cost both
+  // sides less; a call out longer than this delays nobody.
+  std::chrono::microseconds hold_back{1000};
+  // The io_context to run the client on, run by ONE thread of the caller's
+  // (calls may still come from any thread). nullptr: a thread of the store's
+  // own. Sharing the thread that serves the requests spares a hand-off each
+  // way per batch. The caller keeps it running until Shutdown() has called
+  // back, or destroys the store after it stopped.
+  boost::asio::io_context* io_context = nullptr;
+  size_t max_key_length = kDefaultMaxKeyLength;
+  // Consecutive failures open a node's breaker; while open, calls fail at
+  // once with BreakerOpenStatus and the caller's failure mode decides.
+  CircuitBreaker::Options breaker;
+  // The longest wait between reconnect attempts (with jitter): keeps
+  // recovery after Redis returns within about a second.
+  std::chrono::milliseconds reconnect_max_backoff{250};
+  // RedisStore only: denials of cost-1 requests are remembered until their
+  // retry time and answered locally (see src/store/over_limit_cache.h). 0
+  // entries: off.
+  size_t over_limit_cache_entries = 100'000;
+  std::chrono::milliseconds over_limit_cache_min_retry{0};
+};
+
 class RedisStore final : public Store {
  public:
-  enum class TimeSource { kRedis, kLocal };
-
-  struct Options {
-    // redis://[user:password@]host:port[/db], rediss://..., or a cluster:
-    // redis+cluster://[user:password@]host:port,host:port (rediss+cluster://).
-    std::string url = "redis://127.0.0.1:6379";
-    std::chrono::milliseconds deadline{100};  // per call; a late call fails, never replays
-    std::string key_prefix = "rl:";
-    TimeSource time_source = TimeSource::kRedis;
-    const Clock* clock = nullptr;  // kLocal: the time source (nullptr: System)
-    int connections = 2;
-    size_t max_pending = 10'000;      // queued + in flight; beyond: kResourceExhausted
-    size_t max_batch = 32;            // checks per script call (1: no coalescing)
-    size_t max_calls_in_flight = 16;  // script calls out at once; more checks wait and
-                                      // leave together when a reply comes back
-    // While a call sent less than this long ago is out, checks that do not
-    // fill a batch wait for its reply and leave together with one call
-    // (standalone Redis; 0: each leaves at once). Fewer, fuller calls cost
-    // both sides less; a call out longer than this delays nobody.
-    std::chrono::microseconds hold_back{1000};
-    // The io_context to run the client on, run by ONE thread of the caller's
-    // (checks may still come from any thread). nullptr: a thread of the
-    // store's own. Sharing the thread that serves the requests spares a
-    // hand-off each way per batch. The caller keeps it running until
-    // Shutdown() has called back, or destroys the store after it stopped.
-    boost::asio::io_context* io_context = nullptr;
-    size_t max_key_length = kDefaultMaxKeyLength;
-    // Consecutive failures open the breaker; while open, checks fail at once
-    // with BreakerOpenStatus and the caller's failure mode decides.
-    CircuitBreaker::Options breaker;
-    // The longest wait between reconnect attempts (with jitter): keeps
-    // recovery after Redis returns within about a second.
-    std::chrono::milliseconds reconnect_max_backoff{250};
-    // Denials of cost-1 requests are remembered until their retry time and
-    // answered locally (see src/store/over_limit_cache.h). 0 entries: off.
-    size_t over_limit_cache_entries = 100'000;
-    std::chrono::milliseconds over_limit_cache_min_retry{0};
-  };
+  using TimeSource = RedisTimeSource;
+  using Options = RedisConnectionOptions;
 
   // Counters since start, for metrics.
   struct Stats {
-    uint64_t checks = 0;        // Check() calls that reached the store
-    uint64_t script_calls = 0;  // EVALSHA calls sent
-    uint64_t cache_hits = 0;    // checks answered by the over-limit cache
-    uint64_t lease_hits = 0;    // checks answered with a leased token (Limit::lease)
-    uint64_t failures = 0;      // checks that completed with an error
+    uint64_t checks = 0;         // Check() calls that reached the store
+    uint64_t script_calls = 0;   // EVALSHA calls sent
+    uint64_t cache_hits = 0;     // checks answered by the over-limit cache
+    uint64_t prefetch_hits = 0;  // checks answered with a prefetched token (Limit::prefetch)
+    uint64_t failures = 0;       // checks that completed with an error
   };
 
   static StatusOr<std::unique_ptr<RedisStore>> Create(Options options);

@@ -132,6 +132,12 @@ Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, 
   return {};
 }
 
+Decision Standing(const Limit& limit, const CompactState& state, int64_t now) {
+  Decision d = Evaluate(limit, state, now, 0).decision;
+  d.delay = microseconds(0);
+  return d;
+}
+
 std::chrono::microseconds LeakyDelay(int64_t interval_us, std::chrono::microseconds reset_after,
                                      int64_t cost) {
   return std::max(microseconds(0), reset_after - microseconds(cost * interval_us));
@@ -168,6 +174,10 @@ Decision EvaluateLog(const Limit& limit, std::span<const int64_t> log, int64_t n
     d.reset_after = microseconds(live.back() + w - now);
   }
   return d;
+}
+
+Decision StandingLog(const Limit& limit, std::span<const int64_t> log, int64_t now) {
+  return EvaluateLog(limit, log, now, 0);
 }
 
 bool PruneLog(const Limit& limit, std::vector<int64_t>& log, int64_t now) {

@@ -41,6 +41,14 @@ struct Evaluation {
 // REQUIRES: limit.algorithm() != kSlidingLog; 0 <= cost <= limit.limit(); now >= 0.
 Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, int64_t cost);
 
+// A check of several limits takes from all of them or from none. When one
+// denies, nothing is taken, and every limit that would have allowed answers
+// for its state as it stands: Evaluate at cost 0 (remaining and reset_after
+// unchanged), with no delay, since no request is admitted. Both stores build a
+// denied answer this way; check.lua does the same.
+// REQUIRES: as Evaluate.
+Decision Standing(const Limit& limit, const CompactState& state, int64_t now);
+
 // Leaky bucket (interval_us per request): the delay of an allowed request from its reset_after (the
 // time until the queue is empty, this request's `cost` slots included). The
 // Redis script returns only reset_after; both stores derive the delay here.
@@ -57,6 +65,8 @@ int64_t ExpiresAt(const Limit& limit, const CompactState& state);
 // REQUIRES: limit.algorithm() == kSlidingLog; 0 <= cost <= limit.limit().
 Decision EvaluateLog(const Limit& limit, std::span<const int64_t> log, int64_t now, int64_t cost);
 void ApplyLog(const Limit& limit, std::vector<int64_t>& log, int64_t now, int64_t cost);
+// The sliding log's Standing: EvaluateLog at cost 0.
+Decision StandingLog(const Limit& limit, std::span<const int64_t> log, int64_t now);
 // Drops entries that no longer count. Returns true when the log is empty.
 bool PruneLog(const Limit& limit, std::vector<int64_t>& log, int64_t now);
 

@@ -205,22 +205,23 @@ Status Limit::ValidateCost(int64_t cost) const {
   return Status::Ok();
 }
 
-StatusOr<Limit> Limit::WithLease(int64_t n) const {
+StatusOr<Limit> Limit::WithPrefetch(int64_t n, std::string_view key) const {
   if (n == 0) {
     Limit l = *this;
-    l.lease_ = 0;
+    l.prefetch_ = 0;
     return l;
   }
   if (algorithm_ != Algorithm::kTokenBucket) {
-    return InvalidArgument("lease is for token_bucket limits only");
+    return InvalidArgument(std::string(key) + " is for token_bucket limits only");
   }
-  if (n < 2 || n > std::min(limit_, kMaxLease)) {
-    return InvalidArgument(
-        "lease must be 0 (off) or 2.." + std::to_string(std::min(limit_, kMaxLease)) +
-        " (at most the capacity and " + std::to_string(kMaxLease) + "), got " + std::to_string(n));
+  if (n < 2 || n > std::min(limit_, kMaxPrefetch)) {
+    return InvalidArgument(std::string(key) + " must be 0 (off) or 2.." +
+                           std::to_string(std::min(limit_, kMaxPrefetch)) +
+                           " (at most the capacity and " + std::to_string(kMaxPrefetch) +
+                           "), got " + std::to_string(n));
   }
   Limit l = *this;
-  l.lease_ = n;
+  l.prefetch_ = n;
   return l;
 }
 
@@ -229,7 +230,7 @@ std::string Limit::ToString() const {
   o << AlgorithmName(algorithm_) << "(";
   if (algorithm_ == Algorithm::kTokenBucket) {
     o << "capacity=" << limit_ << ", refill_per_second=" << refill_per_second();
-    if (lease_ > 0) o << ", lease=" << lease_;
+    if (prefetch_ > 0) o << ", prefetch=" << prefetch_;
   } else if (algorithm_ == Algorithm::kLeakyBucket) {
     o << "depth=" << limit_ << ", rate_per_second=" << refill_per_second();
   } else {

@@ -533,11 +533,14 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
       return Wrap(window_error ? spec["window"] : spec["limit"], limit.status());
     }
   }
-  if (YAML::Node lease = Get(spec, "lease"); lease.IsDefined()) {
-    int64_t n = 0;
-    RL_RETURN_IF_ERROR(Int(lease, "lease", &n));
-    limit = limit->WithLease(n);
-    if (!limit.ok()) return Error(lease, what + ": " + limit.status().message());
+  // Token prefetch: `prefetch: n`; `lease: n` is its old name, still accepted.
+  for (const char* key : {"prefetch", "lease"}) {
+    if (YAML::Node node = Get(spec, key); node.IsDefined()) {
+      int64_t n = 0;
+      RL_RETURN_IF_ERROR(Int(node, key, &n));
+      limit = limit->WithPrefetch(n, key);
+      if (!limit.ok()) return Error(node, what + ": " + limit.status().message());
+    }
   }
   *out = *limit;
   return Status::Ok();
@@ -576,10 +579,10 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       }
       rule.limit = it->second;
     } else if (e.IsMap()) {
-      RL_RETURN_IF_ERROR(
-          CheckMap(e, "limit of " + what,
-                   {"name", "algorithm", "capacity", "refill_per_second", "depth",
-                    "rate_per_second", "limit", "window", "lease", "shadow", "failure_mode"}));
+      RL_RETURN_IF_ERROR(CheckMap(
+          e, "limit of " + what,
+          {"name", "algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
+           "limit", "window", "prefetch", "lease", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -590,7 +593,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         rule.limit = *limit;
       } else {
         for (const char* key : {"capacity", "refill_per_second", "depth", "rate_per_second",
-                                "limit", "window", "lease"}) {
+                                "limit", "window", "prefetch", "lease"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);
@@ -819,7 +822,7 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
       if (top_level_.count(name)) return Error(kv.first, "duplicate limit " + Quote(name));
       RL_RETURN_IF_ERROR(CheckMap(kv.second, "limit " + Quote(name),
                                   {"algorithm", "capacity", "refill_per_second", "depth",
-                                   "rate_per_second", "limit", "window", "lease"}));
+                                   "rate_per_second", "limit", "window", "prefetch", "lease"}));
       std::optional<Limit> limit;
       RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
       RL_RETURN_IF_ERROR(Define(*limit, kv.first));

@@ -19,7 +19,7 @@ void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
     auto [end, ec] = std::to_chars(buf, buf + sizeof buf, l.refill_per_second());
     out << YAML::Key << (leaky ? "rate_per_second" : "refill_per_second") << YAML::Value
         << std::string(buf, ec == std::errc() ? end : buf);
-    if (l.lease() > 0) out << YAML::Key << "lease" << YAML::Value << l.lease();
+    if (l.prefetch() > 0) out << YAML::Key << "prefetch" << YAML::Value << l.prefetch();
   } else {
     out << YAML::Key << "limit" << YAML::Value << l.limit();
     out << YAML::Key << "window" << YAML::Value << FormatDuration(l.window());

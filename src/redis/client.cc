@@ -148,6 +148,9 @@ StatusOr<std::unique_ptr<Client>> Client::Create(asio::any_io_executor executor,
 
 Client::~Client() { Close(); }
 
+std::string Client::Describe(int) const { return "redis " + RedactedUrl(); }
+std::string Client::RedactedUrl() const { return redis::RedactedUrl(options_); }
+
 void Client::Close() {
   for (auto& c : connections_) c->Close();
 }

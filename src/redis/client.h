@@ -35,6 +35,7 @@
 #include "ratelimit/status.h"
 #include "redis/callback.h"
 #include "redis/connection.h"
+#include "redis/endpoint.h"
 #include "redis/reply.h"
 #include "redis/url.h"
 
@@ -55,14 +56,15 @@ std::string Sha1Hex(std::string_view data);
 // as a Client does: Ok, or the error its Create() would return.
 Status CheckTlsFiles(const Options& options);
 
-class Client {
+// One node: an Endpoint whose every slot is node 0.
+class Client final : public Endpoint {
  public:
   // Starts connecting at once. A TLS setup error (unreadable CA file, ...) is
   // kept in init_status() and fails every call; Create() reports it instead.
   Client(boost::asio::any_io_executor executor, Options options);
   static StatusOr<std::unique_ptr<Client>> Create(boost::asio::any_io_executor executor,
                                                   Options options);
-  ~Client();  // Close()
+  ~Client() override;  // Close()
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
@@ -70,7 +72,7 @@ class Client {
   // REQUIRES: !args.empty().
   void Execute(std::span<const std::string_view> args, Callback cb);
   void Execute(std::span<const std::string_view> args, Callback cb,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout) override;
   void Execute(std::initializer_list<std::string_view> args, Callback cb);
   void Execute(const std::vector<std::string>& args, Callback cb);
 
@@ -84,7 +86,13 @@ class Client {
                   std::span<const std::string_view> args, Callback cb);
   void EvalScript(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout) override;
+
+  // Endpoint: one node, 0, described by the URL without its password.
+  int NodeForSlot(uint16_t) const override { return 0; }
+  std::string Describe(int node) const override;
+  std::string RedactedUrl() const override;
+  bool sharded() const override { return false; }
 
   // Redis Cluster, after an -ASK redirection: the same calls, each sent as
   // ASKING + the command back to back on one connection (a NOSCRIPT retry
@@ -97,7 +105,7 @@ class Client {
 
   // Stops reconnecting and fails pending calls with kUnavailable; later calls
   // fail fast. Idempotent.
-  void Close();
+  void Close() override;
 
   const Options& options() const { return options_; }
   const Status& init_status() const { return init_status_; }

@@ -502,6 +502,12 @@ std::string ClusterClient::NodeName(int node) const {
   return state_->nodes.at(static_cast<size_t>(node))->address.ToString();
 }
 
+std::string ClusterClient::Describe(int node) const {
+  return node < 0 ? "redis " + RedactedUrl() : "redis node " + NodeName(node);
+}
+
+std::string ClusterClient::RedactedUrl() const { return redis::RedactedUrl(state_->options); }
+
 int ClusterClient::node_count() const {
   std::lock_guard lock(state_->mu);
   return static_cast<int>(state_->nodes.size());

@@ -47,12 +47,13 @@
 #include "ratelimit/status.h"
 #include "redis/callback.h"
 #include "redis/client.h"
+#include "redis/endpoint.h"
 #include "redis/reply.h"
 #include "redis/url.h"
 
 namespace ratelimit::redis {
 
-class ClusterClient {
+class ClusterClient final : public Endpoint {
  public:
   // Starts connecting to the seeds and loading the slot map at once. A setup
   // error (bad options, unreadable TLS files) is kept in init_status() and
@@ -60,36 +61,40 @@ class ClusterClient {
   ClusterClient(boost::asio::any_io_executor executor, ClusterOptions options);
   static StatusOr<std::unique_ptr<ClusterClient>> Create(boost::asio::any_io_executor executor,
                                                          ClusterOptions options);
-  ~ClusterClient();  // Close()
+  ~ClusterClient() override;  // Close()
   ClusterClient(const ClusterClient&) = delete;
   ClusterClient& operator=(const ClusterClient&) = delete;
 
   // One command routed by the slot of args[1] (its first key).
   // REQUIRES: args.size() >= 2; every key of the command is in args[1]'s slot.
   void Execute(std::span<const std::string_view> args, Callback cb,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout) override;
   void Execute(const std::vector<std::string>& args, Callback cb);  // options' command_timeout
 
   // EVALSHA (SCRIPT LOAD + retry on NOSCRIPT) routed by the slot of keys[0].
   // REQUIRES: !keys.empty(); all keys in one slot; `script` outlives the callback.
   void EvalScript(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
-                  std::chrono::milliseconds timeout);
+                  std::chrono::milliseconds timeout) override;
 
   // The node serving `slot` now, or -1 while no map is known.
-  int NodeForSlot(uint16_t slot) const;
+  int NodeForSlot(uint16_t slot) const override;
   // "host:port" of a node id from NodeForSlot. REQUIRES: 0 <= node < node_count().
   std::string NodeName(int node) const;
   int node_count() const;
   // True once a slot map has been loaded.
   bool has_slot_map() const;
   // Schedules a slot map refresh (rate-limited by min_refresh_interval).
-  void RequestRefresh();
+  void RequestRefresh() override;
+  // Endpoint: "redis node host:port"; -1 and RedactedUrl: the seeds.
+  std::string Describe(int node) const override;
+  std::string RedactedUrl() const override;
+  bool sharded() const override { return true; }
   // Slot map refreshes completed so far (for tests and metrics).
   uint64_t refreshes() const;
 
   // Stops everything; pending and later calls fail with kUnavailable. Idempotent.
-  void Close();
+  void Close() override;
 
   const ClusterOptions& options() const;
   const Status& init_status() const;

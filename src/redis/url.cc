@@ -261,4 +261,11 @@ std::string RedactedUrl(const Options& o) {
   return out;
 }
 
+std::string RedactedUrl(const ClusterOptions& c) {
+  std::string out = c.node.tls ? "rediss+cluster://" : "redis+cluster://";
+  if (!c.node.password.empty()) out += c.node.user + ":***@";
+  for (size_t i = 0; i < c.seeds.size(); ++i) out += (i > 0 ? "," : "") + c.seeds[i].ToString();
+  return out;
+}
+
 }  // namespace ratelimit::redis

@@ -78,5 +78,7 @@ bool IsClusterUrl(std::string_view url);
 
 // Parses a redis+cluster:// or rediss+cluster:// URL (kInvalidArgument on error).
 StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url);
+// "redis+cluster://user:***@h1:p1,h2:p2": the seeds, never the password.
+std::string RedactedUrl(const ClusterOptions& options);
 
 }  // namespace ratelimit::redis

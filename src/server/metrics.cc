@@ -291,7 +291,7 @@ std::string Metrics::Render(const Store* store) const {
     out += "ratelimit_over_limit_cache_hits_total " + std::to_string(st.cache_hits) + "\n";
     Header(out, "ratelimit_lease_hits_total", "counter",
            "Checks allowed with a leased token (limits with lease) without a Redis call.");
-    out += "ratelimit_lease_hits_total " + std::to_string(st.lease_hits) + "\n";
+    out += "ratelimit_lease_hits_total " + std::to_string(st.prefetch_hits) + "\n";
     Header(out, "ratelimit_store_pending_checks", "gauge", "Redis checks queued or in flight now.");
     out += "ratelimit_store_pending_checks " + std::to_string(redis->pending()) + "\n";
   }

@@ -206,7 +206,8 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
 
   CheckResult result;
   result.decisions.resize(n);
-  std::array<CompactState, kMaxChecksPerRequest> next;
+  std::array<CompactState, kMaxChecksPerRequest> state, next;
+  std::array<const std::vector<int64_t>*, kMaxChecksPerRequest> logs{};
   bool all = true;
   size_t new_keys = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -216,19 +217,26 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
     if (limit.algorithm() == Algorithm::kSlidingLog) {
       auto it = shard.logs.find(fps[i]);
       static const std::vector<int64_t> kEmpty;
-      const std::vector<int64_t>& log = it == shard.logs.end() ? kEmpty : it->second.log;
-      result.decisions[i] = core::EvaluateLog(limit, log, now, cost);
+      logs[i] = it == shard.logs.end() ? &kEmpty : &it->second.log;
+      result.decisions[i] = core::EvaluateLog(limit, *logs[i], now, cost);
       new_keys += it == shard.logs.end() ? 1 : 0;
     } else {
       Slot* slot = shard.table.Find(fps[i]);
-      const CompactState state =
-          (slot != nullptr && slot->expires > now) ? slot->state : CompactState{};
-      core::Evaluation e = core::Evaluate(limit, state, now, cost);
+      state[i] = (slot != nullptr && slot->expires > now) ? slot->state : CompactState{};
+      core::Evaluation e = core::Evaluate(limit, state[i], now, cost);
       result.decisions[i] = e.decision;
       next[i] = e.next;
       new_keys += slot == nullptr ? 1 : 0;
     }
     all = all && result.decisions[i].allowed;
+  }
+  if (!all) {  // nothing is taken: the limits that would allow answer for their state as it stands
+    for (size_t i = 0; i < n; ++i) {
+      if (!result.decisions[i].allowed) continue;
+      const Limit& limit = *req.checks[i].limit;
+      result.decisions[i] = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
+                                               : core::Standing(limit, state[i], now);
+    }
   }
   result.overall = Combine(result.decisions);
   if (peek || !all) return result;

@@ -1,4 +1,4 @@
-// OverLimitCache and LeaseTable on their own (no Redis): the denial derived
+// OverLimitCache and TokenPrefetch on their own (no Redis): the denial derived
 // from an allowance that took the last unit must be exactly the one the
 // algorithm gives, at every later instant until its retry time.
 #include "store/over_limit_cache.h"
@@ -8,7 +8,7 @@
 #include <random>
 
 #include "core/algorithms.h"
-#include "store/lease_table.h"
+#include "store/token_prefetch.h"
 
 namespace ratelimit::store {
 namespace {
@@ -57,10 +57,10 @@ TEST(OverLimitCache, DenialAfterLastUnitMatchesTheAlgorithm) {
   EXPECT_FALSE(OverLimitCache::DenialAfterLastUnit(sw.algorithm(), sw.window_micros(), 0, d));
 }
 
-TEST(LeaseTable, HotKeysGetLeasesThatLapse) {
-  Limit l = *Limit::TokenBucket("hot", 100, 10)->WithLease(5);  // lifetime 500 ms
-  EXPECT_EQ(LeaseTable::LifetimeMicros(l), 500'000);
-  LeaseTable t;
+TEST(TokenPrefetch, HotKeysGetLeasesThatLapse) {
+  Limit l = *Limit::TokenBucket("hot", 100, 10)->WithPrefetch(5);  // lifetime 500 ms
+  EXPECT_EQ(TokenPrefetch::LifetimeMicros(l), 500'000);
+  TokenPrefetch t;
   EXPECT_EQ(t.Want(1, 0, l), 1) << "cold: one token";
   EXPECT_EQ(t.Want(1, 100'000, l), 5) << "asked again within the lifetime: hot";
   EXPECT_FALSE(t.Spend(1, 100'000).has_value());
@@ -85,7 +85,7 @@ TEST(LeaseTable, HotKeysGetLeasesThatLapse) {
   EXPECT_TRUE(t.Spend(1, 899'999).has_value());
   EXPECT_FALSE(t.Spend(1, 900'000).has_value());
   // Bounded: a full table gives new keys no lease.
-  LeaseTable small(1);
+  TokenPrefetch small(1);
   EXPECT_EQ(small.Want(1, 0, l), 1);
   EXPECT_EQ(small.Want(2, 0, l), 1);
   EXPECT_EQ(small.Want(2, 1, l), 1) << "not tracked: never hot";
@@ -94,14 +94,14 @@ TEST(LeaseTable, HotKeysGetLeasesThatLapse) {
 
 TEST(Limit, LeaseValidation) {
   Limit tb = *Limit::TokenBucket("tb", 50, 1);
-  EXPECT_EQ(tb.WithLease(10)->lease(), 10);
-  EXPECT_EQ(tb.WithLease(0)->lease(), 0);
-  EXPECT_FALSE(tb.WithLease(1).ok());
-  EXPECT_FALSE(tb.WithLease(51).ok());
-  EXPECT_FALSE(tb.WithLease(-2).ok());
-  EXPECT_FALSE(Limit::FixedWindow("fw", 50, std::chrono::seconds(1))->WithLease(5).ok());
-  EXPECT_EQ(tb.WithLease(10)->ToString(),
-            "token_bucket(capacity=50, refill_per_second=1, lease=10)");
+  EXPECT_EQ(tb.WithPrefetch(10)->prefetch(), 10);
+  EXPECT_EQ(tb.WithPrefetch(0)->prefetch(), 0);
+  EXPECT_FALSE(tb.WithPrefetch(1).ok());
+  EXPECT_FALSE(tb.WithPrefetch(51).ok());
+  EXPECT_FALSE(tb.WithPrefetch(-2).ok());
+  EXPECT_FALSE(Limit::FixedWindow("fw", 50, std::chrono::seconds(1))->WithPrefetch(5).ok());
+  EXPECT_EQ(tb.WithPrefetch(10)->ToString(),
+            "token_bucket(capacity=50, refill_per_second=1, prefetch=10)");
 }
 
 }  // namespace

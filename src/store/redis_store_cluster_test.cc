@@ -159,7 +159,7 @@ TEST_F(RedisStoreClusterFailover, UnderLoad) {
   while (since(Clock::now()) < killed_at + 6) {
     if (promoted_at < 0) {
       try {
-        if (cluster_.MasterOfSlot(victim_slot) != victim) promoted_at = since(Clock::now());
+        if (victim != cluster_.MasterOfSlot(victim_slot)) promoted_at = since(Clock::now());
       } catch (const std::exception&) {
         // no live master for the slot yet
       }

@@ -546,29 +546,30 @@ TEST_F(RedisStoreTest, AbuseFloodOnOneKey) {
   EXPECT_LE(f.calls_per_decision(), 0.1);
 }
 
-// The same flood at 90% denied (500/s on 50/s) on a limit with `lease: 10`:
-// a denied hot key is held back until a whole lease has come free, so the
+// The same flood at 90% denied (500/s on 50/s) on a limit with `prefetch: 10`:
+// a denied hot key is held back until a whole prefetch has come free, so the
 // flood costs about two calls per ten tokens; the overshoot stays within one
-// lease (one instance).
+// prefetch (one instance).
 TEST_F(RedisStoreTest, AbuseFloodOnALeasedLimit) {
-  Limit l = *Limit::TokenBucket("abuse-leased", 10, 50)->WithLease(10);
+  Limit l = *Limit::TokenBucket("abuse-leased", 10, 50)->WithPrefetch(10);
   FloodFigures f = OpenLoopFlood(server_, *store_, l, "leased abuse flood");
-  EXPECT_LE(f.allowed, 10 + static_cast<int>(f.elapsed_s * 50) + 9) << "bucket + one lease at most";
+  EXPECT_LE(f.allowed, 10 + static_cast<int>(f.elapsed_s * 50) + 9)
+      << "bucket + one prefetch at most";
   EXPECT_GE(f.allowed, static_cast<int>(f.elapsed_s * 50 * 0.7))
-      << "leases must not starve the key";
+      << "prefetch must not starve the key";
   EXPECT_LE(f.calls_per_decision(), 0.05);
 }
 
-// Token leases, within the limit: three stores (instances) on one Redis each
-// send a steady stream on one hot key of a limit with `lease: 10`; all are
+// Token prefetch, within the limit: three stores (instances) on one Redis each
+// send a steady stream on one hot key of a limit with `prefetch: 10`; all are
 // allowed, and Redis sees about one call per 10 decisions (INFO commandstats).
 // The bucket holds more than the whole run asks for: three threads taking 10
 // tokens per round trip outrun any refill rate an idle machine can test
-// (about 1M tokens/s here), and a bucket run dry grants partial leases, more
+// (about 1M tokens/s here), and a bucket run dry grants partial prefetches, more
 // calls for the same decisions (that regime is OvershootWithinTheBound's).
 TEST(RedisStoreLeases, CallsDropByTheLeaseFactor) {
   RedisServer server;
-  Limit l = *Limit::TokenBucket("hot", 10'000, 100'000)->WithLease(10);
+  Limit l = *Limit::TokenBucket("hot", 10'000, 100'000)->WithPrefetch(10);
   std::vector<std::unique_ptr<RedisStore>> stores;
   for (int i = 0; i < 3; ++i) stores.push_back(MustCreate({.url = server.url()}));
   const long before = EvalshaCalls(server);
@@ -582,26 +583,26 @@ TEST(RedisStoreLeases, CallsDropByTheLeaseFactor) {
   }
   for (auto& t : threads) t.join();
   const long calls = EvalshaCalls(server) - before;
-  uint64_t lease_hits = 0;
-  for (auto& s : stores) lease_hits += s->stats().lease_hits;
+  uint64_t prefetch_hits = 0;
+  for (auto& s : stores) prefetch_hits += s->stats().prefetch_hits;
   std::printf(
-      "leases: %d decisions, %d allowed, %ld Redis calls (%.3f per decision), %llu from leases\n",
+      "prefetch: %d decisions, %d allowed, %ld Redis calls (%.3f per decision), %llu prefetched\n",
       3 * kPerStore, allowed.load(), calls, static_cast<double>(calls) / (3 * kPerStore),
-      static_cast<unsigned long long>(lease_hits));
+      static_cast<unsigned long long>(prefetch_hits));
   EXPECT_EQ(allowed.load(), 3 * kPerStore);
-  // One call per lease of 10, plus the first (cold) call of each store.
+  // One call per prefetch of 10, plus the first (cold) call of each store.
   EXPECT_LE(calls, 3 * kPerStore / 10 * 21 / 20 + 3 * 2);
-  EXPECT_GE(lease_hits, 3u * kPerStore * 8 / 10);
+  EXPECT_GE(prefetch_hits, 3u * kPerStore * 8 / 10);
 }
 
-// Token leases over the limit: three stores flood one key of a leased limit
-// (capacity 20, 200 tokens a second, lease 10) for a second. Allowed stays
+// Token prefetch over the limit: three stores flood one key of a prefetching limit
+// (capacity 20, 200 tokens a second, prefetch 10) for a second. Allowed stays
 // within the documented bound: what the bucket gives (capacity + rate x
-// time) plus instances x (lease - 1) tokens held back; and a store without
-// leases on the same Redis keeps exact answers.
+// time) plus instances x (prefetch - 1) tokens held back; and a store without
+// prefetch on the same Redis keeps exact answers.
 TEST(RedisStoreLeases, OvershootWithinTheBound) {
   RedisServer server;
-  Limit l = *Limit::TokenBucket("flooded", 20, 200)->WithLease(10);
+  Limit l = *Limit::TokenBucket("flooded", 20, 200)->WithPrefetch(10);
   std::vector<std::unique_ptr<RedisStore>> stores;
   for (int i = 0; i < 3; ++i) stores.push_back(MustCreate({.url = server.url()}));
   std::atomic<int> allowed{0};
@@ -621,11 +622,11 @@ TEST(RedisStoreLeases, OvershootWithinTheBound) {
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const double bound = 20 + 200 * elapsed + 3 * (10 - 1);
-  std::printf("lease overshoot: %d allowed in %.3f s; bucket alone %.0f, bound %.0f\n",
+  std::printf("prefetch overshoot: %d allowed in %.3f s; bucket alone %.0f, bound %.0f\n",
               allowed.load(), elapsed, 20 + 200 * elapsed, bound);
   EXPECT_LE(allowed.load(), bound);
   EXPECT_GE(allowed.load(), 20) << "the flood got at least the burst";
-  // Exact without a lease: a fresh key, capacity 5, no refill to speak of.
+  // Exact without prefetch: a fresh key, capacity 5, no refill to speak of.
   Limit exact = *Limit::TokenBucket("exact", 5, 0.01);
   int exact_allowed = 0;
   for (int i = 0; i < 20; ++i) exact_allowed += Check(*stores[i % 3], "k", exact).allowed ? 1 : 0;

@@ -166,6 +166,29 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     return *std::move(s);
   }
 
+  // Runs each scenario's steps on a fresh store and key (`key_prefix` + its
+  // index), at the step's time, every limit at the step's cost, and hands
+  // each answer to `expect`.
+  template <typename Scenarios, typename Expect>
+  void RunSteps(const Scenarios& table, const std::string& key_prefix, Expect expect) {
+    int scenario_index = 0;
+    for (const auto& sc : table) {
+      ManualClock clock(kStart);
+      std::unique_ptr<Store> store = Make(&clock);
+      const std::string key = key_prefix + std::to_string(scenario_index++);
+      for (size_t i = 0; i < sc.steps.size(); ++i) {
+        const auto& st = sc.steps[i];
+        clock.Set(kStart + st.at_us);
+        std::vector<LimitCheck> checks;
+        for (const Limit& l : sc.limits) checks.push_back({&l, st.cost});
+        StatusOr<CheckResult> r = store->CheckSync({key, checks});
+        ASSERT_TRUE(r.ok()) << sc.name << " step " << i << ": " << r.status().ToString();
+        SCOPED_TRACE(sc.name + ", step " + std::to_string(i));
+        expect(sc, st, *r);
+      }
+    }
+  }
+
   static testing::RedisServer* redis_;
   static testing::RedisCluster* cluster_;
 };
@@ -173,27 +196,97 @@ testing::RedisServer* Conformance::redis_ = nullptr;
 testing::RedisCluster* Conformance::cluster_ = nullptr;
 
 TEST_P(Conformance, Table) {
-  int scenario_index = 0;
-  for (const Scenario& sc : Table()) {
-    ManualClock clock(kStart);
-    std::unique_ptr<Store> store = Make(&clock);
-    const std::string key = "conf:" + std::to_string(scenario_index++);
-    for (size_t i = 0; i < sc.steps.size(); ++i) {
-      const Step& st = sc.steps[i];
-      clock.Set(kStart + st.at_us);
-      std::vector<LimitCheck> checks;
-      for (const Limit& l : sc.limits) checks.push_back({&l, st.cost});
-      StatusOr<CheckResult> r = store->CheckSync({key, checks});
-      ASSERT_TRUE(r.ok()) << sc.name << " step " << i << ": " << r.status().ToString();
-      const Decision& d = r->overall;
-      SCOPED_TRACE(sc.name + ", step " + std::to_string(i));
-      EXPECT_EQ(d.allowed, st.allowed);
-      EXPECT_EQ(d.remaining, st.remaining);
-      EXPECT_EQ(d.retry_after.count(), st.retry_after_us);
-      EXPECT_EQ(d.reset_after.count(), st.reset_after_us);
-      EXPECT_EQ(d.delay.count(), st.delay_us);
-    }
-  }
+  RunSteps(Table(), "conf:", [](const Scenario&, const Step& st, const CheckResult& r) {
+    const Decision& d = r.overall;
+    EXPECT_EQ(d.allowed, st.allowed);
+    EXPECT_EQ(d.remaining, st.remaining);
+    EXPECT_EQ(d.retry_after.count(), st.retry_after_us);
+    EXPECT_EQ(d.reset_after.count(), st.reset_after_us);
+    EXPECT_EQ(d.delay.count(), st.delay_us);
+  });
+}
+
+// Every limit's numbers, not just the overall answer. A denied check takes
+// nothing, so each limit of a denied answer reports the state as it stands (as
+// a cost-0 check would: nothing taken, no delay), the denying ones with their
+// retry_after. Issue #16: the limits that would have allowed used to answer as
+// if the cost had been taken.
+struct Each {
+  bool allowed;
+  int64_t remaining;
+  int64_t retry_after_us;
+  int64_t reset_after_us;
+  int64_t delay_us = 0;
+};
+
+struct EveryLimitStep {
+  int64_t at_us;
+  int64_t cost;
+  bool allowed;            // overall
+  std::vector<Each> each;  // one per limit, in order
+};
+
+struct EveryLimitScenario {
+  std::string name;
+  std::vector<Limit> limits;
+  std::vector<EveryLimitStep> steps;
+};
+
+std::vector<EveryLimitScenario> EveryLimitTable() {
+  return {
+      {"cost 2 on big (100) and small (3): small denies, big answers its standing state",
+       {TB("big", 100, 1), TB("small", 3, 1)},
+       {{0, 2, true, {{true, 98, 0, 2 * kS}, {true, 1, 0, 2 * kS}}},
+        {0, 2, false, {{true, 98, 0, 2 * kS}, {false, 1, 1 * kS, 2 * kS}}},
+        {0, 0, true, {{true, 98, 0, 2 * kS}, {true, 1, 0, 2 * kS}}},
+        {500 * kMs, 3, false, {{true, 98, 0, 1500 * kMs}, {false, 1, 1500 * kMs, 1500 * kMs}}},
+        {1 * kS, 2, true, {{true, 97, 0, 3 * kS}, {true, 0, 0, 3 * kS}}}}},
+      {"every algorithm beside a denying one: nothing is taken from any",
+       {FW("fw", 10, 10 * kS), SW("sw", 10, 10 * kS), SL("sl", 10, 10 * kS), LB("lb", 5, 1),
+        TB("one", 1, 1)},
+       {{0,
+         1,
+         true,
+         {{true, 9, 0, 10 * kS},
+          {true, 9, 0, 20 * kS},
+          {true, 9, 0, 10 * kS},
+          {true, 4, 0, 1 * kS, 0},
+          {true, 0, 0, 1 * kS}}},
+        {0,
+         1,
+         false,
+         {{true, 9, 0, 10 * kS},
+          {true, 9, 0, 20 * kS},
+          {true, 9, 0, 10 * kS},
+          {true, 4, 0, 1 * kS, 0},
+          {false, 0, 1 * kS, 1 * kS}}},
+        {200 * kMs,
+         1,
+         false,
+         {{true, 9, 0, 9800 * kMs},
+          {true, 9, 0, 19800 * kMs},
+          {true, 9, 0, 9800 * kMs},
+          {true, 4, 0, 800 * kMs, 0},
+          {false, 0, 800 * kMs, 800 * kMs}}}}},
+  };
+}
+
+TEST_P(Conformance, EveryLimitOfACheck) {
+  RunSteps(EveryLimitTable(), "each:",
+           [](const EveryLimitScenario& sc, const EveryLimitStep& st, const CheckResult& r) {
+             ASSERT_EQ(r.decisions.size(), st.each.size());
+             EXPECT_EQ(r.overall.allowed, st.allowed);
+             for (size_t j = 0; j < st.each.size(); ++j) {
+               SCOPED_TRACE("limit " + sc.limits[j].name());
+               const Decision& d = r.decisions[j];
+               const Each& want = st.each[j];
+               EXPECT_EQ(d.allowed, want.allowed);
+               EXPECT_EQ(d.remaining, want.remaining);
+               EXPECT_EQ(d.retry_after.count(), want.retry_after_us);
+               EXPECT_EQ(d.reset_after.count(), want.reset_after_us);
+               EXPECT_EQ(d.delay.count(), want.delay_us);
+             }
+           });
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis", "cluster"),

@@ -8,7 +8,7 @@
 -- ARGV[1]  now in microseconds, or "" to take it from Redis TIME
 -- ARGV[2]  number of distinct limits S in this call; then for each (4 values):
 --            algorithm ("t" token bucket, "k" leaky bucket, "f" fixed window,
---            "s" sliding window, "l" sliding log; "T" a token bucket lease,
+--            "s" sliding window, "l" sliding log; "T" a token bucket that takes several tokens,
 --            below), limit, window (us; token and leaky bucket: capacity or
 --            depth x interval), interval (us, token and leaky bucket only)
 -- then     the number of checks; then for each check either
@@ -24,10 +24,11 @@
 --          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
 --          the caller derives an allowed request's delay, reset_after - cost x
 --          interval (core::LeakyDelay), so the reply keeps 4 values per limit.
---          "T" (lease) takes as many tokens as there are, at most `cost`, at
+--          "T" (token prefetch) takes as many tokens as there are, at most `cost`, at
 --          least 1 (else it is denied as a cost of 1 would be); its allowed
 --          value is the number of tokens taken.
---          A check is all or nothing: state is written only when all its limits allow.
+--          A check is all or nothing: state is written only when all its limits allow;
+--          when one denies, the others answer for their state as it stands (cost 0).
 
 local rcall, rpcall = redis.call, redis.pcall  -- locals: no global lookup per call
 local now = tonumber(ARGV[1])
@@ -100,7 +101,7 @@ local function token_bucket(key, cap, tau, iv, cost, write_now)
   return 0, floor(math.max(0, tau - (tat - now)) / iv), allow_at - now, tat - now, nil
 end
 
-local function token_lease(key, cap, tau, iv, want, write_now)
+local function token_prefetch(key, cap, tau, iv, want, write_now)
   local tat = tonumber(get(key)) or 0
   if tat < now then tat = now end
   local n = math.max(1, math.min(want, floor((now + tau - tat) / iv)))
@@ -221,7 +222,7 @@ end
 local evaluators = {
   t = token_bucket,
   k = token_bucket,
-  T = token_lease,
+  T = token_prefetch,
   f = function(key, limit, w, _, cost) return fixed_window(key, limit, w, cost) end,
   s = function(key, limit, w, _, cost) return sliding_window(key, limit, w, cost) end,
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
@@ -249,6 +250,7 @@ for _ = 1, checks do
     peek = string.byte(head, 1) == 112  -- 'p'
     n = tonumber(string.sub(head, 2))
   end
+  local keyi0, argi0, nout0 = keyi, argi, nout  -- where this check starts
   local writers = n > 1 and {} or nil  -- one limit: written at once, no table
   local write_now = n == 1 and not peek
   local all = true
@@ -281,6 +283,22 @@ for _ = 1, checks do
   end
   if n > 1 and all and not peek then
     for _, write in ipairs(writers) do write() end
+  elseif n > 1 and not peek then
+    -- Denied: nothing is taken, so the limits that would have allowed answer
+    -- for their state as it stands (cost 0, as core::Standing); the denying
+    -- ones keep their numbers.
+    peek = true
+    local ai, o = argi0, nout0
+    for k = 0, n - 1 do
+      local spec = specs[tonumber(ARGV[ai])]
+      ai = ai + 2
+      if out[o + 1] > 0 then
+        local _, rem, _, reset = spec[1](KEYS[keyi0 + k], spec[2], spec[3], spec[4], 0, false)
+        out[o + 2], out[o + 3], out[o + 4] = rem, 0, reset
+      end
+      o = o + 4
+    end
+    peek = false
   end
 end
 return out

@@ -1,4 +1,4 @@
-#include "store/lease_table.h"
+#include "store/token_prefetch.h"
 
 #include <algorithm>
 
@@ -6,12 +6,12 @@ namespace ratelimit::store {
 
 using std::chrono::microseconds;
 
-int64_t LeaseTable::LifetimeMicros(const Limit& limit) {
-  return std::clamp(limit.lease() * limit.interval_micros(), kMinLifetime.count(),
+int64_t TokenPrefetch::LifetimeMicros(const Limit& limit) {
+  return std::clamp(limit.prefetch() * limit.interval_micros(), kMinLifetime.count(),
                     kMaxLifetime.count());
 }
 
-std::optional<CheckResult> LeaseTable::Spend(uint64_t fp, int64_t now) {
+std::optional<CheckResult> TokenPrefetch::Spend(uint64_t fp, int64_t now) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end() || it->second.tokens <= 0) return std::nullopt;
@@ -31,7 +31,7 @@ std::optional<CheckResult> LeaseTable::Spend(uint64_t fp, int64_t now) {
   return CheckResult{.overall = d, .decisions = {d}};
 }
 
-int64_t LeaseTable::Want(uint64_t fp, int64_t now, const Limit& limit) {
+int64_t TokenPrefetch::Want(uint64_t fp, int64_t now, const Limit& limit) {
   std::lock_guard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end()) {
@@ -47,29 +47,29 @@ int64_t LeaseTable::Want(uint64_t fp, int64_t now, const Limit& limit) {
   Entry& e = it->second;
   const bool hot = now - e.asked < e.lifetime;
   e.asked = now;
-  return hot ? limit.lease() : 1;
+  return hot ? limit.prefetch() : 1;
 }
 
-void LeaseTable::Grant(uint64_t fp, int64_t lease, int64_t granted, const Decision& answer,
-                       int64_t submitted, int64_t replied) {
+void TokenPrefetch::Grant(uint64_t fp, int64_t prefetch, int64_t granted, const Decision& answer,
+                          int64_t submitted, int64_t replied) {
   if (granted <= 1) return;
   std::lock_guard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end()) return;  // dropped meanwhile (Clear): the tokens lapse
   Entry& e = it->second;
   if (replied >= e.lapses) e.tokens = 0;
-  e.tokens = std::min(lease - 1, e.tokens + granted - 1);
+  e.tokens = std::min(prefetch - 1, e.tokens + granted - 1);
   e.lapses = submitted + e.lifetime;
   e.base = answer;
   e.base_at = replied;
 }
 
-void LeaseTable::Clear() {
+void TokenPrefetch::Clear() {
   std::lock_guard lock(mu_);
   entries_.clear();
 }
 
-size_t LeaseTable::size() const {
+size_t TokenPrefetch::size() const {
   std::lock_guard lock(mu_);
   return entries_.size();
 }

@@ -1,0 +1,41 @@
+#include "redis/endpoint.h"
+
+#include <algorithm>
+
+#include "redis/client.h"
+#include "redis/cluster_client.h"
+#include "redis/url.h"
+
+namespace ratelimit::redis {
+namespace {
+
+void Tune(const EndpointTuning& t, Options* o) {
+  o->command_timeout = t.command_timeout;
+  o->connections = std::max(1, t.connections);
+  o->max_pending = t.max_pending;
+  o->reconnect_max_backoff = t.reconnect_max_backoff;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Endpoint>> OpenEndpoint(boost::asio::any_io_executor executor,
+                                                 std::string_view url,
+                                                 const EndpointTuning& tuning) {
+  if (IsClusterUrl(url)) {
+    StatusOr<ClusterOptions> o = ParseClusterUrl(url);
+    if (!o.ok()) return o.status();
+    Tune(tuning, &o->node);
+    StatusOr<std::unique_ptr<ClusterClient>> c =
+        ClusterClient::Create(std::move(executor), *std::move(o));
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<Endpoint>(*std::move(c));
+  }
+  StatusOr<Options> o = ParseRedisUrl(url);
+  if (!o.ok()) return o.status();
+  Tune(tuning, &*o);
+  StatusOr<std::unique_ptr<Client>> c = Client::Create(std::move(executor), *std::move(o));
+  if (!c.ok()) return c.status();
+  return std::unique_ptr<Endpoint>(*std::move(c));
+}
+
+}  // namespace ratelimit::redis

@@ -1,0 +1,87 @@
+// Endpoint: where a store's calls go, whatever Redis deployment serves them.
+//
+// A store sends two kinds of call: a script call (EVALSHA) on keys of one
+// slot, and a plain command whose first key (args[1]) names the slot. An
+// Endpoint sends each to the node that serves that slot, with a deadline,
+// loads a script on NOSCRIPT and retries it once, and never replays a call
+// whose outcome is unknown (a timeout, a connection lost after sending).
+// Implementations:
+//   Client         one standalone node: every slot is node 0;
+//   ClusterClient  a Redis Cluster: the master of the slot, following
+//                  MOVED/ASK/failovers;
+//   (a Sentinel-discovered master fits as a third: one node at a time, a new
+//   node id after each failover, RequestRefresh asks the sentinels again).
+// Nodes are small integers, stable for the endpoint's life, so per-node state
+// (store::RedisBackend's circuit breakers) can be indexed by them.
+//
+//   std::unique_ptr<Endpoint> e = *OpenEndpoint(executor, "redis://127.0.0.1:6379", tune);
+//   e->EvalScript(script, keys, args, [](StatusOr<Reply> r) { ... }, 100ms);
+//
+// Thread-safety: every method may be called from any thread concurrently.
+// Callbacks run on the executor the endpoint was made with.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "ratelimit/status.h"
+#include "redis/callback.h"
+
+namespace ratelimit::redis {
+
+struct Script;
+struct Options;
+
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+
+  // EVALSHA on the node serving keys[0]'s slot; SCRIPT LOAD + one retry on NOSCRIPT.
+  // REQUIRES: !keys.empty(), all keys in one slot; `script` outlives the callback.
+  virtual void EvalScript(const Script& script, std::span<const std::string_view> keys,
+                          std::span<const std::string_view> args, Callback cb,
+                          std::chrono::milliseconds timeout) = 0;
+  // One command on the node serving args[1]'s slot.
+  // REQUIRES: args.size() >= 2; every key of the command in args[1]'s slot.
+  virtual void Execute(std::span<const std::string_view> args, Callback cb,
+                       std::chrono::milliseconds timeout) = 0;
+
+  // The node serving `slot` now, or -1 while it is not known.
+  virtual int NodeForSlot(uint16_t slot) const = 0;
+  // What logs and errors call a node from NodeForSlot ("redis node 10.0.0.1:7000"),
+  // or the whole endpoint for -1 ("redis redis://10.0.0.1:6379").
+  virtual std::string Describe(int node) const = 0;
+  // The URL for logs, without its password.
+  virtual std::string RedactedUrl() const = 0;
+  // Whether calls for different slots may go to different nodes (so one
+  // script call must hold the keys of one slot only).
+  virtual bool sharded() const = 0;
+  // The node of a slot may be gone (its breaker opened): look for a new owner.
+  virtual void RequestRefresh() {}
+  // Fails pending and later calls with kUnavailable. Idempotent.
+  virtual void Close() = 0;
+};
+
+// Tuning a store applies to every connection of an endpoint.
+struct EndpointTuning {
+  std::chrono::milliseconds command_timeout{100};
+  int connections = 2;  // per node
+  int max_pending = 10'000;
+  std::chrono::milliseconds reconnect_max_backoff{1000};
+};
+
+// The endpoint `url` names: redis://, rediss:// (Client), redis+cluster://,
+// rediss+cluster:// (ClusterClient). kInvalidArgument for a bad URL; a setup
+// error (unreadable TLS files) as the clients' Create report it.
+StatusOr<std::unique_ptr<Endpoint>> OpenEndpoint(boost::asio::any_io_executor executor,
+                                                 std::string_view url,
+                                                 const EndpointTuning& tuning);
+
+}  // namespace ratelimit::redis

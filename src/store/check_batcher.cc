@@ -1,0 +1,107 @@
+#include "store/check_batcher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <boost/asio/post.hpp>
+
+namespace ratelimit::store {
+
+CheckBatcher::CheckBatcher(Options options, boost::asio::any_io_executor executor, Send send,
+                           Expire expire)
+    : opts_{.max_batch = std::max<size_t>(options.max_batch, 1),
+            .max_calls_in_flight = std::max<size_t>(options.max_calls_in_flight, 1),
+            .hold_back = options.hold_back,
+            .sharded = options.sharded},
+      exec_(std::move(executor)),
+      send_(std::move(send)),
+      expire_(std::move(expire)) {}
+
+bool CheckBatcher::PartialMayLeave(std::chrono::steady_clock::time_point now) const {
+  return calls_in_flight_ == 0 || opts_.sharded || now - last_send_ >= opts_.hold_back;
+}
+
+bool CheckBatcher::ReadyToSend(std::chrono::steady_clock::time_point now) const {
+  if (calls_in_flight_ >= opts_.max_calls_in_flight) return false;  // a reply flushes
+  return queue_.size() >= opts_.max_batch || PartialMayLeave(now);
+}
+
+void CheckBatcher::Add(PendingCheck check) {
+  bool schedule = false;
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(check));
+    if (!flush_scheduled_ && ReadyToSend(std::chrono::steady_clock::now())) {
+      schedule = flush_scheduled_ = true;
+    }
+  }
+  if (schedule) boost::asio::post(exec_, [this] { Flush(); });
+}
+
+void CheckBatcher::Returned() {
+  bool more;
+  {
+    std::lock_guard lock(mu_);
+    --calls_in_flight_;
+    more = !queue_.empty();
+    if (more) flush_scheduled_ = true;
+  }
+  if (more) Flush();
+}
+
+bool CheckBatcher::Idle() const {
+  std::lock_guard lock(mu_);
+  return !flush_scheduled_ && queue_.empty();
+}
+
+// On the executor. While a young call is out only whole batches leave
+// (ReadyToSend); the rest wait for a reply.
+void CheckBatcher::Flush() {
+  std::vector<PendingCheck> batch;
+  const size_t per_call = opts_.max_batch;
+  const auto now = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(mu_);
+    flush_scheduled_ = false;
+    if (!ReadyToSend(now)) return;
+    if (PartialMayLeave(now)) {
+      batch.swap(queue_);
+    } else {  // whole batches only; the remainder waits for a reply
+      const auto whole = static_cast<ptrdiff_t>(queue_.size() / per_call * per_call);
+      batch.assign(std::make_move_iterator(queue_.begin()),
+                   std::make_move_iterator(queue_.begin() + whole));
+      queue_.erase(queue_.begin(), queue_.begin() + whole);
+    }
+  }
+  // A script may only touch keys of one slot: one call per slot.
+  auto by_slot = [](const PendingCheck& a, const PendingCheck& b) { return a.slot < b.slot; };
+  if (!std::is_sorted(batch.begin(), batch.end(), by_slot)) {
+    std::stable_sort(batch.begin(), batch.end(), by_slot);
+  }
+  std::vector<PendingCheck> group;
+  auto send = [&] {
+    // The call may take only what is left of the earliest deadline in it.
+    auto deadline = group.front().deadline;
+    for (const PendingCheck& p : group) deadline = std::min(deadline, p.deadline);
+    const auto timeout = std::max(std::chrono::milliseconds(1),
+                                  std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+    {
+      std::lock_guard lock(mu_);
+      ++calls_in_flight_;
+      last_send_ = now;
+    }
+    send_(std::exchange(group, {}), timeout);
+  };
+  for (PendingCheck& p : batch) {
+    if (p.deadline <= now) {  // waited its whole deadline in the queue: never sent
+      expire_(p);
+      continue;
+    }
+    if (!group.empty() && group.front().slot != p.slot) send();
+    group.push_back(std::move(p));
+    if (group.size() == per_call) send();
+  }
+  if (!group.empty()) send();
+}
+
+}  // namespace ratelimit::store

@@ -1,0 +1,77 @@
+// CheckBatcher: RedisStore's scheduler. Checks queue here and leave as script
+// calls of up to `max_batch` checks, at most `max_calls_in_flight` calls out
+// at once; checks that arrive meanwhile leave together when a reply comes back.
+//
+// While a call sent less than `hold_back` ago is out, a batch that is not
+// full waits for its reply and leaves with the next one (one node only):
+// sending each as it comes costs a call apiece on both sides (on the 2-core
+// bench machine, /v1/check over Redis: 21k req/s with batches of 4.7, 28-31k
+// when a batch waited for the reply). The age bound keeps a frozen or distant
+// Redis from holding checks back: a call out longer than that no longer delays
+// the next one, so calls (and the breaker's failures) keep coming as they did.
+// When the backend is sharded (a cluster), where calls are per slot and rarely
+// fill a batch, checks go out at once; a batch is split by slot.
+// At low load every check goes out at once (a batch of one); nothing waits on
+// a timer. Invariant: a non-empty queue has a Flush scheduled on the executor
+// or a call out whose reply (Returned) will flush it.
+//
+//   CheckBatcher b(opts, executor, send, expire);
+//   b.Add(std::move(check));       // any thread
+//   ... in the reply's callback: b.Returned(); then hand out the answers.
+//
+// Thread-safety: Add and Idle from any thread; Returned on the executor.
+// `send` and `expire` run on the executor, without the batcher's lock.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "store/pending_check.h"
+
+namespace ratelimit::store {
+
+class CheckBatcher {
+ public:
+  struct Options {
+    size_t max_batch = 32;
+    size_t max_calls_in_flight = 16;
+    std::chrono::microseconds hold_back{1000};
+    bool sharded = false;
+  };
+  // Sends one call of checks of one slot; `timeout` is what is left of the
+  // earliest deadline among them. Must call Returned() when its reply comes.
+  using Send =
+      std::function<void(std::vector<PendingCheck> group, std::chrono::milliseconds timeout)>;
+  // A check that waited its whole deadline in the queue: never sent.
+  using Expire = std::function<void(PendingCheck& check)>;
+
+  CheckBatcher(Options options, boost::asio::any_io_executor executor, Send send, Expire expire);
+
+  void Add(PendingCheck check);
+  // A call's reply came back: what queued meanwhile leaves at once (Redis
+  // works on it while this call's answers are handed out).
+  void Returned();
+  // Nothing queued or about to leave (calls out are the backend's to count).
+  bool Idle() const;
+
+ private:
+  bool PartialMayLeave(std::chrono::steady_clock::time_point now) const;  // with mu_ held
+  bool ReadyToSend(std::chrono::steady_clock::time_point now) const;      // with mu_ held
+  void Flush();
+
+  const Options opts_;
+  const boost::asio::any_io_executor exec_;
+  const Send send_;
+  const Expire expire_;
+  mutable std::mutex mu_;
+  std::vector<PendingCheck> queue_;                  // GUARDED_BY(mu_)
+  bool flush_scheduled_ = false;                     // GUARDED_BY(mu_)
+  size_t calls_in_flight_ = 0;                       // GUARDED_BY(mu_)
+  std::chrono::steady_clock::time_point last_send_;  // GUARDED_BY(mu_) the newest call's
+};
+
+}  // namespace ratelimit::store

@@ -1,0 +1,92 @@
+// The typed codec of check.lua: a batch of checks as C++ values, and the one
+// place that writes them as the script's arguments and reads its reply.
+//
+// A check is its limits (each an algorithm code and three numbers, see
+// check.lua's header) with a cost each, a key each, and whether it peeks.
+// Encode() writes a batch: every distinct limit once, then per check either
+// one packed number (one limit, consumed: the common case) or a head ("c2",
+// "p1") and per limit its index and cost. Decode() turns the reply (4
+// integers per limit) into Decisions, or into the failed Status of the whole
+// call for every malformed or error reply.
+//
+//   CheckCall call = {.keys = {"rl:{ip:1.2.3.4}burst"}, .limits = {{SpecOf(burst), 1}}};
+//   EncodedCall e = Encode(std::nullopt, {{&call, 1}});   // e.keys, e.args -> EVALSHA
+//   StatusOr<std::vector<CheckAnswer>> a = Decode(reply, {{&call, 1}});
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/decision.h"
+#include "ratelimit/limit.h"
+#include "ratelimit/status.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit::redis {
+struct Reply;
+}
+
+namespace ratelimit::store::lua {
+
+// How check.lua evaluates a limit: 't' token bucket, 'k' leaky bucket, 'f'
+// fixed window, 's' sliding window, 'l' sliding log, 'T' a token bucket that
+// takes up to `cost` tokens at once (a token prefetch).
+struct LimitSpec {
+  char code = 't';
+  int64_t limit = 0;
+  int64_t window = 0;    // us; token and leaky bucket: capacity (depth) x interval
+  int64_t interval = 0;  // us; token and leaky bucket only
+  friend bool operator==(const LimitSpec&, const LimitSpec&) = default;
+};
+
+LimitSpec SpecOf(const Limit& limit);
+
+struct LimitCall {
+  LimitSpec spec;
+  int64_t cost = 1;  // 'T': the most tokens to take
+  friend bool operator==(const LimitCall&, const LimitCall&) = default;
+};
+
+// One check of a batch. REQUIRES: keys.size() == limits.size() >= 1.
+struct CheckCall {
+  bool peek = false;  // never writes; costs are sent as 0
+  std::vector<std::string> keys;
+  std::vector<LimitCall> limits;
+
+  // A single token-bucket limit: take up to `tokens` at once ('T') when > 1,
+  // else one token ('t').
+  void SetPrefetch(int64_t tokens);
+};
+
+// The keys and arguments of one script call; the views point into the
+// checks given to Encode (which must outlive it) and into `text`.
+struct EncodedCall {
+  std::vector<std::string_view> keys, args;
+  std::deque<std::string> text;  // numbers made for this call
+  EncodedCall() = default;
+  EncodedCall(EncodedCall&&) = default;  // deque keeps its strings where they are
+};
+
+// `now_us`: the caller's clock (time_source: local), or nullopt for Redis TIME.
+EncodedCall Encode(std::optional<int64_t> now_us, std::span<const CheckCall* const> checks);
+
+// What the script answered for one check.
+struct CheckAnswer {
+  CheckResult result;        // decisions (limit, leaky delay filled in) and overall
+  int64_t tokens_taken = 0;  // a 'T' check: the tokens taken (0: denied)
+};
+
+// The reply of the call Encode made for `checks`, or why the whole call failed:
+// the transport's status as is, kInternal for a script error reply, a reply
+// that is not an array of 4 integers per limit.
+StatusOr<std::vector<CheckAnswer>> Decode(const StatusOr<redis::Reply>& reply,
+                                          std::span<const CheckCall* const> checks);
+
+}  // namespace ratelimit::store::lua

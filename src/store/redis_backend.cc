@@ -1,0 +1,166 @@
+#include "store/redis_backend.h"
+
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "redis/slot.h"
+
+namespace ratelimit::store {
+
+RedisBackend::RedisBackend(const RedisConnectionOptions& options)
+    : opts_(options), unknown_node_breaker_(std::make_unique<CircuitBreaker>(options.breaker)) {}
+
+StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnectionOptions& options,
+                                                             std::string_view script_source) {
+  std::unique_ptr<RedisBackend> b(new RedisBackend(options));
+  b->script_ = redis::Script::Create(std::string(script_source));
+  if (options.io_context != nullptr) {
+    b->exec_ = options.io_context->get_executor();
+  } else {
+    b->own_io_ = std::make_unique<redis::IoThread>();
+    b->exec_ = b->own_io_->executor();
+  }
+  StatusOr<std::unique_ptr<redis::Endpoint>> endpoint =
+      redis::OpenEndpoint(b->exec_, options.url,
+                          {.command_timeout = options.deadline,
+                           .connections = options.connections,
+                           .max_pending = static_cast<int>(options.max_pending),
+                           .reconnect_max_backoff = options.reconnect_max_backoff});
+  if (!endpoint.ok()) return endpoint.status();
+  b->endpoint_ = *std::move(endpoint);
+  b->url_for_logs_ = b->endpoint_->RedactedUrl();
+  return b;
+}
+
+RedisBackend::~RedisBackend() {
+  if (endpoint_ != nullptr) CloseAndWait(nullptr);
+}
+
+uint16_t RedisBackend::SlotOf(std::string_view key) const {
+  // One node serves every slot: no need to hash the key.
+  return endpoint_->sharded() ? redis::KeySlot(key) : uint16_t{0};
+}
+
+CircuitBreaker* RedisBackend::BreakerFor(uint16_t slot) {
+  const int node = endpoint_->NodeForSlot(slot);
+  if (node < 0) return unknown_node_breaker_.get();
+  const auto at = static_cast<size_t>(node);
+  if (at < std::size(known_)) {  // the common case: no lock
+    if (CircuitBreaker* b = known_[at].load(std::memory_order_acquire)) return b;
+  }
+  std::lock_guard lock(breakers_mu_);
+  if (node_breakers_.size() <= at) node_breakers_.resize(at + 1);
+  auto& b = node_breakers_[at];
+  if (!b) {
+    b = std::make_unique<CircuitBreaker>(opts_.breaker);
+    if (at < std::size(known_)) known_[at].store(b.get(), std::memory_order_release);
+  }
+  return b.get();
+}
+
+StatusOr<CircuitBreaker*> RedisBackend::Admit(uint16_t slot) {
+  CircuitBreaker* b = BreakerFor(slot);
+  if (b->Allow()) return b;
+  // The node may be gone for good (failover): look for a new owner meanwhile.
+  endpoint_->RequestRefresh();
+  return BreakerOpenStatus(endpoint_->Describe(endpoint_->NodeForSlot(slot)));
+}
+
+void RedisBackend::Report(CircuitBreaker* breaker, const StatusOr<redis::Reply>& reply) {
+  if (reply.ok()) {
+    breaker->OnSuccess();
+  } else if (reply.status().code() != StatusCode::kResourceExhausted) {
+    breaker->OnFailure();
+  }
+}
+
+redis::Callback RedisBackend::Counted(redis::Callback done) {
+  calls_out_.fetch_add(1, std::memory_order_relaxed);
+  return [this, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
+    done(std::move(r));
+    calls_out_.fetch_sub(1, std::memory_order_release);
+  };
+}
+
+void RedisBackend::Eval(std::span<const std::string_view> keys,
+                        std::span<const std::string_view> args, redis::Callback done,
+                        std::chrono::milliseconds timeout) {
+  endpoint_->EvalScript(script_, keys, args, Counted(std::move(done)), timeout);
+}
+
+void RedisBackend::Execute(std::span<const std::string_view> args, redis::Callback done) {
+  endpoint_->Execute(args, Counted(std::move(done)), opts_.deadline);
+}
+
+void RedisBackend::GuardedEval(std::span<const std::string_view> keys,
+                               std::span<const std::string_view> args, redis::Callback done) {
+  StatusOr<CircuitBreaker*> b = Admit(SlotOf(keys[0]));
+  if (!b.ok()) return done(b.status());
+  Eval(
+      keys, args,
+      [b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
+        Report(b, r);
+        done(std::move(r));
+      },
+      opts_.deadline);
+}
+
+void RedisBackend::GuardedExecute(std::span<const std::string_view> args, redis::Callback done) {
+  StatusOr<CircuitBreaker*> b = Admit(SlotOf(args[1]));
+  if (!b.ok()) return done(b.status());
+  Execute(args, [b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
+    Report(b, r);
+    done(std::move(r));
+  });
+}
+
+CircuitBreaker::State RedisBackend::breaker_state() const {
+  CircuitBreaker::State worst = unknown_node_breaker_->state();
+  auto rank = [](CircuitBreaker::State s) {
+    return s == CircuitBreaker::State::kOpen ? 2 : s == CircuitBreaker::State::kHalfOpen ? 1 : 0;
+  };
+  std::lock_guard lock(breakers_mu_);
+  for (const auto& b : node_breakers_) {
+    if (b && rank(b->state()) > rank(worst)) worst = b->state();
+  }
+  return worst;
+}
+
+void RedisBackend::Close() { endpoint_->Close(); }
+
+void RedisBackend::CloseAndWait(const std::function<bool()>& idle) {
+  Close();
+  // Closing fails the calls in flight on the executor; their callbacks use
+  // the caller's state, so wait for them (bounded) before it goes away.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < give_up && !(calls_out() == 0 && (!idle || idle()))) {
+    if (opts_.io_context != nullptr && opts_.io_context->stopped()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void RedisBackend::Shutdown(std::function<bool()> idle, std::function<void()> done) {
+  Close();
+  struct Poll {
+    RedisBackend* backend;
+    std::function<bool()> idle;
+    boost::asio::steady_timer timer;
+    std::chrono::steady_clock::time_point give_up;
+    std::function<void()> done;
+    static void Run(std::shared_ptr<Poll> p) {
+      const bool quiet = p->backend->calls_out() == 0 && (!p->idle || p->idle());
+      if (quiet || std::chrono::steady_clock::now() >= p->give_up) return p->done();
+      p->timer.expires_after(std::chrono::milliseconds(1));
+      p->timer.async_wait([p](boost::system::error_code) { Run(p); });
+    }
+  };
+  auto p = std::make_shared<Poll>(Poll{this, std::move(idle), boost::asio::steady_timer(exec_),
+                                       std::chrono::steady_clock::now() + std::chrono::seconds(1),
+                                       std::move(done)});
+  boost::asio::post(exec_, [p] { Poll::Run(p); });
+}
+
+}  // namespace ratelimit::store

@@ -1,0 +1,121 @@
+// RedisBackend: the one way both Redis stores (RedisStore, RedisConcurrencyStore)
+// reach Redis, whatever serves it: one node, a Cluster, or (later) a master
+// found through Sentinel. It owns what the stores used to repeat:
+//   - the executor (a thread of its own, or the caller's io_context);
+//   - the endpoint (redis::Endpoint: Client, ClusterClient, ...) opened from
+//     RedisConnectionOptions::url, and the script it runs;
+//   - one circuit breaker per node (BreakerFor), another while a slot's node
+//     is unknown, and breaker_state() over all of them;
+//   - the URL for logs, without its password;
+//   - the shutdown drain: calls out are counted until their callback returns.
+//
+//   auto b = *RedisBackend::Create(options, store::kCheckScript);
+//   uint16_t slot = b->SlotOf(key);
+//   StatusOr<CircuitBreaker*> breaker = b->Admit(slot);      // open: the status
+//   b->Eval(keys, args, [..](StatusOr<redis::Reply> r) { RedisBackend::Report(*breaker, r); .. },
+//           timeout);
+//
+// A call whose outcome is unknown is failed, never replayed (the endpoints'
+// rule); only NOSCRIPT loads the script and retries.
+//
+// Thread-safety: every method may be called from any thread. Callbacks run
+// on executor() and must not block.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "ratelimit/circuit_breaker.h"
+#include "ratelimit/redis_store.h"
+#include "ratelimit/status.h"
+#include "redis/callback.h"
+#include "redis/client.h"
+#include "redis/endpoint.h"
+#include "redis/io_thread.h"
+
+namespace ratelimit::store {
+
+class RedisBackend {
+ public:
+  static StatusOr<std::unique_ptr<RedisBackend>> Create(const RedisConnectionOptions& options,
+                                                        std::string_view script_source);
+  // Closes and waits for the calls out (as CloseAndWait).
+  ~RedisBackend();
+  RedisBackend(const RedisBackend&) = delete;
+  RedisBackend& operator=(const RedisBackend&) = delete;
+
+  // The slot a call on `key` goes to. REQUIRES for a script call: every key in
+  // the slot of the first one (a client's keys share its hash tag).
+  uint16_t SlotOf(std::string_view key) const;
+  // Whether calls for different slots may go to different nodes: a batch of
+  // script calls must then be split by slot.
+  bool sharded() const { return endpoint_->sharded(); }
+
+  // The breaker of the node serving `slot` (one more stands in while that node
+  // is unknown): it, or the failed status when it is open (and then the
+  // endpoint is asked to look for a new owner, in case the node is gone).
+  StatusOr<CircuitBreaker*> Admit(uint16_t slot);
+  // Tells `breaker` how a call it let through ended: any reply shows the node
+  // alive; a failed call counts towards opening it, except kResourceExhausted
+  // (our own bound, not the node's fault).
+  static void Report(CircuitBreaker* breaker, const StatusOr<redis::Reply>& reply);
+
+  // The script (given to Create) on keys' node, within `timeout`.
+  void Eval(std::span<const std::string_view> keys, std::span<const std::string_view> args,
+            redis::Callback done, std::chrono::milliseconds timeout);
+  // A command on args[1]'s node, within the options' deadline.
+  void Execute(std::span<const std::string_view> args, redis::Callback done);
+  // Admit + Eval/Execute + Report: a call made on its own (not batched).
+  void GuardedEval(std::span<const std::string_view> keys, std::span<const std::string_view> args,
+                   redis::Callback done);
+  void GuardedExecute(std::span<const std::string_view> args, redis::Callback done);
+
+  // The worst state over the nodes' breakers (open > half-open > closed).
+  CircuitBreaker::State breaker_state() const;
+  const std::string& url_for_logs() const { return url_for_logs_; }
+  const boost::asio::any_io_executor& executor() const { return exec_; }
+  // Script calls and commands sent whose callback has not returned yet.
+  int64_t calls_out() const { return calls_out_.load(std::memory_order_acquire); }
+
+  // Closes the connections: calls in flight fail (kUnavailable), later ones
+  // fail at once. Idempotent.
+  void Close();
+  // Closes, then waits (at most 5 s, and not past the caller's io_context
+  // stopping: its handlers are then dropped, never called) until no call is
+  // out and `idle()` (the caller's own queues) holds. For destructors.
+  void CloseAndWait(const std::function<bool()>& idle);
+  // Closes; `done` runs on executor() once no call is out and `idle()` holds,
+  // at most a second later.
+  void Shutdown(std::function<bool()> idle, std::function<void()> done);
+
+ private:
+  explicit RedisBackend(const RedisConnectionOptions& options);
+  CircuitBreaker* BreakerFor(uint16_t slot);
+  redis::Callback Counted(redis::Callback done);
+
+  const RedisConnectionOptions opts_;
+  redis::Script script_;
+  std::string url_for_logs_;
+  std::atomic<int64_t> calls_out_{0};
+  // Unknown nodes' stand-in, then one per node id.
+  std::unique_ptr<CircuitBreaker> unknown_node_breaker_;
+  mutable std::mutex breakers_mu_;
+  std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_;  // GUARDED_BY(breakers_mu_)
+  std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock
+  // Declared before the endpoint: destroyed after it.
+  std::unique_ptr<redis::IoThread> own_io_;
+  boost::asio::any_io_executor exec_;
+  std::unique_ptr<redis::Endpoint> endpoint_;
+};
+
+}  // namespace ratelimit::store

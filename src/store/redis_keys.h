@@ -1,0 +1,37 @@
+// The Redis keys of both Redis stores: `<prefix>{<client>}<limit>` for a rate
+// limit's state, `<prefix>{<client>}~c:<name>` for a concurrency limit's
+// leases (concurrency). The client part (EncodeClientKey, include/ratelimit/redis_store.h)
+// is escaped or hashed, and its braces make it the hash tag: all of a
+// client's keys share one Redis Cluster slot, so one script call can decide
+// all its limits.
+//
+//   RedisKeys keys("rl:");
+//   keys.Rate("ip:127.0.0.1", "burst");         // "rl:{ip:127.0.0.1}burst"
+//   keys.Concurrency("user:ada", "upload");     // "rl:{user:ada}~c:upload"
+//
+// Thread-safety: immutable after construction.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace ratelimit::store {
+
+class RedisKeys {
+ public:
+  explicit RedisKeys(std::string prefix) : prefix_(std::move(prefix)) {}
+
+  std::string Rate(std::string_view client_key, std::string_view limit_name) const {
+    return Make(client_key, "", limit_name);
+  }
+  std::string Concurrency(std::string_view client_key, std::string_view name) const {
+    return Make(client_key, "~c:", name);
+  }
+
+ private:
+  std::string Make(std::string_view client_key, std::string_view kind, std::string_view name) const;
+
+  std::string prefix_;
+};
+
+}  // namespace ratelimit::store
