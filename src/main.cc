@@ -3,15 +3,19 @@
 //   ratelimitd [--config FILE] [--listen HOST:PORT] [--redis URL]
 //              [--failure-mode open|closed|local] [--admin-listen HOST:PORT]
 //              [--user NAME [--group NAME]]
-//   ratelimitd --check-config FILE
+//              [--grpc-listen HOST:PORT] [--envoy-config DIR]
+//   ratelimitd --check-config FILE|DIR
 //   ratelimitd --help | --version
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "grpc/grpc_face.h"
 #include "policy/config.h"
 #include "policy/policy.h"
 #include "server/json_log.h"
@@ -44,14 +48,17 @@ options:
   --user NAME                 switch to this user once the listeners are bound (server.user);
                               the start fails rather than run on as root if that fails
   --group NAME                with --user: this group instead of the user's primary group
-  --check-config FILE         validate FILE, print OK or the error, exit 0 or 1
+  --grpc-listen HOST:PORT     serve Envoy's rate limit service over gRPC (server.grpc_listen)
+  --envoy-config DIR          envoyproxy/ratelimit's YAML config directory (envoy.config_dir)
+  --check-config FILE|DIR     validate a config file (and the Envoy directory it names, or
+                              --envoy-config's) or an Envoy directory; print OK or the error
   --help                      this text
   --version                   the version
 )";
 
 struct Flags {
   std::optional<std::string> config, listen, redis, failure_mode, admin_listen, check_config, user,
-      group;
+      group, grpc_listen, envoy_config;
   bool help = false, version = false;
 };
 
@@ -91,6 +98,10 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       slot = &f.user;
     else if (arg == "--group")
       slot = &f.group;
+    else if (arg == "--grpc-listen")
+      slot = &f.grpc_listen;
+    else if (arg == "--envoy-config")
+      slot = &f.envoy_config;
     else
       return "unknown flag '" + std::string(arg) + "' (see --help)";
     if (!inline_value) {
@@ -111,6 +122,8 @@ void ApplyOverrides(const Flags& f, Config& c) {
   if (f.admin_listen) c.server.admin_listen = *f.admin_listen;
   if (f.user) c.server.user = *f.user;
   if (f.group) c.server.group = *f.group;
+  if (f.grpc_listen) c.server.grpc_listen = *f.grpc_listen;
+  if (f.envoy_config) c.envoy.config_dir = *f.envoy_config;
   if (f.redis) {
     c.store.type = ratelimit::policy::StoreConfig::Type::kRedis;
     c.store.url = *f.redis;
@@ -140,18 +153,30 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (flags.check_config) {
-    auto c = ratelimit::policy::LoadConfigFile(*flags.check_config);
-    if (c.ok()) {
-      auto p = ratelimit::policy::Policy::Create(std::move(*c));
-      if (p.ok()) {
-        std::cout << "OK\n";
-        return 0;
+    std::string envoy_dir = flags.envoy_config.value_or("");
+    if (std::filesystem::is_directory(*flags.check_config)) {
+      envoy_dir = *flags.check_config;  // an Envoy config directory alone
+    } else {
+      auto c = ratelimit::policy::LoadConfigFile(*flags.check_config);
+      if (!c.ok()) {
+        std::cout << c.status().message() << "\n";
+        return 1;
       }
-      std::cout << p.status().message() << "\n";
-      return 1;
+      if (envoy_dir.empty()) envoy_dir = c->envoy.config_dir;
+      auto p = ratelimit::policy::Policy::Create(std::move(*c));
+      if (!p.ok()) {
+        std::cout << p.status().message() << "\n";
+        return 1;
+      }
     }
-    std::cout << c.status().message() << "\n";
-    return 1;
+    if (!envoy_dir.empty()) {
+      if (auto s = ratelimit::grpcface::CheckEnvoyConfig(envoy_dir); !s.ok()) {
+        std::cout << s.message() << "\n";
+        return 1;
+      }
+    }
+    std::cout << "OK\n";
+    return 0;
   }
 
   Config config;
@@ -181,6 +206,8 @@ int main(int argc, char** argv) {
     run_as = std::move(*who);
   }
   const ratelimit::policy::StoreConfig store_config = config.store;
+  const ratelimit::policy::EnvoySection envoy_section = config.envoy;
+  const std::string grpc_listen = config.server.grpc_listen;
   auto policy = ratelimit::policy::Policy::Create(std::move(config));
   if (!policy.ok()) {
     Log(Level::kError, "bad config", {{"error", policy.status().message()}});
@@ -196,10 +223,29 @@ int main(int argc, char** argv) {
     Log(Level::kError, "cannot create the store", {{"error", store.status().message()}});
     return 1;
   }
+  std::shared_ptr<ratelimit::Store> shared_store = *store;
   if (auto s = server.Start(std::move(*store)); !s.ok()) {
     Log(Level::kError, "cannot start", {{"error", s.message()}});
     return 1;
   }
+  // The gRPC face (Envoy's rate limit service), on the same store.
+  std::unique_ptr<ratelimit::grpcface::GrpcFace> grpc;
+  if (!grpc_listen.empty()) {
+    ratelimit::grpcface::GrpcOptions go{.listen = grpc_listen,
+                                        .envoy_config_dir = envoy_section.config_dir,
+                                        .store = store_config,
+                                        .headers = envoy_section.headers};
+    go.failure_mode = ratelimit::grpcface::FromStoreMode(store_config.failure_mode);
+    if (!envoy_section.failure_mode.empty())
+      go.failure_mode = *ratelimit::grpcface::ParseEnvoyFailureMode(envoy_section.failure_mode);
+    auto g = ratelimit::grpcface::GrpcFace::Start(std::move(go), shared_store);
+    if (!g.ok()) {
+      Log(Level::kError, "cannot start the gRPC face", {{"error", g.status().message()}});
+      return 1;
+    }
+    grpc = std::move(*g);
+  }
+  shared_store.reset();
   if (run_as) {
     // The listeners are bound; nothing else needs root. Running on with the
     // privileges the operator asked to give up is worse than not running.
@@ -213,5 +259,7 @@ int main(int argc, char** argv) {
          {"group", run_as->group},
          {"gid", static_cast<int64_t>(run_as->gid)}});
   }
-  return server.Run();
+  const int code = server.Run();
+  if (grpc) grpc->Shutdown();  // while the store still answers
+  return code;
 }

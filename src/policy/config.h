@@ -142,6 +142,15 @@ struct ServerConfig {
   // Privilege drop after the listeners are bound ("" = stay as started).
   std::string user;
   std::string group;  // "" = the user's primary group
+  // Envoy's rate limit service over gRPC (docs/envoy.md); "" = off.
+  std::string grpc_listen;
+};
+
+// `envoy:`: the gRPC face's settings (docs/envoy.md).
+struct EnvoySection {
+  std::string config_dir;    // envoyproxy/ratelimit's YAML, one domain per file ("" = none)
+  std::string failure_mode;  // "open", "closed", "local", "error"; "" = store.failure_mode
+  HeaderDialect headers = HeaderDialect::kNone;  // response_headers_to_add (off by default)
 };
 
 struct Config {
@@ -156,6 +165,7 @@ struct Config {
   std::vector<RuleLimit> global_limits;         // per client, across all routes, every plan
   std::vector<RouteClass> routes;               // first match wins
   std::map<std::string, Limit> named_limits;    // for POST /v1/check {"limits": ["burst"]}
+  EnvoySection envoy;
 };
 
 // Errors name the file, line and key: "x.yaml:12: unknown key 'limitz' in route".

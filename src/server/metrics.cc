@@ -54,6 +54,7 @@ std::string_view FaceName(Face f) {
     case Face::kGateway: return "gateway";
     case Face::kAuthRequest: return "auth_request";
     case Face::kDemo: return "demo";
+    case Face::kEnvoy: return "envoy";
   }
   return "unknown";
 }

@@ -36,9 +36,11 @@
 namespace ratelimit::server {
 
 // Which HTTP face asked for a decision.
-enum class Face : uint8_t { kDecisionApi = 0, kGateway, kAuthRequest, kDemo };
-inline constexpr size_t kFaceCount = 4;
-std::string_view FaceName(Face f);  // "decision_api", "gateway", "auth_request", "demo"
+// kEnvoy: the gRPC face (src/grpc); it counts per domain and descriptor
+// itself (route "envoy:<domain>", limit the descriptor's config path).
+enum class Face : uint8_t { kDecisionApi = 0, kGateway, kAuthRequest, kDemo, kEnvoy };
+inline constexpr size_t kFaceCount = 5;
+std::string_view FaceName(Face f);  // "decision_api", "gateway", "auth_request", "demo", "envoy"
 
 // What one limit said for one request.
 enum class DecisionOutcome : uint8_t { kAllowed = 0, kDenied, kShadowDenied, kDegraded };
