@@ -46,6 +46,12 @@ TEST(EnvoyConfig, ReadsEnvoyproxyIntegrationConfigUnchanged) {
   EXPECT_EQ((*c)->domains.at("basic").root.children.size(), 3u);
 }
 
+TEST(EnvoyConfig, TheExampleDirectoryLoads) {
+  auto c = LoadDirectory(RL_ENVOY_EXAMPLE_DIR);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ((*c)->domains.count("shop"), 1u);
+}
+
 TEST(EnvoyConfig, UnitsAsEnvoyproxyCountsThem) {
   EXPECT_EQ(ParseUnit("second"), Unit::kSecond);
   EXPECT_EQ(ParseUnit("WEEK"), Unit::kWeek);
