@@ -121,6 +121,18 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     return current;
   }
 
+  // The loaded domains, for /metrics (the admin listener).
+  static void Publish(const envoy::Config& c) {
+    std::vector<std::pair<std::string, int64_t>> domains;
+    for (const auto& [name, d] : c.domains) domains.emplace_back(name, CountRules(d.root));
+    server::Metrics::Global().SetEnvoyDomains(std::move(domains));
+  }
+  static int64_t CountRules(const envoy::Node& n) {
+    int64_t count = n.rules.empty() ? 0 : 1;
+    for (const auto& [k, child] : n.children) count += CountRules(child);
+    return count;
+  }
+
   Status Reload() {
     if (options.envoy_config_dir.empty()) return Status::Ok();
     StatusOr<std::shared_ptr<const envoy::Config>> c =
@@ -131,6 +143,7 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
       return c.status();
     }
     const size_t domains = (*c)->domains.size();
+    Publish(**c);
     {
       std::lock_guard lock(config_mu);
       current = std::move(*c);
@@ -255,6 +268,7 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
         envoy::LoadDirectory(impl->options.envoy_config_dir);
     if (!c.ok()) return c.status();
     impl->current = std::move(*c);
+    Impl::Publish(*impl->current);
     const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd >= 0) {
       inotify_add_watch(fd, impl->options.envoy_config_dir.c_str(),

@@ -276,6 +276,19 @@ std::string Metrics::Render(const Store* store) const {
   out += "ratelimit_denial_log_lines_suppressed_total " +
          std::to_string(denial_log_suppressed.value()) + "\n";
 
+  {
+    std::lock_guard lock(envoy_mu_);
+    if (!envoy_domains_.empty()) {
+      Header(out, "ratelimit_envoy_domain_descriptors", "gauge",
+             "The gRPC face's loaded domains: descriptors with a rule, per domain.");
+      for (const auto& [domain, n] : envoy_domains_) {
+        out += "ratelimit_envoy_domain_descriptors{domain=\"";
+        AppendLabelValue(out, domain);
+        out += "\"} " + std::to_string(n) + "\n";
+      }
+    }
+  }
+
   if (const auto* redis = dynamic_cast<const RedisStore*>(store)) {
     Header(out, "ratelimit_store_breaker_state", "gauge",
            "Redis circuit breaker (worst node): 0 closed, 1 open, 2 half-open.");

@@ -24,11 +24,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/store.h"
@@ -143,11 +146,21 @@ class Metrics {
   Counter held_rejected;   // ratelimit_held_requests_rejected_total (server.max_held_requests)
   Counter held_abandoned;  // ratelimit_held_requests_abandoned_total (client left while held)
 
+  // The Envoy face's loaded domains (src/grpc sets them on every load), as
+  // ratelimit_envoy_domain_descriptors{domain} (descriptors with a rule).
+  void SetEnvoyDomains(std::vector<std::pair<std::string, int64_t>> domains) {
+    std::lock_guard lock(envoy_mu_);
+    envoy_domains_ = std::move(domains);
+  }
+
   // The whole exposition. `store` (may be null) adds what only it knows: the
   // breaker state and over-limit cache hits of a RedisStore.
   std::string Render(const Store* store) const;
 
  private:
+  mutable std::mutex envoy_mu_;
+  std::vector<std::pair<std::string, int64_t>> envoy_domains_;  // GUARDED_BY(envoy_mu_)
+
   struct Key {
     std::string route, limit;
     bool operator==(const Key&) const = default;

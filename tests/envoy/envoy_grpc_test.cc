@@ -85,6 +85,14 @@ TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnRedis) {
   ratelimit::testing::RedisServer redis;
   GrpcDaemon d({"--redis", redis.url()});
   RunScenario(d);
+  // The admin listener shows the loaded domains.
+  const HttpResponse m = Http(d.daemon->admin_port(), "GET", "/metrics");
+  EXPECT_NE(m.body.find("ratelimit_envoy_domain_descriptors{domain=\"another\"} 6\n"),
+            std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"envoy\",route=\"envoy:another\",limit="
+                        "\"key2\",outcome=\"denied\"} 5\n"),
+            std::string::npos)
+      << m.body;
   // The counters are Redis': the domain's one hash tag.
   EXPECT_NE(redis.Cli("KEYS", "rl:{envoy:another}*"), "");
 }
