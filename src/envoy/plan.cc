@@ -65,6 +65,12 @@ struct Fnv {
     h ^= 0xff;  // a separator no text contains
     h *= 1099511628211ULL;
   }
+  void AddInt(int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  }
 };
 
 StatusOr<Limit> BuildLimit(const Rule& r, std::string name) {
@@ -168,8 +174,8 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
         h.Add(e.value);
       }
       h.Add(AlgorithmName(rule.algorithm));
-      h.Add(std::to_string(rule.period.count()));
-      h.Add(std::to_string(r));
+      h.AddInt(rule.period.count());
+      h.AddInt(static_cast<int64_t>(r));
       char name[24];
       std::snprintf(name, sizeof name, "e%016llx", static_cast<unsigned long long>(h.h));
       StatusOr<Limit> limit = BuildLimit(rule, name);

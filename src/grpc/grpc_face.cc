@@ -77,10 +77,9 @@ void ToProto(const envoy::Response& in, pb::RateLimitResponse* out) {
 }
 
 // Per domain and descriptor: route "envoy:<domain>", limit its config path.
-void Count(const envoy::Request& req, const envoy::RequestPlan& plan, const envoy::Response& resp,
-           bool degraded) {
+void Count(const envoy::RequestPlan& plan, const envoy::Response& resp, bool degraded) {
   server::Metrics& m = server::Metrics::Global();
-  const std::string route = "envoy:" + req.domain;
+  const std::string& route = plan.store_key;  // "envoy:<domain>"
   for (size_t i = 0; i < plan.descriptors.size(); ++i) {
     const envoy::DescriptorPlan& p = plan.descriptors[i];
     if (p.kind != envoy::DescriptorPlan::Kind::kLimited) continue;
@@ -187,7 +186,7 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
               envoy::Respond(call->plan, d.result ? &*d.result : nullptr,
                              d.shadow ? &*d.shadow : nullptr, Clock::System().NowMicros());
           ToProto(r, response);
-          Count(call->request, call->plan, r, d.degraded);
+          Count(call->plan, r, d.degraded);
           if (options.headers != policy::HeaderDialect::kNone && d.result) {
             AddHeaders(call->plan, *d.result, d.degraded, response);
           }
