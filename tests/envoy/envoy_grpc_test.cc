@@ -108,6 +108,30 @@ TEST(EnvoyGrpc, RequestErrorsAreInvalidArgument) {
             "{\"error\":\"INVALID_ARGUMENT\"}\n");
 }
 
+// envoy.headers: response_headers_to_add in the configured dialect, for the
+// descriptor closest to its limit; none by default.
+TEST(EnvoyGrpc, ResponseHeadersFollowTheConfiguredDialect) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  const std::string dir = MakeTempDir();
+  const int port = FreePort();
+  WriteFile(dir + "/ratelimitd.yaml", "server: {grpc_listen: \"127.0.0.1:" + std::to_string(port) +
+                                          "\"}\nenvoy: {config_dir: \"" + RL_ENVOY_CONFIG_DIR +
+                                          "\", headers: draft06}\n");
+  Daemon d({"--config", dir + "/ratelimitd.yaml"});
+  ASSERT_TRUE(d.WaitForLog("gRPC listening", 10s)) << d.Log();
+  const std::string two =
+      R"({"domain":"another","descriptors":[{"entries":[{"key":"key2","value":"h"}]},)"
+      R"({"entries":[{"key":"key3","value":"h"}]}]})";
+  const std::string out = Client("call", port, two).second;
+  // key3 (10/hour) is the closer to its limit: 9 left.
+  EXPECT_NE(out.find(R"("key":"RateLimit-Limit","value":"10")"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"("key":"RateLimit-Remaining","value":"9")"), std::string::npos) << out;
+
+  GrpcDaemon plain({});
+  const std::string none = Client("call", plain.grpc_port, two).second;
+  EXPECT_NE(none.find(R"("response_headers_to_add":[])"), std::string::npos) << none;
+}
+
 // Every fixture of tests/envoy/config_errors through the daemon's checker.
 TEST(EnvoyGrpc, CheckConfigReportsEveryFixtureWithFileAndLine) {
   int cases = 0;
