@@ -3,6 +3,7 @@
 #include <sys/inotify.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -90,6 +91,12 @@ void Count(const envoy::RequestPlan& plan, const envoy::Response& resp, bool deg
       o = server::DecisionOutcome::kDenied;
     } else if (p.shadow && resp.statuses[i].limit_remaining == 0) {
       o = server::DecisionOutcome::kShadowDenied;
+    } else if (const envoy::DescriptorStatus& st = resp.statuses[i];
+               st.requests_per_unit > 0 &&
+               st.requests_per_unit - std::min(st.limit_remaining, st.requests_per_unit) >
+                   st.requests_per_unit * 4 / 5) {
+      // envoyproxy/ratelimit's near_limit: past 80% of the limit after this hit.
+      o = server::DecisionOutcome::kNearLimit;
     }
     m.Decisions(route, p.metric_path).At(server::Face::kEnvoy, o).Inc();
   }

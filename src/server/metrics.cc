@@ -65,6 +65,7 @@ std::string_view OutcomeName(DecisionOutcome o) {
     case DecisionOutcome::kDenied: return "denied";
     case DecisionOutcome::kShadowDenied: return "shadow_denied";
     case DecisionOutcome::kDegraded: return "degraded";
+    case DecisionOutcome::kNearLimit: return "near_limit";
   }
   return "unknown";
 }

@@ -46,8 +46,16 @@ inline constexpr size_t kFaceCount = 5;
 std::string_view FaceName(Face f);  // "decision_api", "gateway", "auth_request", "demo", "envoy"
 
 // What one limit said for one request.
-enum class DecisionOutcome : uint8_t { kAllowed = 0, kDenied, kShadowDenied, kDegraded };
-inline constexpr size_t kOutcomeCount = 4;
+// kNearLimit: the Envoy face only (envoyproxy/ratelimit's near_limit): allowed,
+// and past 80% of the limit after it.
+enum class DecisionOutcome : uint8_t {
+  kAllowed = 0,
+  kDenied,
+  kShadowDenied,
+  kDegraded,
+  kNearLimit
+};
+inline constexpr size_t kOutcomeCount = 5;
 std::string_view OutcomeName(DecisionOutcome o);  // "allowed", "denied", "shadow_denied", ...
 
 class Counter {

@@ -93,6 +93,10 @@ TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnRedis) {
                         "\"key2\",outcome=\"denied\"} 5\n"),
             std::string::npos)
       << m.body;
+  // Calls 17 to 20 of 20 (remaining 3..0) are past 80%: near_limit.
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"envoy\",route=\"envoy:another\","
+                        "limit=\"key2\",outcome=\"near_limit\"} 4\n"),
+            std::string::npos);
   // The counters are Redis': the domain's one hash tag.
   EXPECT_NE(redis.Cli("KEYS", "rl:{envoy:another}*"), "");
 }
