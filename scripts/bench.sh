@@ -10,7 +10,7 @@
 #                                     what it claims (decisions made and answered,
 #                                     errors 0); exit 1 otherwise. ctest `bench_smoke`.
 #
-# Options: --reps N (default 3), --only LIST (comma list of 1..7), --build-dir DIR.
+# Options: --reps N (default 3), --only LIST (comma list of 1..8), --build-dir DIR.
 # Environment: BENCH_JOBS (ninja -j, default nproc), RATELIMITD (a ratelimitd
 # binary to use instead of building one).
 #
@@ -25,7 +25,7 @@ cd "$ROOT"
 
 MODE=full
 REPS=3
-ONLY=1,2,3,4,5,6,7
+ONLY=1,2,3,4,5,6,7,8
 BUILD_DIR=
 while (($#)); do
   case $1 in
@@ -128,7 +128,7 @@ if [[ $MODE == full ]]; then
       -DCMAKE_CXX_FLAGS="-Wno-error=restrict" >"$WORK/cmake.log" 2>&1 ||
       { cat "$WORK/cmake.log" >&2; die "cmake"; }
   fi
-  targets=(redis_decisions_bench http_load memory_store_benchmark)
+  targets=(redis_decisions_bench http_load memory_store_benchmark grpc_load grpc_trivial_server)
   # (grep reads the whole list: with pipefail, grep -q's early exit would
   # fail ninja with SIGPIPE, and the check with it, now and then.)
   if [[ -z ${RATELIMITD:-} ]] && ninja -C "$BUILD_DIR" -t targets all 2>/dev/null | grep '^ratelimitd:' >/dev/null; then
@@ -497,6 +497,66 @@ elif ((HTTP_ROWS)); then
     row 4 "Gateway (memory store) req/s; p99 at half load $(ms_ "$(get P99 rld_gateway)") ms (nginx: $(ms_ "$(get P99 nginx_proxy)") ms)$(unsent_note rld_gateway)" \
       "$(fmt "$gw")" "nginx limit_req + proxy_pass keep-alive, 1 worker" "$(fmt "$ngp")" "$r4" "≥ 1.0x" "$res"
   fi
+fi
+
+# ---------------------------------------------------------------- 8. gRPC (Envoy)
+# ShouldRateLimit through ratelimitd's gRPC face (memory store, then Redis)
+# and through a trivial server of the same proto that answers OK without
+# deciding (gRPC's own ceiling here), with the same driver (bench/macro/
+# grpc_load: async client, closed loop with 64 calls outstanding for the
+# most calls/s, then an open loop at half of each one's most for latency).
+GRPC_LOAD=$B/grpc_load
+GRPC_TRIVIAL=$B/grpc_trivial_server
+if want 8 && [[ -z $RLD || ! -x $GRPC_LOAD || ! -x $GRPC_TRIVIAL ]]; then
+  row 8 "Envoy ShouldRateLimit (memory store) calls/s vs a trivial gRPC server" "n/a (not built)" "trivial server, same proto" "n/a" "n/a" "≥ 0.8x, p99 < 1 ms at half load" "n/a"
+elif want 8; then
+  mkdir -p "$WORK/envoy"
+  printf 'domain: bench\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n' \
+    >"$WORK/envoy/bench.yaml"
+  declare -A G_PORT G_PID G_RATE G_P50 G_P99 G_P999 G_RATES
+  p=$(free_port); G_PORT[trivial]=$p
+  "$GRPC_TRIVIAL" --listen="127.0.0.1:$p" >"$WORK/grpc-trivial.log" 2>&1 &
+  G_PID[trivial]=$!; PIDS+=("${G_PID[trivial]}")
+  wait_port "$p" 10 || fail "8: the trivial gRPC server did not start"
+  for store in memory redis; do
+    p=$(free_port); G_PORT[$store]=$p
+    extra=(); [[ $store == redis ]] && extra=(--redis "redis://127.0.0.1:$REDIS_PORT")
+    "$RLD" --listen 127.0.0.1:0 --admin-listen "" --grpc-listen "127.0.0.1:$p" \
+      --envoy-config "$WORK/envoy" "${extra[@]}" >"$WORK/grpc-$store.log" 2>&1 &
+    G_PID[$store]=$!; PIDS+=("${G_PID[$store]}")
+    wait_port "$p" 10 || fail "8: ratelimitd ($store) gRPC did not start"
+  done
+  grpc_run() {  # name args...: one grpc_load run, key=value line
+    local out
+    out=$("$GRPC_LOAD" --target="127.0.0.1:${G_PORT[$1]}" "${@:2}" --duration-ms="$DUR_MS" \
+      --warmup-ms="$WARM_MS" 2>&1) || fail "8: grpc_load $1 ${*:2}: $out"
+    raw "grpc_load $1 ${*:2} $out"
+    [[ $(kv errors "$out") == 0 && $(kv over_limit "$out") == 0 && $(kv calls "$out") != 0 ]] ||
+      fail "8: $1 answered errors or OVER_LIMIT, or nothing in the measured time: $out"
+    echo "$out"
+  }
+  log "8: gRPC ShouldRateLimit, $REPS interleaved runs"
+  for ((rep = 0; rep < REPS; rep++)); do
+    for t in trivial memory redis; do G_RATES[$t]+=" $(kv rps "$(grpc_run "$t" --mode=closed --inflight=64)")"; done
+  done
+  for t in trivial memory redis; do
+    G_RATE[$t]=$(median ${G_RATES[$t]})
+    half=$(awk -v r="${G_RATE[$t]}" 'BEGIN { printf "%d", r / 2 }')
+    # Smoke: a low rate, enough to check that the open loop measures.
+    [[ $MODE == smoke ]] && half=500
+    o=$(grpc_run "$t" --mode=open --rate="$half")
+    G_P50[$t]=$(kv p50_us "$o"); G_P99[$t]=$(kv p99_us "$o"); G_P999[$t]=$(kv p999_us "$o")
+    log "  $t: $(fmt "${G_RATE[$t]}") calls/s; at $half/s p50 ${G_P50[$t]} us, p99 ${G_P99[$t]} us, p99.9 ${G_P999[$t]} us"
+  done
+  r8=$(ratio "${G_RATE[memory]}" "${G_RATE[trivial]}")
+  res=MISS; ge "$r8" 0.8 && awk -v p="${G_P99[memory]}" 'BEGIN { exit !(p < 1000) }' && res=PASS
+  row 8a "Envoy ShouldRateLimit (memory store) calls/s; at half load p50/p99/p99.9 ${G_P50[memory]}/${G_P99[memory]}/${G_P999[memory]} us (trivial: ${G_P50[trivial]}/${G_P99[trivial]}/${G_P999[trivial]} us)" \
+    "$(fmt "${G_RATE[memory]}")" "trivial gRPC server, same proto and driver (grpc_load, 64 in flight)" "$(fmt "${G_RATE[trivial]}")" "$r8" \
+    "≥ 0.8x, p99 < 1 ms at half load" "$res"
+  row 8b "Envoy ShouldRateLimit (Redis store) calls/s; at half load p50/p99/p99.9 ${G_P50[redis]}/${G_P99[redis]}/${G_P999[redis]} us" \
+    "$(fmt "${G_RATE[redis]}")" "the same, memory store" "$(fmt "${G_RATE[memory]}")" "$(ratio "${G_RATE[redis]}" "${G_RATE[memory]}")" \
+    "(no target)" "n/a"
+  for t in trivial memory redis; do kill "${G_PID[$t]}" 2>/dev/null || true; wait "${G_PID[$t]}" 2>/dev/null || true; done
 fi
 
 # ---------------------------------------------------------------- table

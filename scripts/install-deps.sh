@@ -11,6 +11,8 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libssl-dev libhiredis-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The gRPC face (src/grpc): gRPC C++ with its CMake config, protoc and its plugin.
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
 )
 test_pkgs=(
   redis-server redis-tools   # the store the integration tests talk to (never mocked)
@@ -46,14 +48,20 @@ done
 # The browser test's npm packages (playwright-core, pinned by the lockfile; it
 # drives Debian's chromium and downloads no browser). Run after the Debian
 # packages (node, npm) are in place.
+# The Envoy test client's (@grpc/grpc-js, @grpc/proto-loader, and
+# @grpc/grpc-js-xds for Envoy's own .proto files), pinned the same way.
 npm_deps() {
   [[ "${1:-}" == "--build" ]] && return 0
-  local dir
-  dir="$(cd "$(dirname "$0")/.." && pwd)/tests/e2e/browser"
-  if [[ ! -f "$dir/node_modules/playwright-core/package.json" ]]; then
-    echo "install-deps: npm ci in tests/e2e/browser"
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
-  fi
+  local root dir marker
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for pair in "tests/e2e/browser:playwright-core" "tests/envoy/client:@grpc/grpc-js-xds"; do
+    dir="$root/${pair%%:*}"
+    marker="$dir/node_modules/${pair#*:}/package.json"
+    if [[ ! -f "$marker" ]]; then
+      echo "install-deps: npm ci in ${pair%%:*}"
+      (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    fi
+  done
 }
 
 if ((${#missing[@]} == 0)); then

@@ -3,18 +3,22 @@
 //   ratelimitd [--config FILE] [--listen HOST:PORT] [--redis URL]
 //              [--failure-mode open|closed|local] [--admin-listen HOST:PORT]
 //              [--user NAME [--group NAME]]
-//   ratelimitd --check-config FILE     (the config and every file it names)
+//              [--grpc-listen HOST:PORT] [--envoy-config DIR]
+//   ratelimitd --check-config FILE|DIR  (the config, every file it names, its Envoy directory)
 //   ratelimitd [--config FILE] --explain 'GET /api/x' [-H 'Name: value']... [--peer ADDR]
 //   ratelimitd --help | --version
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "grpc/grpc_face.h"
 #include "policy/config.h"
 #include "policy/policy.h"
 #include "server/config_check.h"
@@ -49,8 +53,12 @@ options:
   --user NAME                 switch to this user once the listeners are bound (server.user);
                               the start fails rather than run on as root if that fails
   --group NAME                with --user: this group instead of the user's primary group
-  --check-config FILE         validate FILE and every file it names (admin token, API keys,
-                              TLS files): print OK (warnings on stderr) or the error, exit 0 or 1
+  --grpc-listen HOST:PORT     serve Envoy's rate limit service over gRPC (server.grpc_listen)
+  --envoy-config DIR          envoyproxy/ratelimit's YAML config directory (envoy.config_dir)
+  --check-config FILE|DIR     validate a config file and every file it names (admin token, API
+                              keys, TLS files, the Envoy directory it names or --envoy-config's),
+                              or an Envoy directory alone: print OK (warnings on stderr) or the
+                              error, exit 0 or 1
   --explain 'METHOD TARGET'   print (JSON) the route, client, plan and limits the config
                               applies to this request, consuming nothing; exit 0, or 1
                               for a bad config, 2 for a bad request
@@ -62,7 +70,7 @@ options:
 
 struct Flags {
   std::optional<std::string> config, listen, redis, failure_mode, admin_listen, check_config, user,
-      group, explain, peer;
+      group, explain, peer, grpc_listen, envoy_config;
   std::vector<std::string> headers;  // --explain's -H
   bool help = false, version = false;
 };
@@ -110,6 +118,10 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
       slot = &f.peer;
     else if (arg == "-H" || arg == "--header")
       slot = &header;
+    else if (arg == "--grpc-listen")
+      slot = &f.grpc_listen;
+    else if (arg == "--envoy-config")
+      slot = &f.envoy_config;
     else
       return "unknown flag '" + std::string(arg) + "' (see --help)";
     if (!inline_value) {
@@ -136,6 +148,8 @@ void ApplyOverrides(const Flags& f, Config& c) {
   if (f.admin_listen) c.server.admin_listen = *f.admin_listen;
   if (f.user) c.server.user = *f.user;
   if (f.group) c.server.group = *f.group;
+  if (f.grpc_listen) c.server.grpc_listen = *f.grpc_listen;
+  if (f.envoy_config) c.envoy.config_dir = *f.envoy_config;
   if (f.redis) {
     c.store.type = ratelimit::policy::StoreConfig::Type::kRedis;
     c.store.url = *f.redis;
@@ -183,22 +197,36 @@ int main(int argc, char** argv) {
   }
   if (flags.check_config) {
     // What the start checks before it binds anything; warnings go to stderr.
-    auto c = ratelimit::policy::LoadConfigFile(*flags.check_config);
-    if (!c.ok()) {
-      std::cout << c.status().message() << "\n";
-      return 1;
+    std::string envoy_dir = flags.envoy_config.value_or("");
+    std::vector<std::string> warnings;
+    if (std::filesystem::is_directory(*flags.check_config)) {
+      envoy_dir = *flags.check_config;  // an Envoy config directory alone
+    } else {
+      auto c = ratelimit::policy::LoadConfigFile(*flags.check_config);
+      if (!c.ok()) {
+        std::cout << c.status().message() << "\n";
+        return 1;
+      }
+      auto checked = ratelimit::server::CheckConfig(*c);
+      if (!checked.ok()) {
+        std::cout << c->source << ": " << checked.status().message() << "\n";
+        return 1;
+      }
+      warnings = std::move(*checked);
+      if (envoy_dir.empty()) envoy_dir = c->envoy.config_dir;
+      auto p = ratelimit::policy::Policy::Create(std::move(*c));
+      if (!p.ok()) {
+        std::cout << p.status().message() << "\n";
+        return 1;
+      }
     }
-    auto warnings = ratelimit::server::CheckConfig(*c);
-    if (!warnings.ok()) {
-      std::cout << c->source << ": " << warnings.status().message() << "\n";
-      return 1;
+    if (!envoy_dir.empty()) {
+      if (auto s = ratelimit::grpcface::CheckEnvoyConfig(envoy_dir); !s.ok()) {
+        std::cout << s.message() << "\n";
+        return 1;
+      }
     }
-    auto p = ratelimit::policy::Policy::Create(std::move(*c));
-    if (!p.ok()) {
-      std::cout << p.status().message() << "\n";
-      return 1;
-    }
-    for (const std::string& w : *warnings) std::cerr << "warning: " << w << "\n";
+    for (const std::string& w : warnings) std::cerr << "warning: " << w << "\n";
     std::cout << "OK\n";
     return 0;
   }
@@ -241,6 +269,8 @@ int main(int argc, char** argv) {
     for (const std::string& w : *warnings) Log(Level::kWarn, "config", {{"warning", w}});
   }
   const ratelimit::policy::StoreConfig store_config = config.store;
+  const ratelimit::policy::EnvoySection envoy_section = config.envoy;
+  const std::string grpc_listen = config.server.grpc_listen;
   auto policy = ratelimit::policy::Policy::Create(std::move(config));
   if (!policy.ok()) {
     Log(Level::kError, "bad config", {{"error", policy.status().message()}});
@@ -259,10 +289,29 @@ int main(int argc, char** argv) {
   if (store_config.type == ratelimit::policy::StoreConfig::Type::kRedis) {
     WarnIfUnreachable(**store, store_config);
   }
+  std::shared_ptr<ratelimit::Store> shared_store = *store;
   if (auto s = server.Start(std::move(*store)); !s.ok()) {
     Log(Level::kError, "cannot start", {{"error", s.message()}});
     return 1;
   }
+  // The gRPC face (Envoy's rate limit service), on the same store.
+  std::unique_ptr<ratelimit::grpcface::GrpcFace> grpc;
+  if (!grpc_listen.empty()) {
+    ratelimit::grpcface::GrpcOptions go{.listen = grpc_listen,
+                                        .envoy_config_dir = envoy_section.config_dir,
+                                        .store = store_config,
+                                        .headers = envoy_section.headers};
+    go.failure_mode = ratelimit::grpcface::FromStoreMode(store_config.failure_mode);
+    if (!envoy_section.failure_mode.empty())
+      go.failure_mode = *ratelimit::grpcface::ParseEnvoyFailureMode(envoy_section.failure_mode);
+    auto g = ratelimit::grpcface::GrpcFace::Start(std::move(go), shared_store);
+    if (!g.ok()) {
+      Log(Level::kError, "cannot start the gRPC face", {{"error", g.status().message()}});
+      return 1;
+    }
+    grpc = std::move(*g);
+  }
+  shared_store.reset();
   if (run_as) {
     // The listeners are bound; nothing else needs root. Running on with the
     // privileges the operator asked to give up is worse than not running.
@@ -276,5 +325,7 @@ int main(int argc, char** argv) {
          {"group", run_as->group},
          {"gid", static_cast<int64_t>(run_as->gid)}});
   }
-  return server.Run();
+  const int code = server.Run();
+  if (grpc) grpc->Shutdown();  // while the store still answers
+  return code;
 }

@@ -252,6 +252,16 @@ class Loader {
                  "unknown " + std::string(key) + " " + Quote(s) + " (expected " + expected + ")");
   }
 
+  // `headers:` (server, envoy).
+  Status Dialect(const YAML::Node& map, HeaderDialect* out) const {
+    return Enum<HeaderDialect>(map, "headers",
+                               {{"draft06", HeaderDialect::kDraft06},
+                                {"structured", HeaderDialect::kStructured},
+                                {"legacy", HeaderDialect::kLegacy},
+                                {"none", HeaderDialect::kNone}},
+                               out);
+  }
+
   Status Failure(const YAML::Node& map, std::optional<FailureMode>* out) const {
     if (!Get(map, "failure_mode").IsDefined()) return Status::Ok();
     FailureMode m = FailureMode::kOpen;
@@ -269,6 +279,7 @@ class Loader {
   Status Store(const YAML::Node& n, StoreConfig* s);
   Status ClusterNodes(const YAML::Node& n, StoreConfig* s);
   Status Clients(const YAML::Node& n, ClientConfig* s);
+  Status Envoy(const YAML::Node& n, EnvoySection* e);
   // A limit definition: `spec` holds algorithm and its parameters.
   Status LimitSpec(const YAML::Node& spec, const std::string& name, const YAML::Node& name_node,
                    std::optional<Limit>* out);
@@ -288,12 +299,12 @@ class Loader {
 };
 
 Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
-  RL_RETURN_IF_ERROR(
-      CheckMap(n, "server",
-               {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers",
-                "threads", "max_body_bytes", "max_header_bytes", "max_connections",
-                "max_connections_per_ip", "max_requests_per_second_per_connection",
-                "max_held_requests", "read_timeout", "idle_timeout", "user", "group"}));
+  RL_RETURN_IF_ERROR(CheckMap(
+      n, "server",
+      {"listen", "admin_listen", "admin_token_file", "upstream", "demo", "headers", "threads",
+       "max_body_bytes", "max_header_bytes", "max_connections", "max_connections_per_ip",
+       "max_requests_per_second_per_connection", "max_held_requests", "read_timeout",
+       "idle_timeout", "user", "group", "grpc_listen"}));
   RL_RETURN_IF_ERROR(String(n, "listen", &s->listen));
   if (!IsListenAddress(s->listen)) {
     return Error(Get(n, "listen"), "'listen' must be host:port, got " + Quote(s->listen));
@@ -303,6 +314,11 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
     return Error(Get(n, "admin_listen"),
                  "'admin_listen' must be host:port or \"\", got " + Quote(s->admin_listen));
   }
+  RL_RETURN_IF_ERROR(String(n, "grpc_listen", &s->grpc_listen));
+  if (!s->grpc_listen.empty() && !IsListenAddress(s->grpc_listen)) {
+    return Error(Get(n, "grpc_listen"),
+                 "'grpc_listen' must be host:port, got " + Quote(s->grpc_listen));
+  }
   RL_RETURN_IF_ERROR(String(n, "admin_token_file", &s->admin_token_file));
   s->admin_token_file = RelativeTo(base_dir_, s->admin_token_file);
   RL_RETURN_IF_ERROR(String(n, "upstream", &s->upstream));
@@ -311,12 +327,7 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
                  "'upstream' must start with http://, got " + Quote(s->upstream));
   }
   RL_RETURN_IF_ERROR(Bool(n, "demo", &s->demo));
-  RL_RETURN_IF_ERROR(Enum<HeaderDialect>(n, "headers",
-                                         {{"draft06", HeaderDialect::kDraft06},
-                                          {"structured", HeaderDialect::kStructured},
-                                          {"legacy", HeaderDialect::kLegacy},
-                                          {"none", HeaderDialect::kNone}},
-                                         &s->headers));
+  RL_RETURN_IF_ERROR(Dialect(n, &s->headers));
   RL_RETURN_IF_ERROR(IntIn(n, "threads", 0, 1024, &s->threads));
   RL_RETURN_IF_ERROR(IntIn(n, "max_body_bytes", 1, int64_t{1} << 30, &s->max_body_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_header_bytes", 1024, 1 << 20, &s->max_header_bytes));
@@ -449,6 +460,21 @@ Status Loader::ClusterNodes(const YAML::Node& n, StoreConfig* s) {
   const size_t hosts = at != std::string::npos && at >= start ? at + 1 : start;
   s->url.insert(end, hosts == end ? list : "," + list);
   return Status::Ok();
+}
+
+Status Loader::Envoy(const YAML::Node& n, EnvoySection* e) {
+  RL_RETURN_IF_ERROR(CheckMap(n, "envoy", {"config_dir", "failure_mode", "headers"}));
+  RL_RETURN_IF_ERROR(String(n, "config_dir", &e->config_dir));
+  // Relative to the config file's folder, like api_keys_file.
+  if (!e->config_dir.empty() && e->config_dir[0] != '/' && !base_dir_.empty())
+    e->config_dir = base_dir_ + "/" + e->config_dir;
+  RL_RETURN_IF_ERROR(String(n, "failure_mode", &e->failure_mode));
+  const std::string& m = e->failure_mode;
+  if (!m.empty() && m != "open" && m != "closed" && m != "local" && m != "error") {
+    return Error(Get(n, "failure_mode"),
+                 "'failure_mode' must be open, closed, local or error, got " + Quote(m));
+  }
+  return Dialect(n, &e->headers);
 }
 
 Status Loader::Clients(const YAML::Node& n, ClientConfig* s) {
@@ -808,7 +834,7 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
   if (!root.IsDefined() || root.IsNull()) return ErrorAt(0, "the config is empty");
   RL_RETURN_IF_ERROR(CheckMap(root, "the config (top level)",
                               {"server", "store", "clients", "limits", "plans", "default_plan",
-                               "api_keys", "api_keys_file", "global", "routes"}));
+                               "api_keys", "api_keys_file", "global", "routes", "envoy"}));
   RL_RETURN_IF_ERROR(Server(Get(root, "server"), &c->server));
   RL_RETURN_IF_ERROR(Store(Get(root, "store"), &c->store));
   RL_RETURN_IF_ERROR(Clients(Get(root, "clients"), &c->clients));
@@ -877,6 +903,7 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
   }
 
   RL_RETURN_IF_ERROR(Entries(Get(root, "global"), "global", &c->global_limits));
+  RL_RETURN_IF_ERROR(Envoy(Get(root, "envoy"), &c->envoy));
 
   if (YAML::Node routes = Get(root, "routes"); routes.IsDefined() && !routes.IsNull()) {
     if (!routes.IsSequence()) return Error(routes, "'routes' must be a list of routes");

@@ -144,6 +144,15 @@ struct ServerConfig {
   // Privilege drop after the listeners are bound ("" = stay as started).
   std::string user;
   std::string group;  // "" = the user's primary group
+  // Envoy's rate limit service over gRPC (docs/envoy.md); "" = off.
+  std::string grpc_listen;
+};
+
+// `envoy:`: the gRPC face's settings (docs/envoy.md).
+struct EnvoySection {
+  std::string config_dir;    // envoyproxy/ratelimit's YAML, one domain per file ("" = none)
+  std::string failure_mode;  // "open", "closed", "local", "error"; "" = store.failure_mode
+  HeaderDialect headers = HeaderDialect::kNone;  // response_headers_to_add (off by default)
 };
 
 // A setting a reload read but could not apply: it waits for a restart.
@@ -167,6 +176,7 @@ struct Config {
   // After a reload: settings of the file that differ from those in effect
   // and need a restart (KeepRestartBound). Empty at start.
   std::vector<PendingSetting> pending_restart;
+  EnvoySection envoy;
 };
 
 // Errors name the file, line and key: "x.yaml:12: unknown key 'limitz' in route 'api'".

@@ -89,6 +89,7 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "idle_timeout" << YAML::Value << Millis(s.idle_timeout);
   out << YAML::Key << "user" << YAML::Value << s.user;
   out << YAML::Key << "group" << YAML::Value << s.group;
+  out << YAML::Key << "grpc_listen" << YAML::Value << s.grpc_listen;
   out << YAML::EndMap;
 
   const StoreConfig& st = c.store;
@@ -202,6 +203,11 @@ std::string DumpRedacted(const Config& c) {
     out << YAML::EndMap;
   }
   out << YAML::EndSeq;
+  out << YAML::Key << "envoy" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "config_dir" << YAML::Value << c.envoy.config_dir;
+  out << YAML::Key << "failure_mode" << YAML::Value << c.envoy.failure_mode;
+  out << YAML::Key << "headers" << YAML::Value << std::string(HeaderDialectName(c.envoy.headers));
+  out << YAML::EndMap;
   out << YAML::EndMap;
   // Comments, so that the dump still loads back as the config in effect.
   std::string text = "# effective config from " + c.source + " (secrets redacted)\n";

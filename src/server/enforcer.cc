@@ -118,7 +118,9 @@ void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> che
   // Counts the group's decisions on the way out.
   auto done = [inner_done = std::move(inner_done), face, route, shadow,
                checks](GroupOutcome g) mutable {
-    if (g.error.ok()) CountDecisions(face, route, shadow, checks, g);
+    // The Envoy face's limit names are per-value hashes: it counts per
+    // descriptor itself, with labels from its config (bounded).
+    if (g.error.ok() && face != Face::kEnvoy) CountDecisions(face, route, shadow, checks, g);
     inner_done(std::move(g));
   };
   store_->Check({key, checks}, [this, key, checks, mode, instances, started,

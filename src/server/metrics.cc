@@ -54,6 +54,7 @@ std::string_view FaceName(Face f) {
     case Face::kGateway: return "gateway";
     case Face::kAuthRequest: return "auth_request";
     case Face::kDemo: return "demo";
+    case Face::kEnvoy: return "envoy";
   }
   return "unknown";
 }
@@ -64,6 +65,7 @@ std::string_view OutcomeName(DecisionOutcome o) {
     case DecisionOutcome::kDenied: return "denied";
     case DecisionOutcome::kShadowDenied: return "shadow_denied";
     case DecisionOutcome::kDegraded: return "degraded";
+    case DecisionOutcome::kNearLimit: return "near_limit";
   }
   return "unknown";
 }
@@ -279,6 +281,19 @@ std::string Metrics::Render(const Store* store) const {
          "Per-denial log lines dropped by the log sampler.");
   out += "ratelimit_denial_log_lines_suppressed_total " +
          std::to_string(denial_log_suppressed.value()) + "\n";
+
+  {
+    std::lock_guard lock(envoy_mu_);
+    if (!envoy_domains_.empty()) {
+      Header(out, "ratelimit_envoy_domain_descriptors", "gauge",
+             "The gRPC face's loaded domains: descriptors with a rule, per domain.");
+      for (const auto& [domain, n] : envoy_domains_) {
+        out += "ratelimit_envoy_domain_descriptors{domain=\"";
+        AppendLabelValue(out, domain);
+        out += "\"} " + std::to_string(n) + "\n";
+      }
+    }
+  }
 
   if (const auto* redis = dynamic_cast<const RedisStore*>(store)) {
     Header(out, "ratelimit_store_breaker_state", "gauge",

@@ -24,11 +24,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/store.h"
@@ -36,13 +39,23 @@
 namespace ratelimit::server {
 
 // Which HTTP face asked for a decision.
-enum class Face : uint8_t { kDecisionApi = 0, kGateway, kAuthRequest, kDemo };
-inline constexpr size_t kFaceCount = 4;
-std::string_view FaceName(Face f);  // "decision_api", "gateway", "auth_request", "demo"
+// kEnvoy: the gRPC face (src/grpc); it counts per domain and descriptor
+// itself (route "envoy:<domain>", limit the descriptor's config path).
+enum class Face : uint8_t { kDecisionApi = 0, kGateway, kAuthRequest, kDemo, kEnvoy };
+inline constexpr size_t kFaceCount = 5;
+std::string_view FaceName(Face f);  // "decision_api", "gateway", "auth_request", "demo", "envoy"
 
 // What one limit said for one request.
-enum class DecisionOutcome : uint8_t { kAllowed = 0, kDenied, kShadowDenied, kDegraded };
-inline constexpr size_t kOutcomeCount = 4;
+// kNearLimit: the Envoy face only (envoyproxy/ratelimit's near_limit): allowed,
+// and past 80% of the limit after it.
+enum class DecisionOutcome : uint8_t {
+  kAllowed = 0,
+  kDenied,
+  kShadowDenied,
+  kDegraded,
+  kNearLimit
+};
+inline constexpr size_t kOutcomeCount = 5;
 std::string_view OutcomeName(DecisionOutcome o);  // "allowed", "denied", "shadow_denied", ...
 
 class Counter {
@@ -144,11 +157,21 @@ class Metrics {
   Counter held_rejected;   // ratelimit_held_requests_rejected_total (server.max_held_requests)
   Counter held_abandoned;  // ratelimit_held_requests_abandoned_total (client left while held)
 
+  // The Envoy face's loaded domains (src/grpc sets them on every load), as
+  // ratelimit_envoy_domain_descriptors{domain} (descriptors with a rule).
+  void SetEnvoyDomains(std::vector<std::pair<std::string, int64_t>> domains) {
+    std::lock_guard lock(envoy_mu_);
+    envoy_domains_ = std::move(domains);
+  }
+
   // The whole exposition. `store` (may be null) adds what only it knows: the
   // breaker state and over-limit cache hits of a RedisStore.
   std::string Render(const Store* store) const;
 
  private:
+  mutable std::mutex envoy_mu_;
+  std::vector<std::pair<std::string, int64_t>> envoy_domains_;  // GUARDED_BY(envoy_mu_)
+
   struct Key {
     std::string route, limit;
     bool operator==(const Key&) const = default;

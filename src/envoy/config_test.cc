@@ -1,0 +1,107 @@
+#include "envoy/config.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace ratelimit::envoy {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every folder of tests/envoy/config_errors is one broken config directory
+// whose `expected` file holds the error, with paths relative to the folder.
+TEST(EnvoyConfig, EveryErrorFixtureFailsWithItsFileAndLine) {
+  int cases = 0;
+  for (const auto& entry : fs::directory_iterator(RL_ENVOY_ERRORS_DIR)) {
+    if (!entry.is_directory()) continue;
+    ++cases;
+    const std::string dir = entry.path().string();
+    std::ifstream in(entry.path() / "expected");
+    std::string expected;
+    std::getline(in, expected);
+    auto c = LoadDirectory(dir);
+    ASSERT_FALSE(c.ok()) << dir;
+    std::string got = c.status().message();
+    for (size_t at; (at = got.find(dir + "/")) != std::string::npos;) got.erase(at, dir.size() + 1);
+    EXPECT_EQ(got, expected) << dir;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_GE(cases, 11);
+}
+
+TEST(EnvoyConfig, ReadsEnvoyproxyIntegrationConfigUnchanged) {
+  auto c = LoadDirectory(RL_ENVOY_CONFIG_DIR);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_EQ((*c)->domains.size(), 2u);
+  const Domain& another = (*c)->domains.at("another");
+  const Node& key2 = another.root.children.at("key2");
+  ASSERT_EQ(key2.rules.size(), 1u);
+  EXPECT_EQ(key2.rules[0].requests_per_unit, 20u);
+  EXPECT_EQ(key2.rules[0].unit, Unit::kMinute);
+  EXPECT_EQ(key2.rules[0].period, std::chrono::minutes(1));
+  EXPECT_EQ(key2.rules[0].algorithm, Algorithm::kFixedWindow);
+  EXPECT_EQ((*c)->domains.at("basic").root.children.size(), 3u);
+}
+
+TEST(EnvoyConfig, TheExampleDirectoryLoads) {
+  auto c = LoadDirectory(RL_ENVOY_EXAMPLE_DIR);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ((*c)->domains.count("shop"), 1u);
+}
+
+TEST(EnvoyConfig, UnitsAsEnvoyproxyCountsThem) {
+  EXPECT_EQ(ParseUnit("second"), Unit::kSecond);
+  EXPECT_EQ(ParseUnit("WEEK"), Unit::kWeek);
+  EXPECT_EQ(ParseUnit("fortnight"), Unit::kUnknown);
+  EXPECT_EQ(UnitLength(Unit::kMonth), std::chrono::hours(24 * 30));
+  EXPECT_EQ(UnitLength(Unit::kYear), std::chrono::hours(24 * 365));
+}
+
+TEST(EnvoyConfig, ExtensionsParse) {
+  Config c;
+  ASSERT_TRUE(ParseDomain(R"(domain: x
+descriptors:
+  - key: a
+    rate_limit: {unit: second, unit_multiplier: 90, requests_per_unit: 9}
+  - key: b
+    rate_limit: {period: 90s, requests_per_unit: 9, algorithm: token_bucket, burst: 20}
+  - key: c
+    rate_limits:
+      - {unit: second, requests_per_unit: 5, name: burst}
+      - {unit: day, requests_per_unit: 1000, name: daily}
+  - key: d
+    value: "api*"
+    rate_limit: {unit: second, requests_per_unit: 1}
+)",
+                          "x.yaml", c)
+                  .ok());
+  const Node& root = c.domains.at("x").root;
+  EXPECT_EQ(root.children.at("a").rules[0].period, std::chrono::seconds(90));
+  EXPECT_EQ(root.children.at("b").rules[0].burst, 20);
+  EXPECT_EQ(root.children.at("b").rules[0].unit, Unit::kUnknown);
+  EXPECT_EQ(root.children.at("c").rules.size(), 2u);
+  ASSERT_EQ(root.wildcards.size(), 1u);
+  EXPECT_EQ(root.wildcards[0]->value, "api*");
+}
+
+TEST(EnvoyConfig, MoreErrors) {
+  Config c;
+  auto err = [&](const char* yaml) {
+    Config fresh;
+    Status s = ParseDomain(yaml, "f.yaml", fresh);
+    return s.ok() ? std::string("OK") : s.message();
+  };
+  EXPECT_EQ(err("domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, "
+                "requests_per_unit: 5, burst: 9}\n"),
+            "f.yaml:4: 'burst' needs algorithm token_bucket or leaky_bucket");
+  EXPECT_EQ(err("domain: x\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, "
+                "requests_per_unit: -1}\n"),
+            "f.yaml:4: 'requests_per_unit' must be a whole number from 0 to 4294967295");
+  EXPECT_EQ(err("domain: [x\n"), "f.yaml:2: end of sequence flow not found");
+}
+
+}  // namespace
+}  // namespace ratelimit::envoy

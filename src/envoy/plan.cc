@@ -1,0 +1,253 @@
+#include "envoy/plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <span>
+#include <string_view>
+
+namespace ratelimit::envoy {
+
+namespace {
+
+// '*' matches any run of characters (envoyproxy/ratelimit's wildcardMatch).
+bool Glob(std::string_view pattern, std::string_view text) {
+  const size_t star = pattern.find('*');
+  if (star == std::string_view::npos) return pattern == text;
+  const std::string_view head = pattern.substr(0, star);
+  if (!text.starts_with(head)) return false;
+  text.remove_prefix(head.size());
+  pattern.remove_prefix(star + 1);
+  size_t next;
+  while ((next = pattern.find('*')) != std::string_view::npos) {
+    const std::string_view part = pattern.substr(0, next);
+    const size_t at = text.find(part);
+    if (at == std::string_view::npos) return false;
+    text.remove_prefix(at + part.size());
+    pattern.remove_prefix(next + 1);
+  }
+  return text.size() >= pattern.size() && text.ends_with(pattern);
+}
+
+const Node* Find(const Node& level, std::string_view key) {
+  auto it = level.children.find(key);
+  return it == level.children.end() ? nullptr : &it->second;
+}
+
+// The node whose rules apply to `d`, or nullptr.
+const Node* Match(const Domain& domain, const Descriptor& d) {
+  const Node* level = &domain.root;
+  for (size_t i = 0; i < d.entries.size(); ++i) {
+    const Entry& e = d.entries[i];
+    const std::string full = e.key + "_" + e.value;
+    const Node* next = Find(*level, full);
+    for (size_t w = 0; next == nullptr && w < level->wildcards.size(); ++w) {
+      const Node* cand = level->wildcards[w];
+      if (Glob(cand->key + "_" + cand->value, full)) next = cand;
+    }
+    if (next == nullptr) next = Find(*level, e.key);
+    if (next == nullptr) return nullptr;
+    if (i + 1 == d.entries.size()) return next->rules.empty() ? nullptr : next;
+    if (next->children.empty()) return nullptr;  // the request is deeper than the config
+    level = next;
+  }
+  return nullptr;
+}
+
+// FNV-1a, 64 bits: stable across builds and hosts (store keys are shared).
+struct Fnv {
+  uint64_t h = 14695981039346656037ULL;
+  void Add(std::string_view s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ULL;
+    }
+    h ^= 0xff;  // a separator no text contains
+    h *= 1099511628211ULL;
+  }
+  void AddInt(int64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  }
+};
+
+StatusOr<Limit> BuildLimit(const Rule& r, std::string name) {
+  const int64_t count = r.burst != 0 ? r.burst : r.requests_per_unit;
+  const double per_second =
+      static_cast<double>(r.requests_per_unit) * 1e6 / static_cast<double>(r.period.count());
+  switch (r.algorithm) {
+    case Algorithm::kTokenBucket: return Limit::TokenBucket(std::move(name), count, per_second);
+    case Algorithm::kLeakyBucket: return Limit::LeakyBucket(std::move(name), count, per_second);
+    case Algorithm::kSlidingWindow:
+      return Limit::SlidingWindow(std::move(name), r.requests_per_unit, r.period);
+    case Algorithm::kSlidingLog:
+      return Limit::SlidingLog(std::move(name), r.requests_per_unit, r.period);
+    case Algorithm::kFixedWindow: break;
+  }
+  return Limit::FixedWindow(std::move(name), r.requests_per_unit, r.period);
+}
+
+std::string MetricPath(const Node& node, const Descriptor& d) {
+  if (!node.detailed_metric) return node.metric_path;
+  std::string path;
+  for (const Entry& e : d.entries) {
+    if (!path.empty()) path += '.';
+    path += e.key;
+    if (!e.value.empty()) path += "_" + e.value;
+  }
+  return path;
+}
+
+}  // namespace
+
+StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
+  if (request.domain.empty()) return InvalidArgument("rate limit domain must not be empty");
+  if (request.descriptors.empty())
+    return InvalidArgument("rate limit descriptor list must not be empty");
+  RequestPlan plan;
+  plan.store_key = "envoy:" + request.domain;
+  plan.descriptors.resize(request.descriptors.size());
+  auto dom = config.domains.find(request.domain);
+  plan.domain_known = dom != config.domains.end();
+  if (!plan.domain_known) return plan;  // every descriptor: OK, no limit
+
+  // Match, then drop what `replaces` names (envoyproxy/ratelimit's order).
+  std::set<std::string, std::less<>> replaced;
+  size_t total = 0;
+  for (size_t i = 0; i < request.descriptors.size(); ++i) {
+    const Descriptor& d = request.descriptors[i];
+    DescriptorPlan& p = plan.descriptors[i];
+    if (d.entries.empty()) return InvalidArgument("a descriptor has no entries");
+    if (d.limit) {
+      if (d.limit->unit == Unit::kUnknown || d.limit->requests_per_unit == 0)
+        return InvalidArgument("a limit override needs requests_per_unit and a unit");
+      p.kind = DescriptorPlan::Kind::kLimited;
+      p.override_rule.requests_per_unit = d.limit->requests_per_unit;
+      p.override_rule.unit = d.limit->unit;
+      p.override_rule.period = UnitLength(d.limit->unit);
+      p.rules.push_back(&p.override_rule);
+      p.metric_path = "~override";
+    } else if (const Node* node = Match(dom->second, d); node != nullptr) {
+      p.shadow = node->shadow_mode;
+      p.metric_path = MetricPath(*node, d);
+      for (const Rule& r : node->rules) {
+        for (const std::string& name : r.replaces) replaced.insert(name);
+        p.rules.push_back(&r);
+      }
+      p.kind = node->rules.front().unlimited ? DescriptorPlan::Kind::kUnlimited
+                                             : DescriptorPlan::Kind::kLimited;
+    }
+    if (p.kind == DescriptorPlan::Kind::kLimited) total += p.rules.size();
+  }
+  if (total > kMaxChecksPerRequest) {
+    return InvalidArgument("the request names " + std::to_string(total) + " limits; at most " +
+                           std::to_string(kMaxChecksPerRequest));
+  }
+  for (DescriptorPlan& p : plan.descriptors) {
+    if (p.kind != DescriptorPlan::Kind::kLimited || replaced.empty()) continue;
+    std::erase_if(p.rules,
+                  [&](const Rule* r) { return !r->name.empty() && replaced.count(r->name); });
+    if (p.rules.empty()) p.kind = DescriptorPlan::Kind::kNoRule;
+  }
+
+  // Limits are built before any check points at them (no reallocation).
+  plan.limits.reserve(total);
+  const int64_t request_cost = request.hits_addend == 0 ? 1 : request.hits_addend;
+  std::vector<int64_t> costs;  // per limit
+  bool too_big = false;        // a cost above a limit: over it, and nothing is taken
+  for (size_t i = 0; i < plan.descriptors.size(); ++i) {
+    DescriptorPlan& p = plan.descriptors[i];
+    if (p.kind != DescriptorPlan::Kind::kLimited) continue;
+    const Descriptor& d = request.descriptors[i];
+    const int64_t cost =
+        d.hits_addend
+            ? static_cast<int64_t>(std::min<uint64_t>(*d.hits_addend, Limit::kMaxCount + 1ULL))
+            : request_cost;
+    for (size_t r = 0; r < p.rules.size(); ++r) {
+      const Rule& rule = *p.rules[r];
+      Fnv h;
+      h.Add(request.domain);
+      for (const Entry& e : d.entries) {
+        h.Add(e.key);
+        h.Add(e.value);
+      }
+      h.Add(AlgorithmName(rule.algorithm));
+      h.AddInt(rule.period.count());
+      h.AddInt(static_cast<int64_t>(r));
+      char name[24];
+      std::snprintf(name, sizeof name, "e%016llx", static_cast<unsigned long long>(h.h));
+      StatusOr<Limit> limit = BuildLimit(rule, name);
+      if (!limit.ok()) return limit.status();
+      if (cost > limit->limit()) {
+        p.too_big = true;
+        too_big = too_big || !p.shadow;
+      }
+      costs.push_back(std::min(cost, limit->limit()));
+      plan.limits.push_back(std::move(*limit));
+    }
+  }
+  size_t k = 0;
+  for (DescriptorPlan& p : plan.descriptors) {
+    if (p.kind != DescriptorPlan::Kind::kLimited) continue;
+    std::vector<LimitCheck>& into = p.shadow ? plan.shadow_checks : plan.checks;
+    p.first_check = into.size();
+    for (size_t r = 0; r < p.rules.size(); ++r, ++k) {
+      // A request denied up front is asked without counting (all or nothing).
+      into.push_back({&plan.limits[k], (too_big && !p.shadow) || p.too_big ? 0 : costs[k]});
+    }
+  }
+  return plan;
+}
+
+Response Respond(const RequestPlan& plan, const CheckResult* result, const CheckResult* shadow,
+                 int64_t now_micros) {
+  Response out;
+  out.statuses.resize(plan.descriptors.size());
+  for (size_t i = 0; i < plan.descriptors.size(); ++i) {
+    const DescriptorPlan& p = plan.descriptors[i];
+    DescriptorStatus& s = out.statuses[i];
+    if (p.kind == DescriptorPlan::Kind::kUnlimited) {
+      s.limit_remaining = 4294967295u;
+      continue;
+    }
+    const CheckResult* r = p.shadow ? shadow : result;
+    if (p.kind != DescriptorPlan::Kind::kLimited || r == nullptr) continue;
+    const std::span<const Decision> mine(r->decisions.data() + p.first_check, p.rules.size());
+    const Decision d = Combine(mine);
+    size_t which = 0;
+    for (size_t k = 0; k < mine.size(); ++k) {
+      if (mine[k] == d) {
+        which = k;
+        break;
+      }
+    }
+    const Rule& rule = *p.rules[which];
+    const bool over = !d.allowed || p.too_big;
+    s.code = over && !p.shadow ? Code::kOverLimit : Code::kOk;
+    s.has_limit = true;
+    s.requests_per_unit = rule.requests_per_unit;
+    s.unit = rule.unit;
+    s.name = rule.name;
+    int64_t remaining = d.remaining;
+    if (!r->overall.allowed && d.allowed) {
+      // Another descriptor denied the request, so nothing was taken from
+      // this one: its count stands where it was.
+      const std::vector<LimitCheck>& checks = p.shadow ? plan.shadow_checks : plan.checks;
+      remaining += checks[p.first_check + which].cost;
+    }
+    s.limit_remaining =
+        over ? 0 : static_cast<uint32_t>(std::clamp<int64_t>(remaining, 0, 4294967295));
+    if (rule.algorithm == Algorithm::kFixedWindow) {
+      const int64_t period = rule.period.count();
+      s.duration_until_reset = std::chrono::microseconds(period - now_micros % period);
+    } else {
+      s.duration_until_reset = over ? d.retry_after : d.reset_after;
+    }
+    if (s.code == Code::kOverLimit) out.overall = Code::kOverLimit;
+  }
+  return out;
+}
+
+}  // namespace ratelimit::envoy

@@ -1,0 +1,112 @@
+// Envoy plan: what one ShouldRateLimit request asks of the store, and the
+// answer it gets, without any gRPC in sight (the gRPC face translates).
+//
+//   envoy::Request req{.domain = "another", .descriptors = {{.entries = {{"key2", "x"}}}}};
+//   StatusOr<envoy::RequestPlan> plan = envoy::MakePlan(*config, req);
+//   store.Check({plan->store_key, plan->checks}, ...);           // all or nothing
+//   envoy::Response resp = envoy::Respond(*plan, &result, nullptr, now_us);
+//
+// Matching is envoyproxy/ratelimit's: per entry, "key_value" first, then a
+// wildcard value ('*' anywhere, in file order), then "key" alone; nested
+// descriptors follow the entries in order; a rule applies only if it sits at
+// the request descriptor's last entry. A request `limit` override replaces
+// the configured rule (when the domain is known). `replaces` drops the named
+// rules of the same request. Counters are per actual value: every limit's
+// store name is a hash of the domain, the entries, the algorithm and period
+// (so a wildcard rule counts each value apart, and a changed unit starts
+// afresh), and every descriptor of the domain shares one store key, so a
+// request's limits are decided in one store step.
+//
+// Thread-safety: pure functions; a plan points into its Config, which must
+// outlive it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "envoy/config.h"
+#include "ratelimit/decision.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit::envoy {
+
+struct Entry {
+  std::string key;
+  std::string value;
+};
+
+struct Descriptor {
+  std::vector<Entry> entries;
+  struct Override {
+    uint32_t requests_per_unit = 0;
+    Unit unit = Unit::kUnknown;
+  };
+  std::optional<Override> limit;
+  std::optional<uint64_t> hits_addend;  // 0: check without counting
+};
+
+struct Request {
+  std::string domain;
+  std::vector<Descriptor> descriptors;
+  uint32_t hits_addend = 0;  // 0 counts as 1
+};
+
+enum class Code : uint8_t { kUnknown = 0, kOk = 1, kOverLimit = 2 };
+
+// One request descriptor's part of the plan.
+struct DescriptorPlan {
+  enum class Kind : uint8_t { kNoRule, kUnlimited, kLimited } kind = Kind::kNoRule;
+  std::vector<const Rule*> rules;  // kLimited: the rules (several with `rate_limits:`)
+  Rule override_rule;              // the request's `limit`, when it gave one
+  bool shadow = false;
+  bool too_big = false;    // its cost is above one of its limits: over the limit
+  size_t first_check = 0;  // kLimited: checks [first_check, first_check + rules.size())
+  // The metrics label: the matched rule's path ("key2", "key1_v.sub"), with
+  // the request's values when the rule says detailed_metric.
+  std::string metric_path;
+};
+
+struct RequestPlan {
+  std::string store_key;  // "envoy:<domain>"
+  bool domain_known = false;
+  std::vector<Limit> limits;              // owned; `checks` and `shadow_checks` point into it
+  std::vector<LimitCheck> checks;         // the enforcing ones: one store step
+  std::vector<LimitCheck> shadow_checks;  // shadow_mode descriptors: a step of their own
+  std::vector<DescriptorPlan> descriptors;
+
+  RequestPlan() = default;
+  RequestPlan(RequestPlan&&) = default;
+  RequestPlan& operator=(RequestPlan&&) = default;
+};
+
+// InvalidArgument for an empty domain, no descriptors, a descriptor without
+// entries, more than kMaxChecksPerRequest limits, or an override with an
+// unknown unit.
+StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
+
+struct DescriptorStatus {
+  Code code = Code::kOk;
+  bool has_limit = false;  // current_limit is set
+  uint32_t requests_per_unit = 0;
+  Unit unit = Unit::kUnknown;
+  std::string name;
+  uint32_t limit_remaining = 0;
+  std::chrono::microseconds duration_until_reset{0};
+};
+
+struct Response {
+  Code overall = Code::kOk;
+  std::vector<DescriptorStatus> statuses;  // one per request descriptor, in order
+};
+
+// `result` answers plan.checks (nullptr when there are none), `shadow`
+// answers plan.shadow_checks. Fixed windows report the time to the window's
+// boundary from the epoch at `now_micros`; other algorithms their retry time
+// when denied and their reset time otherwise.
+Response Respond(const RequestPlan& plan, const CheckResult* result, const CheckResult* shadow,
+                 int64_t now_micros);
+
+}  // namespace ratelimit::envoy

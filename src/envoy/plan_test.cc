@@ -1,0 +1,184 @@
+#include "envoy/plan.h"
+
+#include <gtest/gtest.h>
+
+#include "ratelimit/clock.h"
+#include "ratelimit/memory_store.h"
+
+namespace ratelimit::envoy {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* kConfig = R"(domain: d
+descriptors:
+  - key: key2
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: key3
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: path
+    value: /api*
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: path
+    value: /api/login
+    rate_limit: {unit: second, requests_per_unit: 1, name: login, replaces: [{name: user}]}
+  - key: path
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 4, name: user}
+    descriptors:
+      - key: tier
+        value: gold
+        rate_limit: {unit: second, requests_per_unit: 100}
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: many
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: minute, requests_per_unit: 7}
+)";
+
+class EnvoyPlan : public ::testing::Test {
+ protected:
+  EnvoyPlan() : store_(MemoryStore::Options{.clock = &clock_}) {
+    EXPECT_TRUE(ParseDomain(kConfig, "d.yaml", config_).ok());
+  }
+
+  Response Ask(Request req) {
+    auto plan = MakePlan(config_, req);
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    std::optional<CheckResult> r, s;
+    if (!plan->checks.empty()) {
+      auto got = store_.CheckSync({plan->store_key, plan->checks});
+      EXPECT_TRUE(got.ok());
+      r = *got;
+    }
+    if (!plan->shadow_checks.empty()) s = *store_.CheckSync({plan->store_key, plan->shadow_checks});
+    return Respond(*plan, r ? &*r : nullptr, s ? &*s : nullptr, clock_.NowMicros());
+  }
+
+  static Request One(std::vector<Entry> entries) {
+    return Request{.domain = "d", .descriptors = {Descriptor{.entries = std::move(entries)}}};
+  }
+
+  ManualClock clock_{1'700'000'020'000'000};  // 40 s into a minute
+  MemoryStore store_;
+  Config config_;
+};
+
+TEST_F(EnvoyPlan, UnknownDomainAndNoMatchAreOkWithoutLimit) {
+  Response r = Ask({.domain = "nope", .descriptors = {{.entries = {{"key2", "x"}}}}});
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_FALSE(r.statuses[0].has_limit);
+  r = Ask(One({{"other", "x"}}));
+  EXPECT_FALSE(r.statuses[0].has_limit);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+}
+
+TEST_F(EnvoyPlan, FixedMinuteWindowCountsDownThenOverLimit) {
+  for (int i = 0; i < 25; ++i) {
+    Response r = Ask(One({{"key2", "v"}}));
+    const DescriptorStatus& s = r.statuses[0];
+    EXPECT_EQ(s.requests_per_unit, 20u);
+    EXPECT_EQ(s.unit, Unit::kMinute);
+    EXPECT_EQ(s.duration_until_reset, 20s);  // to the minute's boundary
+    if (i < 20) {
+      EXPECT_EQ(r.overall, Code::kOk);
+      EXPECT_EQ(s.limit_remaining, static_cast<uint32_t>(19 - i));
+    } else {
+      EXPECT_EQ(r.overall, Code::kOverLimit);
+      EXPECT_EQ(s.limit_remaining, 0u);
+    }
+  }
+  clock_.Advance(20s);  // the next window
+  EXPECT_EQ(Ask(One({{"key2", "v"}})).statuses[0].limit_remaining, 19u);
+  EXPECT_EQ(Ask(One({{"key2", "other value"}})).statuses[0].limit_remaining, 19u);
+}
+
+TEST_F(EnvoyPlan, TwoDescriptorsAllOrNothing) {
+  Request req{.domain = "d",
+              .descriptors = {{.entries = {{"key2", "v"}}}, {.entries = {{"key3", "v"}}}}};
+  for (int i = 0; i < 15; ++i) {
+    Response r = Ask(req);
+    if (i < 10) {
+      EXPECT_EQ(r.overall, Code::kOk) << i;
+      EXPECT_EQ(r.statuses[0].limit_remaining, static_cast<uint32_t>(19 - i));
+      EXPECT_EQ(r.statuses[1].limit_remaining, static_cast<uint32_t>(9 - i));
+    } else {
+      EXPECT_EQ(r.overall, Code::kOverLimit) << i;
+      EXPECT_EQ(r.statuses[0].code, Code::kOk);
+      EXPECT_EQ(r.statuses[1].code, Code::kOverLimit);
+      EXPECT_EQ(r.statuses[1].limit_remaining, 0u);
+      // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: key2 keeps its 10.
+      EXPECT_EQ(r.statuses[0].limit_remaining, 10u) << i;
+    }
+  }
+}
+
+TEST_F(EnvoyPlan, MostSpecificMatchWins) {
+  EXPECT_EQ(Ask(One({{"path", "/api/login"}})).statuses[0].requests_per_unit, 1u);
+  EXPECT_EQ(Ask(One({{"path", "/api/x"}})).statuses[0].requests_per_unit, 2u);
+  EXPECT_EQ(Ask(One({{"path", "/home"}})).statuses[0].requests_per_unit, 3u);
+  // Nested: the rule at the last entry applies; deeper requests match nothing.
+  EXPECT_EQ(Ask(One({{"user", "ada"}, {"tier", "gold"}})).statuses[0].requests_per_unit, 100u);
+  EXPECT_FALSE(Ask(One({{"user", "ada"}, {"tier", "free"}})).statuses[0].has_limit);
+  EXPECT_FALSE(Ask(One({{"key2", "v"}, {"x", "y"}})).statuses[0].has_limit);
+}
+
+TEST_F(EnvoyPlan, ReplacesUnlimitedShadow) {
+  Request req{.domain = "d",
+              .descriptors = {{.entries = {{"path", "/api/login"}}}, {.entries = {{"user", "a"}}}}};
+  Response r = Ask(req);
+  EXPECT_TRUE(r.statuses[0].has_limit);
+  EXPECT_FALSE(r.statuses[1].has_limit);  // replaced by `login`
+  r = Ask(One({{"internal", "x"}}));
+  EXPECT_EQ(r.statuses[0].limit_remaining, 4294967295u);
+  EXPECT_FALSE(r.statuses[0].has_limit);
+  Ask(One({{"shadow", "x"}}));
+  r = Ask(One({{"shadow", "x"}}));
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+}
+
+TEST_F(EnvoyPlan, HitsAddendAndOverride) {
+  Request req = One({{"key3", "h"}});
+  req.hits_addend = 4;
+  EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 6u);
+  req.descriptors[0].hits_addend = 0;  // checks without counting
+  EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 6u);
+  req.descriptors[0].hits_addend = 11;  // above the limit: over, nothing taken
+  EXPECT_EQ(Ask(req).overall, Code::kOverLimit);
+  req.descriptors[0].hits_addend = 1;
+  EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 5u);
+
+  Request o = One({{"anything", "x"}});
+  o.descriptors[0].limit = Descriptor::Override{.requests_per_unit = 3, .unit = Unit::kDay};
+  Response r = Ask(o);
+  EXPECT_EQ(r.statuses[0].requests_per_unit, 3u);
+  EXPECT_EQ(r.statuses[0].unit, Unit::kDay);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 2u);
+}
+
+TEST_F(EnvoyPlan, SeveralLimitsOnOneDescriptor) {
+  for (int i = 0; i < 5; ++i) Ask(One({{"many", "m"}}));
+  Response r = Ask(One({{"many", "m"}}));
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[0].unit, Unit::kSecond);
+  clock_.Advance(1s);
+  r = Ask(One({{"many", "m"}}));
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].unit, Unit::kMinute);  // the closest to its limit
+  EXPECT_EQ(r.statuses[0].limit_remaining, 1u);
+}
+
+TEST_F(EnvoyPlan, BadRequests) {
+  EXPECT_FALSE(MakePlan(config_, Request{.domain = "", .descriptors = {{}}}).ok());
+  EXPECT_FALSE(MakePlan(config_, Request{.domain = "d"}).ok());
+}
+
+}  // namespace
+}  // namespace ratelimit::envoy

@@ -1,0 +1,324 @@
+#include "grpc/grpc_face.h"
+
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <csignal>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include "envoy/config.h"
+#include "envoy/plan.h"
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "ratelimit/clock.h"
+#include "server/enforcer.h"
+#include "server/headers.h"
+#include "server/json_log.h"
+#include "server/metrics.h"
+
+namespace ratelimit::grpcface {
+
+namespace pb = ::envoy::service::ratelimit::v3;
+namespace net = boost::asio;
+using server::Level;
+using server::Log;
+
+namespace {
+
+envoy::Request FromProto(const pb::RateLimitRequest& in) {
+  envoy::Request r;
+  r.domain = in.domain();
+  r.hits_addend = in.hits_addend();
+  r.descriptors.resize(in.descriptors_size());
+  for (int i = 0; i < in.descriptors_size(); ++i) {
+    const auto& d = in.descriptors(i);
+    envoy::Descriptor& out = r.descriptors[i];
+    out.entries.reserve(d.entries_size());
+    for (const auto& e : d.entries()) out.entries.push_back({e.key(), e.value()});
+    if (d.has_limit()) {
+      const int unit = d.limit().unit();
+      out.limit = envoy::Descriptor::Override{
+          .requests_per_unit = d.limit().requests_per_unit(),
+          .unit = unit >= 1 && unit <= 7 ? static_cast<envoy::Unit>(unit) : envoy::Unit::kUnknown};
+    }
+    if (d.has_hits_addend()) out.hits_addend = d.hits_addend().value();
+  }
+  return r;
+}
+
+void ToProto(const envoy::Response& in, pb::RateLimitResponse* out) {
+  out->set_overall_code(static_cast<pb::RateLimitResponse::Code>(in.overall));
+  for (const envoy::DescriptorStatus& s : in.statuses) {
+    auto* st = out->add_statuses();
+    st->set_code(static_cast<pb::RateLimitResponse::Code>(s.code));
+    if (s.has_limit) {
+      auto* cl = st->mutable_current_limit();
+      cl->set_requests_per_unit(s.requests_per_unit);
+      cl->set_unit(static_cast<pb::RateLimitResponse::RateLimit::Unit>(s.unit));
+      cl->set_name(s.name);
+    }
+    st->set_limit_remaining(s.limit_remaining);
+    if (s.has_limit) {
+      const int64_t us = s.duration_until_reset.count();
+      auto* d = st->mutable_duration_until_reset();
+      d->set_seconds(us / 1'000'000);
+      d->set_nanos(static_cast<int32_t>(us % 1'000'000) * 1000);
+    }
+  }
+}
+
+// Per domain and descriptor: route "envoy:<domain>", limit its config path.
+void Count(const envoy::RequestPlan& plan, const envoy::Response& resp, bool degraded) {
+  server::Metrics& m = server::Metrics::Global();
+  const std::string& route = plan.store_key;  // "envoy:<domain>"
+  for (size_t i = 0; i < plan.descriptors.size(); ++i) {
+    const envoy::DescriptorPlan& p = plan.descriptors[i];
+    if (p.kind != envoy::DescriptorPlan::Kind::kLimited) continue;
+    server::DecisionOutcome o = server::DecisionOutcome::kAllowed;
+    if (degraded) {
+      o = server::DecisionOutcome::kDegraded;
+    } else if (resp.statuses[i].code == envoy::Code::kOverLimit) {
+      o = server::DecisionOutcome::kDenied;
+    } else if (p.shadow && resp.statuses[i].limit_remaining == 0) {
+      o = server::DecisionOutcome::kShadowDenied;
+    } else if (const envoy::DescriptorStatus& st = resp.statuses[i];
+               st.requests_per_unit > 0 &&
+               st.requests_per_unit - std::min(st.limit_remaining, st.requests_per_unit) >
+                   st.requests_per_unit * 4 / 5) {
+      // envoyproxy/ratelimit's near_limit: past 80% of the limit after this hit.
+      o = server::DecisionOutcome::kNearLimit;
+    }
+    m.Decisions(route, p.metric_path).At(server::Face::kEnvoy, o).Inc();
+  }
+}
+
+}  // namespace
+
+struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
+  GrpcOptions options;
+  std::shared_ptr<Store> store;
+  std::unique_ptr<server::Enforcer> enforcer;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  mutable std::mutex config_mu;
+  std::shared_ptr<const envoy::Config> current;
+  std::once_flag shutdown_once;
+
+  // Signals and inotify, on a thread of their own.
+  net::io_context ioc;
+  net::signal_set signals{ioc, SIGHUP, SIGTERM, SIGINT};
+  std::unique_ptr<net::posix::stream_descriptor> watch;
+  net::steady_timer debounce{ioc};
+  char watch_buf[4096];
+  std::thread thread;
+
+  std::shared_ptr<const envoy::Config> Config() const {
+    std::lock_guard lock(config_mu);
+    return current;
+  }
+
+  // The loaded domains, for /metrics (the admin listener).
+  static void Publish(const envoy::Config& c) {
+    std::vector<std::pair<std::string, int64_t>> domains;
+    for (const auto& [name, d] : c.domains) domains.emplace_back(name, CountRules(d.root));
+    server::Metrics::Global().SetEnvoyDomains(std::move(domains));
+  }
+  static int64_t CountRules(const envoy::Node& n) {
+    int64_t count = n.rules.empty() ? 0 : 1;
+    for (const auto& [k, child] : n.children) count += CountRules(child);
+    return count;
+  }
+
+  Status Reload() {
+    if (options.envoy_config_dir.empty()) return Status::Ok();
+    StatusOr<std::shared_ptr<const envoy::Config>> c =
+        envoy::LoadDirectory(options.envoy_config_dir);
+    if (!c.ok()) {
+      Log(Level::kError, "envoy config not reloaded: the old one stays",
+          {{"error", c.status().message()}});
+      return c.status();
+    }
+    const size_t domains = (*c)->domains.size();
+    Publish(**c);
+    {
+      std::lock_guard lock(config_mu);
+      current = std::move(*c);
+    }
+    Log(Level::kInfo, "envoy config loaded",
+        {{"dir", options.envoy_config_dir}, {"domains", static_cast<int64_t>(domains)}});
+    return Status::Ok();
+  }
+
+  grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
+                                            const pb::RateLimitRequest* request,
+                                            pb::RateLimitResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    struct Call {
+      std::shared_ptr<const envoy::Config> config;
+      envoy::Request request;
+      envoy::RequestPlan plan;
+    };
+    auto call = std::make_shared<Call>();
+    call->config = Config();
+    call->request = FromProto(*request);
+    StatusOr<envoy::RequestPlan> plan = envoy::MakePlan(*call->config, call->request);
+    if (!plan.ok()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, plan.status().message()));
+      return reactor;
+    }
+    call->plan = std::move(*plan);
+    DecideEnvoy(
+        *enforcer, call->plan, options.failure_mode, options.store,
+        [this, call, reactor, response](EnvoyDecided d) {
+          if (!d.error.ok()) {
+            reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, d.error.message()));
+            return;
+          }
+          if (d.unavailable) {
+            reactor->Finish(
+                grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rate limit store cannot decide"));
+            return;
+          }
+          const envoy::Response r =
+              envoy::Respond(call->plan, d.result ? &*d.result : nullptr,
+                             d.shadow ? &*d.shadow : nullptr, Clock::System().NowMicros());
+          ToProto(r, response);
+          Count(call->plan, r, d.degraded);
+          if (options.headers != policy::HeaderDialect::kNone && d.result) {
+            AddHeaders(call->plan, *d.result, d.degraded, response);
+          }
+          reactor->Finish(grpc::Status::OK);
+        });
+    return reactor;
+  }
+
+  // The headers of the enforcing limit closest to its limit (the Combine).
+  void AddHeaders(const envoy::RequestPlan& plan, const CheckResult& result, bool degraded,
+                  pb::RateLimitResponse* response) const {
+    if (result.decisions.empty()) return;
+    size_t which = 0;
+    for (size_t k = 0; k < result.decisions.size(); ++k) {
+      if (result.decisions[k] == result.overall) {
+        which = k;
+        break;
+      }
+    }
+    const Limit& limit = *plan.checks[which].limit;
+    server::HeaderList headers;
+    server::AddRateLimitHeaders(options.headers,
+                                server::RateLimitInfo{.decision = result.overall,
+                                                      .name = "default",
+                                                      .window = limit.window(),
+                                                      .degraded = degraded},
+                                headers);
+    for (auto& [k, v] : headers) {
+      auto* h = response->add_response_headers_to_add();
+      h->set_key(k);
+      h->set_value(v);
+    }
+  }
+
+  void WaitForSignal() {
+    signals.async_wait([this](const boost::system::error_code& ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        (void)Reload();
+        WaitForSignal();
+        return;
+      }
+      // SIGTERM/SIGINT: the daemon drains its HTTP faces; this one stops too.
+      ShutdownServer();
+    });
+  }
+
+  void Watch() {
+    watch->async_read_some(net::buffer(watch_buf),
+                           [this](const boost::system::error_code& ec, size_t) {
+                             if (ec) return;
+                             debounce.expires_after(std::chrono::milliseconds(100));
+                             debounce.async_wait([this](const boost::system::error_code& e) {
+                               if (!e) (void)Reload();
+                             });
+                             Watch();
+                           });
+  }
+
+  void ShutdownServer() {
+    std::call_once(shutdown_once, [this] {
+      if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    });
+  }
+};
+
+GrpcFace::GrpcFace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
+                                                    std::shared_ptr<Store> store) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->store = store;
+  impl->enforcer = std::make_unique<server::Enforcer>(store, impl->options.store.local_max_keys);
+  impl->current = std::make_shared<envoy::Config>();
+  if (!impl->options.envoy_config_dir.empty()) {
+    StatusOr<std::shared_ptr<const envoy::Config>> c =
+        envoy::LoadDirectory(impl->options.envoy_config_dir);
+    if (!c.ok()) return c.status();
+    impl->current = std::move(*c);
+    Impl::Publish(*impl->current);
+    const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd >= 0) {
+      inotify_add_watch(fd, impl->options.envoy_config_dir.c_str(),
+                        IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE);
+      impl->watch = std::make_unique<net::posix::stream_descriptor>(impl->ioc, fd);
+      impl->Watch();
+    }
+  }
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(impl->options.listen, grpc::InsecureServerCredentials(), &impl->port);
+  builder.RegisterService(impl.get());
+  impl->server = builder.BuildAndStart();
+  if (!impl->server || impl->port == 0) {
+    return Unavailable("cannot listen for gRPC on " + impl->options.listen);
+  }
+  impl->server->GetHealthCheckService()->SetServingStatus(true);
+  impl->WaitForSignal();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->ioc.run(); });
+  Log(Level::kInfo, "gRPC listening",
+      {{"addr", impl->options.listen},
+       {"port", static_cast<int64_t>(impl->port)},
+       {"envoy_config", impl->options.envoy_config_dir},
+       {"domains", static_cast<int64_t>(impl->current->domains.size())}});
+  return std::unique_ptr<GrpcFace>(new GrpcFace(std::move(impl)));
+}
+
+GrpcFace::~GrpcFace() { Shutdown(); }
+
+int GrpcFace::port() const { return impl_->port; }
+
+Status GrpcFace::Reload() { return impl_->Reload(); }
+
+std::shared_ptr<const envoy::Config> GrpcFace::config() const { return impl_->Config(); }
+
+void GrpcFace::Shutdown() {
+  if (!impl_) return;
+  impl_->ShutdownServer();
+  impl_->server->Wait();
+  impl_->ioc.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+Status CheckEnvoyConfig(const std::string& dir) { return envoy::LoadDirectory(dir).status(); }
+
+}  // namespace ratelimit::grpcface

@@ -1,0 +1,72 @@
+// GrpcFace: ratelimitd's gRPC listener. Serves Envoy's global rate limit
+// service (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) on
+// envoyproxy/ratelimit's YAML config directory, and grpc.health.v1.Health,
+// deciding on the daemon's store through its own Enforcer (same store,
+// deadline, breaker and failure modes as the HTTP faces). docs/envoy.md.
+//
+//   GrpcOptions o{.listen = "127.0.0.1:8081", .envoy_config_dir = "/etc/ratelimit"};
+//   StatusOr<std::unique_ptr<GrpcFace>> face = GrpcFace::Start(o, store);
+//   ...
+//   (*face)->Shutdown();  // before the store goes
+//
+// The config directory is reloaded on SIGHUP and when a file in it changes
+// (inotify; 100 ms after the last change), atomically: a broken file is
+// logged and the config in use stays. SIGTERM/SIGINT start the shutdown of
+// the listener (in-flight calls finish, at most 5 s).
+//
+// This header includes no gRPC: gRPC's headers stay in src/grpc's .cc files.
+//
+// Thread-safety: Start, Shutdown and the destructor from one thread; calls
+// are served on gRPC's threads (callback API, no thread per call).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "grpc/decide.h"
+#include "policy/config.h"
+#include "ratelimit/status.h"
+#include "ratelimit/store.h"
+
+namespace ratelimit::envoy {
+struct Config;
+}
+
+namespace ratelimit::grpcface {
+
+struct GrpcOptions {
+  std::string listen;            // host:port (port 0: any free port)
+  std::string envoy_config_dir;  // "" = no domains: every descriptor is OK without limit
+  EnvoyFailureMode failure_mode = EnvoyFailureMode::kOpen;
+  policy::StoreConfig store;  // deadline and the local failure mode's numbers
+  // response_headers_to_add for the descriptor closest to its limit (kNone:
+  // off, as in envoyproxy/ratelimit).
+  policy::HeaderDialect headers = policy::HeaderDialect::kNone;
+};
+
+class GrpcFace {
+ public:
+  // Loads the config directory (an error if it is broken), binds, serves.
+  static StatusOr<std::unique_ptr<GrpcFace>> Start(GrpcOptions options,
+                                                   std::shared_ptr<Store> store);
+  ~GrpcFace();
+
+  int port() const;
+  // Reloads the config directory now (what SIGHUP and inotify do).
+  Status Reload();
+  std::shared_ptr<const envoy::Config> config() const;
+  // Stops accepting, lets in-flight calls finish (at most 5 s). Idempotent.
+  void Shutdown();
+
+  struct Impl;
+
+ private:
+  explicit GrpcFace(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Validates an Envoy config directory (for --check-config): OK or the first
+// error with its file:line.
+Status CheckEnvoyConfig(const std::string& dir);
+
+}  // namespace ratelimit::grpcface

@@ -1,0 +1,214 @@
+// ratelimitd's gRPC face, driven by a Node.js client generated at run time
+// from Envoy's own rls.proto (tests/envoy/client/scenario.cjs): wire
+// compatibility, envoyproxy/ratelimit's integration scenario on the memory
+// store and on a real Redis, the config checker and reloads.
+//
+// A missing node or npm, or an npm install that fails, is a failure, never a skip.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "harness.h"
+#include "support/redis_server.h"
+#include "support/subprocess.h"
+
+namespace rltest {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+using ratelimit::testing::RunCommand;
+
+// @grpc/grpc-js, @grpc/proto-loader and @grpc/grpc-js-xds (Envoy's protos):
+// installed by scripts/install-deps.sh, or here from the lockfile when missing.
+void EnsureNodeModules() {
+  std::string out;
+  ASSERT_EQ(RunCommand({"sh", "-c", "command -v node && command -v npm"}, &out), 0)
+      << "node and npm are required";
+  const std::string dir = RL_ENVOY_CLIENT_DIR;
+  if (::access((dir + "/node_modules/@grpc/grpc-js-xds/package.json").c_str(), R_OK) == 0) return;
+  ASSERT_EQ(
+      RunCommand({"npm", "ci", "--prefix", dir, "--no-audit", "--no-fund", "--loglevel=error"},
+                 &out),
+      0)
+      << "npm ci in " << dir << " failed:\n"
+      << out;
+}
+
+// Runs scenario.cjs; its exit code and output.
+std::pair<int, std::string> Client(const std::string& cmd, int port, const std::string& arg = "") {
+  std::vector<std::string> argv = {"node", std::string(RL_ENVOY_CLIENT_DIR) + "/scenario.cjs", cmd,
+                                   std::to_string(port)};
+  if (!arg.empty()) argv.push_back(arg);
+  std::string out;
+  const int rc = RunCommand(argv, &out);
+  return {rc, out};
+}
+
+struct GrpcDaemon {
+  explicit GrpcDaemon(std::vector<std::string> extra,
+                      const std::string& envoy_dir = RL_ENVOY_CONFIG_DIR)
+      : grpc_port(FreePort()) {
+    std::vector<std::string> args = {"--grpc-listen", "127.0.0.1:" + std::to_string(grpc_port),
+                                     "--envoy-config", envoy_dir};
+    args.insert(args.end(), extra.begin(), extra.end());
+    daemon = std::make_unique<Daemon>(args);
+    EXPECT_TRUE(daemon->WaitForLog("gRPC listening", 10s)) << daemon->Log();
+  }
+  int grpc_port;
+  std::unique_ptr<Daemon> daemon;
+};
+
+void RunScenario(GrpcDaemon& d) {
+  auto [hrc, health] = Client("health", d.grpc_port);
+  EXPECT_EQ(hrc, 0);
+  EXPECT_EQ(health, "SERVING\n");
+  auto [rc, out] = Client("scenario", d.grpc_port);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "PASS\n");
+}
+
+TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnMemory) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  GrpcDaemon d({});
+  RunScenario(d);
+}
+
+TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnRedis) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  ratelimit::testing::RedisServer redis;
+  GrpcDaemon d({"--redis", redis.url()});
+  RunScenario(d);
+  // The admin listener shows the loaded domains.
+  const HttpResponse m = Http(d.daemon->admin_port(), "GET", "/metrics");
+  EXPECT_NE(m.body.find("ratelimit_envoy_domain_descriptors{domain=\"another\"} 6\n"),
+            std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"envoy\",route=\"envoy:another\",limit="
+                        "\"key2\",outcome=\"denied\"} 5\n"),
+            std::string::npos)
+      << m.body;
+  // Calls 17 to 20 of 20 (remaining 3..0) are past 80%: near_limit.
+  EXPECT_NE(m.body.find("ratelimit_decisions_total{face=\"envoy\",route=\"envoy:another\","
+                        "limit=\"key2\",outcome=\"near_limit\"} 4\n"),
+            std::string::npos);
+  // The counters are Redis': the domain's one hash tag.
+  EXPECT_NE(redis.Cli("KEYS", "rl:{envoy:another}*"), "");
+}
+
+TEST(EnvoyGrpc, RequestErrorsAreInvalidArgument) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  GrpcDaemon d({});
+  EXPECT_EQ(Client("call", d.grpc_port,
+                   R"({"domain":"","descriptors":[{"entries":[{"key":"a","value":"b"}]}]})")
+                .second,
+            "{\"error\":\"INVALID_ARGUMENT\"}\n");
+  EXPECT_EQ(Client("call", d.grpc_port, R"({"domain":"basic","descriptors":[]})").second,
+            "{\"error\":\"INVALID_ARGUMENT\"}\n");
+}
+
+// envoy.headers: response_headers_to_add in the configured dialect, for the
+// descriptor closest to its limit; none by default.
+TEST(EnvoyGrpc, ResponseHeadersFollowTheConfiguredDialect) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  const std::string dir = MakeTempDir();
+  const int port = FreePort();
+  WriteFile(dir + "/ratelimitd.yaml", "server: {grpc_listen: \"127.0.0.1:" + std::to_string(port) +
+                                          "\"}\nenvoy: {config_dir: \"" + RL_ENVOY_CONFIG_DIR +
+                                          "\", headers: draft06}\n");
+  Daemon d({"--config", dir + "/ratelimitd.yaml"});
+  ASSERT_TRUE(d.WaitForLog("gRPC listening", 10s)) << d.Log();
+  const std::string two =
+      R"({"domain":"another","descriptors":[{"entries":[{"key":"key2","value":"h"}]},)"
+      R"({"entries":[{"key":"key3","value":"h"}]}]})";
+  const std::string out = Client("call", port, two).second;
+  // key3 (10/hour) is the closer to its limit: 9 left.
+  EXPECT_NE(out.find(R"("key":"RateLimit-Limit","value":"10")"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"("key":"RateLimit-Remaining","value":"9")"), std::string::npos) << out;
+
+  GrpcDaemon plain({});
+  const std::string none = Client("call", plain.grpc_port, two).second;
+  EXPECT_NE(none.find(R"("response_headers_to_add":[])"), std::string::npos) << none;
+}
+
+// Every fixture of tests/envoy/config_errors through the daemon's checker.
+TEST(EnvoyGrpc, CheckConfigReportsEveryFixtureWithFileAndLine) {
+  int cases = 0;
+  for (const auto& entry : fs::directory_iterator(RL_ENVOY_ERRORS_DIR)) {
+    if (!entry.is_directory()) continue;
+    ++cases;
+    const std::string dir = entry.path().string();
+    std::string expected = ReadFile(dir + "/expected");
+    expected = expected.substr(0, expected.find('\n'));
+    std::string out;
+    const int rc = ratelimit::testing::RunCommand({RATELIMITD_PATH, "--check-config", dir}, &out);
+    EXPECT_EQ(rc, 1) << dir;
+    for (size_t at; (at = out.find(dir + "/")) != std::string::npos;) out.erase(at, dir.size() + 1);
+    EXPECT_EQ(out, expected + "\n") << dir;
+  }
+  EXPECT_GE(cases, 11);
+  std::string out;
+  EXPECT_EQ(ratelimit::testing::RunCommand({RATELIMITD_PATH, "--check-config", RL_ENVOY_CONFIG_DIR},
+                                           &out),
+            0);
+  EXPECT_EQ(out, "OK\n");
+}
+
+std::string Limit(int port) {
+  return Client("call", port,
+                R"({"domain":"r","descriptors":[{"entries":[{"key":"k","value":"v"}]}]})")
+      .second;
+}
+
+// A file changed in the directory (inotify) or SIGHUP reloads; a broken file
+// keeps the config in use.
+TEST(EnvoyGrpc, ReloadsOnChangeAndSighupAndKeepsTheOldConfigOnError) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  const std::string dir = MakeTempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    // Written aside and renamed in, as config management tools do.
+    WriteFile(dir + "/." + name + ".tmp", text);
+    fs::rename(dir + "/." + name + ".tmp", dir + "/" + name);
+  };
+  write(
+      "r.yaml",
+      "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n");
+  GrpcDaemon d({}, dir);
+  EXPECT_NE(Limit(d.grpc_port).find("\"requests_per_unit\":5,"), std::string::npos);
+
+  write(
+      "r.yaml",
+      "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n");
+  ASSERT_TRUE(d.daemon->WaitForLog("\"domains\":1", 5s));
+  for (int i = 0;
+       i < 50 && Limit(d.grpc_port).find("\"requests_per_unit\":7,") == std::string::npos; ++i)
+    std::this_thread::sleep_for(100ms);
+  EXPECT_NE(Limit(d.grpc_port).find("\"requests_per_unit\":7,"), std::string::npos);
+
+  write("r.yaml",
+        "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: "
+        "9}\n");
+  ASSERT_TRUE(d.daemon->WaitForLog("r.yaml:4: invalid rate limit unit 'fortnight'", 5s))
+      << d.daemon->Log();
+  EXPECT_NE(Limit(d.grpc_port).find("\"requests_per_unit\":7,"), std::string::npos);
+
+  // SIGHUP after a fix; the inotify reload may come first, either is fine.
+  write(
+      "r.yaml",
+      "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n");
+  d.daemon->Signal(SIGHUP);
+  for (int i = 0;
+       i < 50 && Limit(d.grpc_port).find("\"requests_per_unit\":3,") == std::string::npos; ++i)
+    std::this_thread::sleep_for(100ms);
+  EXPECT_NE(Limit(d.grpc_port).find("\"requests_per_unit\":3,"), std::string::npos);
+  // The daemon's own SIGHUP handling carries on beside the face's.
+  EXPECT_TRUE(d.daemon->started());
+}
+
+}  // namespace
+}  // namespace rltest
