@@ -24,7 +24,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -32,6 +31,7 @@
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::server {
 
@@ -167,13 +167,13 @@ class Metrics {
     }
   };
 
-  mutable std::shared_mutex mu_;
-  std::unordered_map<Key, std::unique_ptr<DecisionCells>, KeyHash, KeyEq>
-      decisions_;                    // GUARDED_BY(mu_)
+  mutable SharedMutex mu_;
+  std::unordered_map<Key, std::unique_ptr<DecisionCells>, KeyHash, KeyEq> decisions_
+      RL_GUARDED_BY(mu_);
   std::array<Counter, 5> degraded_;  // by FailureCause
   std::array<Counter, kFaceCount> delayed_;
-  std::unordered_map<std::string, std::unique_ptr<ConcurrencyCells>>
-      concurrency_;  // GUARDED_BY(mu_)
+  std::unordered_map<std::string, std::unique_ptr<ConcurrencyCells>> concurrency_
+      RL_GUARDED_BY(mu_);
 };
 
 }  // namespace ratelimit::server

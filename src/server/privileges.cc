@@ -11,6 +11,8 @@
 namespace ratelimit::server {
 namespace {
 
+// NOLINTNEXTLINE(concurrency-mt-unsafe): runs only while ratelimitd drops
+// its privileges at start-up, before any other thread exists.
 std::string Errno(int e) { return std::strerror(e); }
 
 }  // namespace

@@ -12,7 +12,7 @@ int64_t LeaseTable::LifetimeMicros(const Limit& limit) {
 }
 
 std::optional<CheckResult> LeaseTable::Spend(uint64_t fp, int64_t now) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end() || it->second.tokens <= 0) return std::nullopt;
   Entry& e = it->second;
@@ -32,7 +32,7 @@ std::optional<CheckResult> LeaseTable::Spend(uint64_t fp, int64_t now) {
 }
 
 int64_t LeaseTable::Want(uint64_t fp, int64_t now, const Limit& limit) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end()) {
     if (entries_.size() >= max_entries_) {
@@ -53,7 +53,7 @@ int64_t LeaseTable::Want(uint64_t fp, int64_t now, const Limit& limit) {
 void LeaseTable::Grant(uint64_t fp, int64_t lease, int64_t granted, const Decision& answer,
                        int64_t submitted, int64_t replied) {
   if (granted <= 1) return;
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end()) return;  // dropped meanwhile (Clear): the tokens lapse
   Entry& e = it->second;
@@ -65,12 +65,12 @@ void LeaseTable::Grant(uint64_t fp, int64_t lease, int64_t granted, const Decisi
 }
 
 void LeaseTable::Clear() {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   entries_.clear();
 }
 
 size_t LeaseTable::size() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   return entries_.size();
 }
 

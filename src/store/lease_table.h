@@ -18,12 +18,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "ratelimit/limit.h"
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::store {
 
@@ -62,8 +62,8 @@ class LeaseTable {
   };
 
   size_t max_entries_;
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> entries_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Entry> entries_ RL_GUARDED_BY(mu_);
 };
 
 }  // namespace ratelimit::store

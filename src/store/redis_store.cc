@@ -213,6 +213,7 @@ struct RedisStore::Impl {
     p.args.push_back(std::to_string(req.checks.size()));
     for (const LimitCheck& c : req.checks) {
       const Limit& l = *c.limit;
+      // NOLINTNEXTLINE(bugprone-use-after-move): moved on the first pass only (keys empty).
       p.keys.push_back(p.keys.empty() ? std::move(first_key) : Key(req.key, l));
       p.args.emplace_back(1, want > 1 ? 'T' : AlgorithmCode(l.algorithm()));
       p.args.push_back(std::to_string(l.limit()));
