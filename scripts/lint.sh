@@ -49,7 +49,7 @@ python3 scripts/check-boundaries.py "$BUILD"
 sources=$(git ls-files 'src/*.cc' | grep -v '_test\.cc$')
 echo "lint: clang-tidy on $(echo "$sources" | wc -l) files of src/, $JOBS at a time"
 if ! run-clang-tidy -p "$BUILD" -quiet -j "$JOBS" $sources >"$BUILD/clang-tidy.log" 2>&1; then
-  grep -E '(error|warning):' "$BUILD/clang-tidy.log" | sort -u | head -50
+  sed 's/\x1b\[[0-9;]*m//g' "$BUILD/clang-tidy.log" | grep -E '(error|warning):' | sort -u | head -50
   echo "lint: clang-tidy found the above (full log: $BUILD/clang-tidy.log); fix them, or" \
     "say why not with // NOLINT(<check>): <reason>" >&2
   exit 1
