@@ -70,7 +70,7 @@ Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
                    SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps,
                    bool one_thread)
     : ioc_(ioc),
-      endpoint_(endpoint),
+      endpoint_(std::move(endpoint)),
       strand_(net::make_strand(ioc)),
       acceptor_(strand_),
       router_(router),
