@@ -42,6 +42,9 @@ test: deps
 chaos: deps build
 	ctest --test-dir build --output-on-failure -L chaos
 
+# Formatting, the module boundaries (tests/boundaries/), clang-tidy and
+# Clang's thread-safety analysis over src/ (scripts/lint.sh). LINT_TIDY=0
+# checks the formatting only.
 lint:
 	scripts/lint.sh
 

@@ -18,11 +18,11 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <string_view>
 
 #include "ratelimit/clock.h"
 #include "ratelimit/status.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit {
 
@@ -50,16 +50,16 @@ class CircuitBreaker {
   State state() const { return state_.load(std::memory_order_acquire); }
 
  private:
-  void MoveTo(State next);  // REQUIRES: mu_ held
+  void MoveTo(State next) RL_REQUIRES(mu_);
 
   Options opts_;
   const Clock* clock_;
   std::atomic<State> state_{State::kClosed};
-  std::mutex mu_;
+  Mutex mu_;
   std::atomic<int> consecutive_failures_{0};  // written under mu_
-  int64_t open_until_ = 0;                    // GUARDED_BY(mu_)
-  std::chrono::milliseconds backoff_{0};      // GUARDED_BY(mu_)
-  bool probe_out_ = false;                    // GUARDED_BY(mu_)
+  int64_t open_until_ RL_GUARDED_BY(mu_) = 0;
+  std::chrono::milliseconds backoff_ RL_GUARDED_BY(mu_){0};
+  bool probe_out_ RL_GUARDED_BY(mu_) = false;
 };
 
 std::string_view BreakerStateName(CircuitBreaker::State s);

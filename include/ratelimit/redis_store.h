@@ -39,6 +39,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/clock.h"
@@ -98,6 +100,20 @@ struct RedisConnectionOptions {
   size_t over_limit_cache_entries = 100'000;
   std::chrono::milliseconds over_limit_cache_min_retry{0};
 };
+
+// A file a Redis URL names (its TLS query parameters), for checks before
+// the start: `setting` names it for messages ("store.url tls_key_file").
+struct RedisUrlFile {
+  std::string setting;
+  std::string path;
+  bool secret = false;  // a private key
+};
+// The files `url` names, or kInvalidArgument when the URL does not parse
+// (any scheme the stores accept).
+StatusOr<std::vector<RedisUrlFile>> RedisUrlFiles(std::string_view url);
+// Loads the URL's TLS files as a connection would: Ok, or the error that
+// RedisStore::Create would return for them.
+Status CheckRedisTlsFiles(std::string_view url);
 
 class RedisStore final : public Store {
  public:

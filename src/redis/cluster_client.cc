@@ -308,7 +308,9 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
           if (is_master[i] == (pass == 0)) group.push_back(static_cast<int>(i));
         }
         if (!group.empty()) {
-          std::rotate(group.begin(), group.begin() + refresh_rotation % group.size(), group.end());
+          std::rotate(group.begin(),
+                      group.begin() + static_cast<ptrdiff_t>(refresh_rotation % group.size()),
+                      group.end());
         }
         candidates->insert(candidates->end(), group.begin(), group.end());
       }

@@ -6,7 +6,7 @@ namespace ratelimit::server {
 
 void AdminDenials::Record(DenialEntry e) {
   const int64_t minute = e.unix_ms / 60'000;
-  std::lock_guard<std::mutex> lock(mu_);
+  LockGuard lock(mu_);
   if (!e.shadow) {
     Minute& m = minutes_[static_cast<size_t>(minute % kMinutes)];
     if (m.minute != minute) {
@@ -33,7 +33,7 @@ void AdminDenials::Record(DenialEntry e) {
 
 std::vector<DenialEntry> AdminDenials::ForClient(std::string_view key) const {
   std::vector<DenialEntry> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  LockGuard lock(mu_);
   const size_t n = ring_.size();
   // Newest first: the entry before next_ (full ring) or the last pushed.
   for (size_t i = 0; i < n; ++i) {
@@ -49,7 +49,7 @@ std::vector<TopEntry> AdminDenials::Top(size_t n, int minutes, int64_t now_ms,
   std::unordered_map<std::string, uint64_t> sum;
   uint64_t other = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     for (const Minute& m : minutes_) {
       if (m.minute < 0 || m.minute > now_minute || m.minute <= now_minute - minutes) continue;
       for (const auto& [k, c] : m.counts) sum[k] += c;

@@ -20,11 +20,12 @@
 
 #include <array>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::server {
 
@@ -74,10 +75,10 @@ class AdminDenials {
     uint64_t others = 0;
   };
 
-  mutable std::mutex mu_;
-  std::vector<DenialEntry> ring_;         // GUARDED_BY(mu_); grows to kRingSize
-  size_t next_ = 0;                       // GUARDED_BY(mu_); where the next entry goes once full
-  std::array<Minute, kMinutes> minutes_;  // GUARDED_BY(mu_); indexed by minute % kMinutes
+  mutable Mutex mu_;
+  std::vector<DenialEntry> ring_ RL_GUARDED_BY(mu_);         // grows to kRingSize
+  size_t next_ RL_GUARDED_BY(mu_) = 0;                       // where the next entry goes once full
+  std::array<Minute, kMinutes> minutes_ RL_GUARDED_BY(mu_);  // indexed by minute % kMinutes
 };
 
 }  // namespace ratelimit::server

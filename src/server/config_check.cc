@@ -4,8 +4,7 @@
 
 #include <cstdio>
 
-#include "redis/client.h"
-#include "redis/url.h"
+#include "ratelimit/redis_store.h"
 #include "server/admin.h"
 
 namespace ratelimit::server {
@@ -39,28 +38,12 @@ Status CheckFile(std::string_view setting, const std::string& path, bool secret,
 
 Status CheckRedis(const policy::StoreConfig& store, std::vector<std::string>& warnings) {
   if (store.type != policy::StoreConfig::Type::kRedis) return Status::Ok();
-  redis::Options o;
-  if (redis::IsClusterUrl(store.url)) {
-    StatusOr<redis::ClusterOptions> c = redis::ParseClusterUrl(store.url);
-    if (!c.ok()) return InvalidArgument("store.url: " + c.status().message());
-    o = c->node;
-  } else {
-    StatusOr<redis::Options> p = redis::ParseRedisUrl(store.url);
-    if (!p.ok()) return InvalidArgument("store.url: " + p.status().message());
-    o = *p;
-  }
-  const struct {
-    const char* setting;
-    const std::string& path;
-    bool secret;
-  } files[] = {{"store.url tls_ca_file", o.tls_ca_file, false},
-               {"store.url tls_cert_file", o.tls_cert_file, false},
-               {"store.url tls_key_file", o.tls_key_file, true}};
-  for (const auto& f : files) {
-    if (f.path.empty()) continue;
+  StatusOr<std::vector<RedisUrlFile>> files = RedisUrlFiles(store.url);
+  if (!files.ok()) return InvalidArgument("store.url: " + files.status().message());
+  for (const RedisUrlFile& f : *files) {
     if (Status s = CheckFile(f.setting, f.path, f.secret, warnings); !s.ok()) return s;
   }
-  return redis::CheckTlsFiles(o);
+  return CheckRedisTlsFiles(store.url);
 }
 
 // True iff some request could meet a limit (rate or concurrency).

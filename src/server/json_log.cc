@@ -109,7 +109,7 @@ void Log(Level level, std::string_view msg, std::initializer_list<LogField> fiel
 
 bool LogSampler::Admit(int64_t& suppressed) {
   const int64_t second = NowMicros() / 1'000'000;
-  std::lock_guard<std::mutex> lock(mu_);
+  LockGuard lock(mu_);
   if (second != second_) {
     second_ = second;
     written_ = 0;

@@ -13,10 +13,11 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <variant>
+
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::server {
 
@@ -51,10 +52,10 @@ class LogSampler {
 
  private:
   const int per_second_;
-  std::mutex mu_;
-  int64_t second_ = 0;      // GUARDED_BY(mu_)
-  int written_ = 0;         // GUARDED_BY(mu_)
-  int64_t suppressed_ = 0;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  int64_t second_ RL_GUARDED_BY(mu_) = 0;
+  int written_ RL_GUARDED_BY(mu_) = 0;
+  int64_t suppressed_ RL_GUARDED_BY(mu_) = 0;
 };
 
 class DenialLog {

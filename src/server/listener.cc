@@ -47,7 +47,7 @@ std::shared_ptr<void> ConnectionCounts::Acquire(const std::shared_ptr<Connection
   ConnectionCounts& c = *self;
   std::string key;
   if (c.caps_.max_per_address > 0 && !c.Exempt(peer)) key = peer.KeyString(c.caps_.v6_prefix);
-  std::lock_guard<std::mutex> lock(c.mu_);
+  LockGuard lock(c.mu_);
   if (c.total_ >= c.caps_.max_connections) return nullptr;
   if (!key.empty()) {
     size_t& n = c.by_peer_[key];
@@ -59,7 +59,7 @@ std::shared_ptr<void> ConnectionCounts::Acquire(const std::shared_ptr<Connection
 }
 
 ConnectionCounts::Slot::~Slot() {
-  std::lock_guard<std::mutex> lock(counts->mu_);
+  LockGuard lock(counts->mu_);
   --counts->total_;
   if (key.empty()) return;
   auto it = counts->by_peer_.find(key);
@@ -70,7 +70,7 @@ Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
                    SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps,
                    bool one_thread)
     : ioc_(ioc),
-      endpoint_(endpoint),
+      endpoint_(std::move(endpoint)),
       strand_(net::make_strand(ioc)),
       acceptor_(strand_),
       router_(router),

@@ -24,6 +24,7 @@
 #include "policy/ip.h"
 
 #include "ratelimit/status.h"
+#include "ratelimit/thread_annotations.h"
 #include "server/http.h"
 #include "server/session.h"
 
@@ -60,9 +61,9 @@ class ConnectionCounts {
   };
 
   const ConnectionCaps caps_;
-  std::mutex mu_;
-  size_t total_ = 0;                                 // GUARDED_BY(mu_)
-  std::unordered_map<std::string, size_t> by_peer_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  size_t total_ RL_GUARDED_BY(mu_) = 0;
+  std::unordered_map<std::string, size_t> by_peer_ RL_GUARDED_BY(mu_);
 };
 
 class Listener : public std::enable_shared_from_this<Listener> {

@@ -117,11 +117,11 @@ Metrics& Metrics::Global() {
 
 DecisionCells& Metrics::Decisions(std::string_view route, std::string_view limit) {
   {
-    std::shared_lock lock(mu_);
+    SharedLockGuard lock(mu_);
     auto it = decisions_.find(KeyView{route, limit});
     if (it != decisions_.end()) return *it->second;
   }
-  std::unique_lock lock(mu_);
+  LockGuard lock(mu_);
   if (decisions_.size() >= kMaxDecisionLabelSets) {
     route = kOther;
     limit = kOther;
@@ -138,11 +138,11 @@ DecisionCells& Metrics::Decisions(std::string_view route, std::string_view limit
 
 ConcurrencyCells& Metrics::Concurrency(std::string_view route) {
   {
-    std::shared_lock lock(mu_);
+    SharedLockGuard lock(mu_);
     auto it = concurrency_.find(std::string(route));
     if (it != concurrency_.end()) return *it->second;
   }
-  std::unique_lock lock(mu_);
+  LockGuard lock(mu_);
   if (concurrency_.size() >= kMaxDecisionLabelSets) route = kOther;
   auto& cells = concurrency_[std::string(route)];
   if (!cells) cells = std::make_unique<ConcurrencyCells>();
@@ -158,7 +158,7 @@ std::string Metrics::Render(const Store* store) const {
   {
     std::vector<std::pair<const Key*, const DecisionCells*>> rows;
     {
-      std::shared_lock lock(mu_);
+      SharedLockGuard lock(mu_);
       rows.reserve(decisions_.size());
       for (const auto& [k, v] : decisions_) rows.emplace_back(&k, v.get());
     }
@@ -191,7 +191,7 @@ std::string Metrics::Render(const Store* store) const {
   {
     std::vector<std::pair<const std::string*, const ConcurrencyCells*>> rows;
     {
-      std::shared_lock lock(mu_);
+      SharedLockGuard lock(mu_);
       for (const auto& [route, cells] : concurrency_) rows.emplace_back(&route, cells.get());
     }
     std::sort(rows.begin(), rows.end(),
@@ -283,7 +283,7 @@ std::string Metrics::Render(const Store* store) const {
          std::to_string(denial_log_suppressed.value()) + "\n";
 
   {
-    std::lock_guard lock(envoy_mu_);
+    LockGuard lock(envoy_mu_);
     if (!envoy_domains_.empty()) {
       Header(out, "ratelimit_envoy_domain_descriptors", "gauge",
              "The gRPC face's loaded domains: descriptors with a rule, per domain.");

@@ -24,8 +24,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -35,6 +33,7 @@
 
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::server {
 
@@ -160,7 +159,7 @@ class Metrics {
   // The Envoy face's loaded domains (src/grpc sets them on every load), as
   // ratelimit_envoy_domain_descriptors{domain} (descriptors with a rule).
   void SetEnvoyDomains(std::vector<std::pair<std::string, int64_t>> domains) {
-    std::lock_guard lock(envoy_mu_);
+    LockGuard lock(envoy_mu_);
     envoy_domains_ = std::move(domains);
   }
 
@@ -169,8 +168,8 @@ class Metrics {
   std::string Render(const Store* store) const;
 
  private:
-  mutable std::mutex envoy_mu_;
-  std::vector<std::pair<std::string, int64_t>> envoy_domains_;  // GUARDED_BY(envoy_mu_)
+  mutable Mutex envoy_mu_;
+  std::vector<std::pair<std::string, int64_t>> envoy_domains_ RL_GUARDED_BY(envoy_mu_);
 
   struct Key {
     std::string route, limit;
@@ -193,13 +192,13 @@ class Metrics {
     }
   };
 
-  mutable std::shared_mutex mu_;
-  std::unordered_map<Key, std::unique_ptr<DecisionCells>, KeyHash, KeyEq>
-      decisions_;                    // GUARDED_BY(mu_)
+  mutable SharedMutex mu_;
+  std::unordered_map<Key, std::unique_ptr<DecisionCells>, KeyHash, KeyEq> decisions_
+      RL_GUARDED_BY(mu_);
   std::array<Counter, 5> degraded_;  // by FailureCause
   std::array<Counter, kFaceCount> delayed_;
-  std::unordered_map<std::string, std::unique_ptr<ConcurrencyCells>>
-      concurrency_;  // GUARDED_BY(mu_)
+  std::unordered_map<std::string, std::unique_ptr<ConcurrencyCells>> concurrency_
+      RL_GUARDED_BY(mu_);
 };
 
 }  // namespace ratelimit::server

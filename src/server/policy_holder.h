@@ -7,9 +7,9 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 
 #include "policy/policy.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::server {
 
@@ -17,17 +17,17 @@ class PolicyHolder {
  public:
   explicit PolicyHolder(std::shared_ptr<const policy::Policy> p) : policy_(std::move(p)) {}
   std::shared_ptr<const policy::Policy> Get() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     return policy_;
   }
   void Set(std::shared_ptr<const policy::Policy> p) {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     policy_.swap(p);
   }  // the old policy is released outside the lock (p)
 
  private:
-  mutable std::mutex mu_;
-  std::shared_ptr<const policy::Policy> policy_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::shared_ptr<const policy::Policy> policy_ RL_GUARDED_BY(mu_);
 };
 
 }  // namespace ratelimit::server

@@ -11,6 +11,9 @@
 namespace ratelimit::server {
 namespace {
 
+// strerror is not thread-safe, but this runs only while ratelimitd drops its
+// privileges at start-up, before any other thread exists.
+// NOLINTNEXTLINE(concurrency-mt-unsafe)
 std::string Errno(int e) { return std::strerror(e); }
 
 }  // namespace

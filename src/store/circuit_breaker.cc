@@ -22,7 +22,7 @@ CircuitBreaker::CircuitBreaker(Options options)
 
 bool CircuitBreaker::Allow() {
   if (state_.load(std::memory_order_acquire) == State::kClosed) return true;
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   switch (state_.load(std::memory_order_relaxed)) {
     case State::kClosed: return true;
     case State::kOpen:
@@ -43,7 +43,7 @@ void CircuitBreaker::OnSuccess() {
       consecutive_failures_.load(std::memory_order_relaxed) == 0) {
     return;  // the common case: nothing to reset, no lock
   }
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   consecutive_failures_ = 0;
   probe_out_ = false;
   backoff_ = opts_.open_for;
@@ -51,7 +51,7 @@ void CircuitBreaker::OnSuccess() {
 }
 
 void CircuitBreaker::OnFailure() {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   const State s = state_.load(std::memory_order_relaxed);
   if (s == State::kOpen) return;  // a late failure of a call sent before it opened
   if (s == State::kHalfOpen) {

@@ -4,13 +4,13 @@
 #include <algorithm>
 #include <atomic>
 #include <future>
-#include <mutex>
 #include <random>
 #include <unordered_map>
 #include <vector>
 
 #include "ratelimit/concurrency.h"
 #include "ratelimit/limit.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit {
 
@@ -87,9 +87,9 @@ struct MemoryConcurrencyStore::Impl {
   };
   Options opts;
   const Clock* clock;
-  std::mutex mu;
+  Mutex mu;
   // key + '\0' + name -> held leases (few per key: a linear scan is fastest).
-  std::unordered_map<std::string, std::vector<Lease>> leases;  // GUARDED_BY(mu)
+  std::unordered_map<std::string, std::vector<Lease>> leases RL_GUARDED_BY(mu);
 
   static std::string MapKey(std::string_view key, std::string_view name) {
     std::string k;
@@ -121,7 +121,7 @@ void MemoryConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallb
   AcquireResult r;
   r.max_in_flight = request.max_in_flight;
   {
-    std::lock_guard lock(impl_->mu);
+    LockGuard lock(impl_->mu);
     std::string k = Impl::MapKey(request.key, request.name);
     auto it = impl_->leases.find(k);
     if (it == impl_->leases.end()) {
@@ -162,7 +162,7 @@ void MemoryConcurrencyStore::Release(std::string_view key, std::string_view name
   const int64_t now = impl_->clock->NowMicros();
   bool released = false;
   {
-    std::lock_guard lock(impl_->mu);
+    LockGuard lock(impl_->mu);
     auto it = impl_->leases.find(Impl::MapKey(key, name));
     if (it != impl_->leases.end()) {
       std::vector<Impl::Lease>& v = it->second;
@@ -180,7 +180,7 @@ void MemoryConcurrencyStore::Release(std::string_view key, std::string_view name
 
 int64_t MemoryConcurrencyStore::InFlight(std::string_view key, std::string_view name) {
   const int64_t now = impl_->clock->NowMicros();
-  std::lock_guard lock(impl_->mu);
+  LockGuard lock(impl_->mu);
   auto it = impl_->leases.find(Impl::MapKey(key, name));
   if (it == impl_->leases.end()) return 0;
   return std::count_if(it->second.begin(), it->second.end(),
@@ -190,7 +190,7 @@ int64_t MemoryConcurrencyStore::InFlight(std::string_view key, std::string_view 
 size_t MemoryConcurrencyStore::Sweep() {
   const int64_t now = impl_->clock->NowMicros();
   size_t dropped = 0;
-  std::lock_guard lock(impl_->mu);
+  LockGuard lock(impl_->mu);
   for (auto it = impl_->leases.begin(); it != impl_->leases.end();) {
     dropped += Impl::DropExpired(it->second, now);
     it = it->second.empty() ? impl_->leases.erase(it) : std::next(it);

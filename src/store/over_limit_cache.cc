@@ -26,7 +26,7 @@ std::optional<uint64_t> OverLimitCache::Fingerprint(const CheckRequest& request)
 
 std::optional<CheckResult> OverLimitCache::Lookup(uint64_t fp, int64_t now) {
   Shard& s = shards_[fp % kShards];
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   auto it = s.entries.find(fp);
   if (it == s.entries.end()) return std::nullopt;
   if (now >= it->second.until) {
@@ -75,7 +75,7 @@ void OverLimitCache::Remember(uint64_t fp, const CheckResult& result, int64_t su
   const int64_t now = replied;
   if (result.overall.allowed || result.overall.retry_after < opts_.min_retry) return;
   Shard& s = shards_[fp % kShards];
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   if (s.entries.size() >= opts_.max_entries / kShards) {
     std::erase_if(s.entries, [now](const auto& kv) { return kv.second.until <= now; });
     if (s.entries.size() >= opts_.max_entries / kShards) return;
@@ -85,13 +85,13 @@ void OverLimitCache::Remember(uint64_t fp, const CheckResult& result, int64_t su
 
 void OverLimitCache::Forget(uint64_t fp) {
   Shard& s = shards_[fp % kShards];
-  std::lock_guard lock(s.mu);
+  LockGuard lock(s.mu);
   s.entries.erase(fp);
 }
 
 void OverLimitCache::Clear() {
   for (Shard& s : shards_) {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     s.entries.clear();
   }
 }
@@ -99,7 +99,7 @@ void OverLimitCache::Clear() {
 size_t OverLimitCache::size() const {
   size_t n = 0;
   for (const Shard& s : shards_) {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     n += s.entries.size();
   }
   return n;

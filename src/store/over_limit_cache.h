@@ -23,11 +23,11 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::store {
 
@@ -74,8 +74,8 @@ class OverLimitCache {
     int64_t until = 0;  // when a request may be allowed again
   };
   struct Shard {
-    mutable std::mutex mu;
-    std::unordered_map<uint64_t, Entry> entries;  // GUARDED_BY(mu)
+    mutable Mutex mu;
+    std::unordered_map<uint64_t, Entry> entries RL_GUARDED_BY(mu);
   };
   static constexpr size_t kShards = 16;
 

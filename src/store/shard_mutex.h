@@ -11,28 +11,32 @@
 // The three states follow Drepper's "Futexes Are Tricky": 0 free, 1 held,
 // 2 held and someone may be sleeping, so unlock wakes only when needed.
 //
-// Meets the Lockable requirements (std::lock_guard works).
+// Meets the Lockable requirements (std::lock_guard works) and is a capability
+// for Clang's thread-safety analysis: members it guards are marked
+// RL_GUARDED_BY(mu) and it is taken with ratelimit::LockGuard.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
+#include "ratelimit/thread_annotations.h"
+
 namespace ratelimit::store {
 
-class ShardMutex {
+class RL_CAPABILITY("mutex") ShardMutex {
  public:
-  void lock() {
+  void lock() RL_ACQUIRE() {
     uint32_t expected = 0;
     if (state_.compare_exchange_strong(expected, 1, std::memory_order_acquire)) return;
     LockSlow();
   }
 
-  bool try_lock() {
+  bool try_lock() RL_TRY_ACQUIRE(true) {
     uint32_t expected = 0;
     return state_.compare_exchange_strong(expected, 1, std::memory_order_acquire);
   }
 
-  void unlock() {
+  void unlock() RL_RELEASE() {
     if (state_.exchange(0, std::memory_order_release) == 2) state_.notify_one();
   }
 

@@ -12,7 +12,7 @@ int64_t TokenPrefetch::LifetimeMicros(const Limit& limit) {
 }
 
 std::optional<CheckResult> TokenPrefetch::Spend(uint64_t fp, int64_t now) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end() || it->second.tokens <= 0) return std::nullopt;
   Entry& e = it->second;
@@ -32,7 +32,7 @@ std::optional<CheckResult> TokenPrefetch::Spend(uint64_t fp, int64_t now) {
 }
 
 int64_t TokenPrefetch::Want(uint64_t fp, int64_t now, const Limit& limit) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end()) {
     if (entries_.size() >= max_entries_) {
@@ -53,7 +53,7 @@ int64_t TokenPrefetch::Want(uint64_t fp, int64_t now, const Limit& limit) {
 void TokenPrefetch::Grant(uint64_t fp, int64_t prefetch, int64_t granted, const Decision& answer,
                           int64_t submitted, int64_t replied) {
   if (granted <= 1) return;
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   auto it = entries_.find(fp);
   if (it == entries_.end()) return;  // dropped meanwhile (Clear): the tokens lapse
   Entry& e = it->second;
@@ -65,12 +65,12 @@ void TokenPrefetch::Grant(uint64_t fp, int64_t prefetch, int64_t granted, const 
 }
 
 void TokenPrefetch::Clear() {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   entries_.clear();
 }
 
 size_t TokenPrefetch::size() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   return entries_.size();
 }
 

@@ -19,12 +19,12 @@
 
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "ratelimit/limit.h"
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::store {
 
@@ -63,8 +63,8 @@ class TokenPrefetch {
   };
 
   size_t max_entries_;
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Entry> entries_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, Entry> entries_ RL_GUARDED_BY(mu_);
 };
 
 }  // namespace ratelimit::store
