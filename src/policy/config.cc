@@ -331,11 +331,12 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
   if (s->type == StoreConfig::Type::kRedis) {
     if (s->url.empty()) return Error(n, "store type redis needs a 'url' (redis://host:6379)");
     if (!s->url.starts_with("redis://") && !s->url.starts_with("rediss://") &&
-        !s->url.starts_with("redis+cluster://") && !s->url.starts_with("rediss+cluster://")) {
+        !s->url.starts_with("redis+cluster://") && !s->url.starts_with("rediss+cluster://") &&
+        !s->url.starts_with("redis+sentinel://") && !s->url.starts_with("rediss+sentinel://")) {
       // Never echo the URL: it may hold a password.
       return Error(Get(n, "url"),
-                   "store 'url' must start with redis://, rediss://, redis+cluster:// or "
-                   "rediss+cluster://");
+                   "store 'url' must start with redis://, rediss://, redis+cluster://, "
+                   "rediss+cluster://, redis+sentinel:// or rediss+sentinel://");
     }
   } else if (!s->url.empty()) {
     return Error(Get(n, "url"), "store 'url' is only used with type: redis");

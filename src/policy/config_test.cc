@@ -338,6 +338,10 @@ TEST(RedactUrl, Forms) {
   EXPECT_EQ(RedactUrl("redis://u:p@ss@h:1"), "redis://u:***@h:1");
   EXPECT_EQ(RedactUrl("redis+cluster://u:pw@[::1]:7000?tls_ca_file=/x@y"),
             "redis+cluster://u:***@[::1]:7000?tls_ca_file=/x@y");
+  EXPECT_EQ(RedactUrl("redis+sentinel://u:pw@h:1,h:2/m?sentinel_password=s&db=1"),
+            "redis+sentinel://u:***@h:1,h:2/m?sentinel_password=***&db=1");
+  EXPECT_EQ(RedactUrl("redis+sentinel://h:1/m?db=1&sentinel_password=s"),
+            "redis+sentinel://h:1/m?db=1&sentinel_password=***");
   EXPECT_EQ(RedactUrl(""), "");
 }
 
