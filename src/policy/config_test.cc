@@ -227,6 +227,10 @@ TEST(ParseConfig, ClusterUrlsAndNodes) {
       url_of(
           R"({type: redis, url: "rediss+cluster://rl:pw@?tls_ca_file=/ca.pem", nodes: ["a:1", "b:2"]})"),
       "rediss+cluster://rl:pw@a:1,b:2?tls_ca_file=/ca.pem");
+  EXPECT_EQ(url_of(R"({type: redis, url: "redis+sentinel://a:1,b:2/main?db=1"})"),
+            "redis+sentinel://a:1,b:2/main?db=1");
+  EXPECT_EQ(url_of(R"({type: redis, url: "rediss+sentinel://a:1/main"})"),
+            "rediss+sentinel://a:1/main");
   EXPECT_EQ(url_of(R"({type: redis, url: "redis+cluster://a:1", nodes: ["b:2"]})"),
             "redis+cluster://a:1,b:2");
   for (const char* bad :

@@ -186,5 +186,31 @@ TEST(SentinelStore, FollowsTheSentinelsFailover) {
   EXPECT_LT(ms, 1000.0);
 }
 
+// The subscribed sentinel (the first) dies, then the master: a client that
+// sends nothing learns of the failover only through a new subscription, on
+// another sentinel (within a check interval, 1 s).
+TEST(SentinelStore, ResubscribesWhenTheSubscribedSentinelDies) {
+  RedisSentinel s({.down_after = milliseconds(1000)});
+  redis::IoThread io;
+  auto client = *redis::SentinelClient::Create(io.executor(), *redis::ParseSentinelUrl(s.url()));
+  const auto give_up = Clock::now() + seconds(5);
+  while (client->NodeForSlot(0) < 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(client->NodeForSlot(0), 0);
+  s.sentinel(0).Kill();
+  s.data(0).Kill();
+  const size_t promoted = s.WaitForNewMaster(0);
+  const auto t_switch = Clock::now();
+  const std::string want = "127.0.0.1:" + std::to_string(s.data(promoted).port());
+  while (client->master() != want && Clock::now() < t_switch + seconds(3)) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t_switch).count();
+  std::printf("SENTINEL resubscribed: new master seen %.1f ms after the sentinels agreed\n", ms);
+  EXPECT_EQ(client->master(), want);
+  EXPECT_LT(ms, 2000.0);
+}
+
 }  // namespace
 }  // namespace ratelimit
