@@ -153,6 +153,10 @@ TEST(SentinelFailover, TwoInstancesUnderLoadWhileTheMasterIsKilled) {
   std::fflush(stdout);
 
   EXPECT_NE(promoted, old_master);
+  // The promoted replica had no script (SCRIPT LOAD is not replicated): the
+  // first call met NOSCRIPT and loaded it.
+  EXPECT_NE(s.Cli(s.data(promoted), {"INFO", "commandstats"}).find("cmdstat_script|load:calls="),
+            std::string::npos);
   for (const PhaseStats* p : {&sa, &sb}) {
     EXPECT_GT(p->requests, 500);
     EXPECT_EQ(p->answered, p->requests);
