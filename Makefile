@@ -9,7 +9,7 @@ CMAKE ?= cmake
 GEN   := -G Ninja
 ARGS  ?=
 
-.PHONY: all build deps build-deps run test chaos lint format bench fuzz clean
+.PHONY: all build deps build-deps run test chaos soak lint format bench fuzz clean
 
 FUZZ_SECONDS ?= 30
 
@@ -41,6 +41,13 @@ test: deps
 # load), one at a time; `make test` runs them too.
 chaos: deps build
 	ctest --test-dir build --output-on-failure -L chaos
+
+# A long run (SOAK_MINUTES, default 10) at half capacity with Redis restarted
+# and frozen and the config reloaded; table and plot in bench/results/soak.*.
+# Not part of make test.
+SOAK_MINUTES ?= 10
+soak: deps
+	SOAK_MINUTES=$(SOAK_MINUTES) scripts/soak.sh
 
 # Formatting, the module boundaries (tests/boundaries/), clang-tidy and
 # Clang's thread-safety analysis over src/ (scripts/lint.sh). LINT_TIDY=0

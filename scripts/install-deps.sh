@@ -16,6 +16,8 @@ build_pkgs=(
 )
 test_pkgs=(
   redis-server redis-tools   # the store the integration tests talk to (never mocked)
+  redis-sentinel             # the Sentinel tests (tests/sentinel) start real sentinels
+  gnuplot-nox                # make soak's plot
   nginx                      # auth_request and load-balancer tests, and a benchmark peer
   curl wrk openssl           # HTTP client, load generator, test certificates
   chromium                   # the demo page's browser test (headless)

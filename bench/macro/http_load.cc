@@ -55,16 +55,20 @@ struct Flags {
   double rate = 0;
   int64_t keys = 100'000;
   std::string path = "/api/x";
+  std::string key_prefix = "k";  // keys are <prefix><n> (scripts/soak.sh: a new prefix per run)
 };
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   const bench::Usage usage{"http_load",
                            "--host --port --kind=get|check|gateway --connections --duration-ms "
-                           "--warmup-ms --rate --keys --path"};
+                           "--warmup-ms --rate --keys --key-prefix --path"};
   std::vector<bench::Flag> flags = bench::LoadFlags(f);
-  flags.insert(flags.end(),
-               {{"host", &f.host}, {"port", &f.port}, {"kind", &f.kind}, {"path", &f.path}});
+  flags.insert(flags.end(), {{"host", &f.host},
+                             {"port", &f.port},
+                             {"kind", &f.kind},
+                             {"key-prefix", &f.key_prefix},
+                             {"path", &f.path}});
   bench::ParseFlags(argc, argv, usage, std::move(flags));
   if (f.connections < 1 || f.keys < 1) usage.Fail("(zero)");
   if (f.kind != "get" && f.kind != "check" && f.kind != "gateway") usage.Fail("--kind");
@@ -77,7 +81,7 @@ std::vector<std::string> BuildRequests(const Flags& f) {
   out.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     // Spread consecutive requests over the key space.
-    std::string key = "k";  // (not "k" + ...: GCC 12 -Wrestrict false positive at -O3)
+    std::string key = f.key_prefix;  // (not prefix + ...: GCC 12 -Wrestrict false positive)
     key += std::to_string((i * 2654435761LL) % f.keys);
     if (f.kind == "get") {
       out.push_back("GET / HTTP/1.1\r\nHost: bench\r\n\r\n");

@@ -64,7 +64,9 @@ enum class RedisTimeSource { kRedis, kLocal };
 // `Create({.url = ..., .deadline = ...})` keeps compiling for embedders.)
 struct RedisConnectionOptions {
   // redis://[user:password@]host:port[/db], rediss://..., or a cluster:
-  // redis+cluster://[user:password@]host:port,host:port (rediss+cluster://).
+  // redis+cluster://[user:password@]host:port,host:port (rediss+cluster://), or a
+  // master found through Redis Sentinel: redis+sentinel://[user:password@]host:port,
+  // host:port/<master-name>[?sentinel_password=...&db=N] (rediss+sentinel://).
   std::string url = "redis://127.0.0.1:6379";
   std::chrono::milliseconds deadline{100};  // per call; a late call fails, never replays
   std::string key_prefix = "rl:";

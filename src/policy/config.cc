@@ -995,13 +995,14 @@ StatusOr<std::string> ReadTextFile(const std::string& path) {
 }
 
 Status CheckStoreUrlScheme(std::string_view url) {
-  for (std::string_view scheme :
-       {"redis://", "rediss://", "redis+cluster://", "rediss+cluster://"}) {
+  for (std::string_view scheme : {"redis://", "rediss://", "redis+cluster://", "rediss+cluster://",
+                                  "redis+sentinel://", "rediss+sentinel://"}) {
     if (url.starts_with(scheme)) return Status::Ok();
   }
   // Never echo the URL: it may hold a password.
   return InvalidArgument(
-      "must start with redis://, rediss://, redis+cluster:// or rediss+cluster://");
+      "must start with redis://, rediss://, redis+cluster://, rediss+cluster://, "
+      "redis+sentinel:// or rediss+sentinel://");
 }
 
 std::string FolderOf(const std::string& path) {

@@ -48,13 +48,28 @@ std::string Millis(std::chrono::milliseconds d) {
 
 }  // namespace
 
+namespace {
+// "...?sentinel_password=pw&db=1" -> "...?sentinel_password=***&db=1".
+std::string RedactQuery(std::string url) {
+  const size_t query = url.find('?');
+  if (query == std::string::npos) return url;
+  const std::string key = "sentinel_password=";
+  for (size_t at = url.find(key, query); at != std::string::npos; at = url.find(key, at + 1)) {
+    if (url[at - 1] != '?' && url[at - 1] != '&') continue;
+    const size_t value = at + key.size();
+    url.replace(value, url.find('&', value) - value, "***");
+  }
+  return url;
+}
+}  // namespace
+
 std::string RedactUrl(std::string_view url) {
   const size_t scheme = url.find("://");
   if (scheme == std::string_view::npos) return url.empty() ? "" : "***";
   const size_t start = scheme + 3;
   const size_t path = url.find_first_of("/?", start);
   const size_t at = url.rfind('@', path == std::string_view::npos ? url.size() : path);
-  if (at == std::string_view::npos || at < start) return std::string(url);
+  if (at == std::string_view::npos || at < start) return RedactQuery(std::string(url));
   std::string_view userinfo = url.substr(start, at - start);
   const size_t colon = userinfo.find(':');
   std::string out(url.substr(0, start));
@@ -62,7 +77,7 @@ std::string RedactUrl(std::string_view url) {
   out += colon == std::string_view::npos ? std::string("***")
                                          : std::string(userinfo.substr(0, colon)) + ":***";
   out += url.substr(at);
-  return out;
+  return RedactQuery(std::move(out));
 }
 
 std::string DumpRedacted(const Config& c) {

@@ -229,6 +229,10 @@ TEST(ParseConfig, ClusterUrlsAndNodes) {
       url_of(
           R"({type: redis, url: "rediss+cluster://rl:pw@?tls_ca_file=/ca.pem", nodes: ["a:1", "b:2"]})"),
       "rediss+cluster://rl:pw@a:1,b:2?tls_ca_file=/ca.pem");
+  EXPECT_EQ(url_of(R"({type: redis, url: "redis+sentinel://a:1,b:2/main?db=1"})"),
+            "redis+sentinel://a:1,b:2/main?db=1");
+  EXPECT_EQ(url_of(R"({type: redis, url: "rediss+sentinel://a:1/main"})"),
+            "rediss+sentinel://a:1/main");
   EXPECT_EQ(url_of(R"({type: redis, url: "redis+cluster://a:1", nodes: ["b:2"]})"),
             "redis+cluster://a:1,b:2");
   for (const char* bad :
@@ -408,6 +412,10 @@ TEST(RedactUrl, Forms) {
   EXPECT_EQ(RedactUrl("redis://u:p@ss@h:1"), "redis://u:***@h:1");
   EXPECT_EQ(RedactUrl("redis+cluster://u:pw@[::1]:7000?tls_ca_file=/x@y"),
             "redis+cluster://u:***@[::1]:7000?tls_ca_file=/x@y");
+  EXPECT_EQ(RedactUrl("redis+sentinel://u:pw@h:1,h:2/m?sentinel_password=s&db=1"),
+            "redis+sentinel://u:***@h:1,h:2/m?sentinel_password=***&db=1");
+  EXPECT_EQ(RedactUrl("redis+sentinel://h:1/m?db=1&sentinel_password=s"),
+            "redis+sentinel://h:1/m?db=1&sentinel_password=***");
   EXPECT_EQ(RedactUrl(""), "");
 }
 

@@ -155,6 +155,10 @@ void Client::Close() {
   for (auto& c : connections_) c->Close();
 }
 
+void Client::OnPush(const Connection::PushHandler& on_push) {
+  for (auto& c : connections_) c->OnPush(on_push);
+}
+
 Connection& Client::Pick() {
   const size_t n = connections_.size();
   const size_t start = next_.fetch_add(1, std::memory_order_relaxed) % n;

@@ -103,6 +103,9 @@ class Client final : public Endpoint {
                         std::span<const std::string_view> args, Callback cb,
                         std::chrono::milliseconds timeout);
 
+  // Pub/sub messages and connection losses of every connection (Connection::OnPush).
+  void OnPush(const Connection::PushHandler& on_push);
+
   // Stops reconnecting and fails pending calls with kUnavailable; later calls
   // fail fast. Idempotent.
   void Close() override;

@@ -156,6 +156,11 @@ void Connection::Enqueue(size_t size, AppendFn&& append, Callback cb,
   if (post_timer) asio::post(strand_, [self = shared_from_this()] { self->ArmDeadlineTimer(); });
 }
 
+void Connection::OnPush(PushHandler on_push) {
+  std::lock_guard lock(mu_);
+  on_push_ = std::make_shared<const PushHandler>(std::move(on_push));
+}
+
 void Connection::FailSoon(Callback cb, Status status) {
   asio::post(executor_,
              [cb = std::move(cb), status = std::move(status)]() mutable { cb(std::move(status)); });
@@ -325,9 +330,16 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
   }
 
   Status failure;
+  std::shared_ptr<const PushHandler> on_push;
   {
     std::lock_guard lock(mu_);
+    on_push = on_push_;
     for (Reply& reply : replies_) {
+      if (on_push && reply.IsArray() && !reply.elements.empty() &&
+          reply.elements[0].str == "message") {
+        pushes_.push_back(std::move(reply));
+        continue;
+      }
       if (pending_.size() == unsent_) {
         failure = Internal(describe_ + ": protocol error: a reply arrived with no call waiting");
         break;
@@ -348,6 +360,8 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
   replies_.clear();
   for (size_t i = 0; i < completions_.size(); ++i) budget_->Release();
   RunCompletions();
+  for (Reply& push : pushes_) (*on_push)(std::move(push));
+  pushes_.clear();
 
   if (failure.ok() && !protocol_error.ok()) {
     failure = Internal(describe_ + ": " + protocol_error.message());
@@ -501,8 +515,10 @@ void Connection::FailConnection(const Status& status) {
   deadline_timer_.cancel();
   std::deque<Call> failed;
   bool closed = false;
+  std::shared_ptr<const PushHandler> on_push;
   {
     std::lock_guard lock(mu_);
+    on_push = on_push_;
     failed.swap(pending_);
     out_.clear();
     unsent_ = 0;
@@ -521,6 +537,7 @@ void Connection::FailConnection(const Status& status) {
     completions_.emplace_back(std::move(call.cb), status);
   }
   RunCompletions();
+  if (on_push) (*on_push)(status);
   if (!closed) ScheduleReconnect();
 }
 

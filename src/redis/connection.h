@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -105,6 +106,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // ASKING is consumed here.
   void ExecuteAsking(std::string_view command, Callback cb, std::chrono::milliseconds timeout);
 
+  // Pub/sub (Redis Sentinel's +switch-master): after a SUBSCRIBE on this
+  // connection, each message (["message", channel, payload]) goes to `on_push`,
+  // not to a waiting call, and a lost connection (which ends the subscription)
+  // calls it with the failed status. May be called at any time.
+  using PushHandler = std::function<void(StatusOr<Reply>)>;
+  void OnPush(PushHandler on_push);
+
   // True when calls would currently be accepted (a hint for routing).
   bool IsConnected() const { return connected_.load(std::memory_order_relaxed); }
 
@@ -166,6 +174,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool writing_ = false;              // GUARDED_BY(mu_)
   Clock::time_point timer_at_ = Clock::time_point::max();  // GUARDED_BY(mu_)
   std::string last_error_ = "not connected yet";           // GUARDED_BY(mu_)
+  std::shared_ptr<const PushHandler> on_push_;             // GUARDED_BY(mu_)
 
   // Strand-only state.
   std::shared_ptr<Session> session_;
@@ -175,6 +184,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::milliseconds backoff_;
   std::vector<Reply> replies_;
   std::vector<Completion> completions_;
+  std::vector<Reply> pushes_;
 };
 
 }  // namespace ratelimit::redis

@@ -4,6 +4,7 @@
 
 #include "redis/client.h"
 #include "redis/cluster_client.h"
+#include "redis/sentinel_client.h"
 #include "redis/url.h"
 
 namespace ratelimit::redis {
@@ -27,6 +28,16 @@ StatusOr<std::unique_ptr<Endpoint>> OpenEndpoint(boost::asio::any_io_executor ex
     Tune(tuning, &o->node);
     StatusOr<std::unique_ptr<ClusterClient>> c =
         ClusterClient::Create(std::move(executor), *std::move(o));
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<Endpoint>(*std::move(c));
+  }
+  if (IsSentinelUrl(url)) {
+    StatusOr<SentinelOptions> o = ParseSentinelUrl(url);
+    if (!o.ok()) return o.status();
+    Tune(tuning, &o->node);
+    o->sentinel.reconnect_max_backoff = o->node.reconnect_max_backoff;
+    StatusOr<std::unique_ptr<SentinelClient>> c =
+        SentinelClient::Create(std::move(executor), *std::move(o));
     if (!c.ok()) return c.status();
     return std::unique_ptr<Endpoint>(*std::move(c));
   }

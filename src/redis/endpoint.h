@@ -9,8 +9,9 @@
 //   Client         one standalone node: every slot is node 0;
 //   ClusterClient  a Redis Cluster: the master of the slot, following
 //                  MOVED/ASK/failovers;
-//   (a Sentinel-discovered master fits as a third: one node at a time, a new
-//   node id after each failover, RequestRefresh asks the sentinels again).
+//   SentinelClient the master a set of Redis Sentinels names: one node at a
+//                  time, a new node id after each failover, RequestRefresh
+//                  asks the sentinels again.
 // Nodes are small integers, stable for the endpoint's life, so per-node state
 // (store::RedisBackend's circuit breakers) can be indexed by them.
 //
@@ -78,7 +79,8 @@ struct EndpointTuning {
 };
 
 // The endpoint `url` names: redis://, rediss:// (Client), redis+cluster://,
-// rediss+cluster:// (ClusterClient). kInvalidArgument for a bad URL; a setup
+// rediss+cluster:// (ClusterClient), redis+sentinel://, rediss+sentinel://
+// (SentinelClient). kInvalidArgument for a bad URL; a setup
 // error (unreadable TLS files) as the clients' Create report it.
 StatusOr<std::unique_ptr<Endpoint>> OpenEndpoint(boost::asio::any_io_executor executor,
                                                  std::string_view url,

@@ -248,6 +248,108 @@ StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url) {
   return out;
 }
 
+bool IsSentinelUrl(std::string_view url) {
+  return url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://");
+}
+
+StatusOr<SentinelOptions> ParseSentinelUrl(std::string_view url) {
+  std::string_view scheme;
+  std::string_view rest;
+  if (url.starts_with("redis+sentinel://")) {
+    scheme = "redis://";
+    rest = url.substr(17);
+  } else if (url.starts_with("rediss+sentinel://")) {
+    scheme = "rediss://";
+    rest = url.substr(18);
+  } else {
+    return UrlError("'" + std::string(url.substr(0, url.find("://"))) +
+                    "': scheme must be redis+sentinel:// or rediss+sentinel://");
+  }
+  // ?query: sentinel_user, sentinel_password and db are ours; the rest is every node's.
+  SentinelOptions out;
+  std::string sentinel_user, sentinel_password;
+  int64_t db = 0;
+  std::string query;
+  if (size_t q = rest.find('?'); q != std::string_view::npos) {
+    std::string_view params = rest.substr(q + 1);
+    rest = rest.substr(0, q);
+    while (!params.empty()) {
+      const size_t amp = params.find('&');
+      const std::string_view param = params.substr(0, amp);
+      params = amp == std::string_view::npos ? std::string_view() : params.substr(amp + 1);
+      const size_t eq = param.find('=');
+      const std::string_view key = param.substr(0, eq);
+      if (key != "sentinel_user" && key != "sentinel_password" && key != "db") {
+        query += (query.empty() ? "?" : "&") + std::string(param);
+        continue;
+      }
+      StatusOr<std::string> value = PercentDecode(
+          eq == std::string_view::npos ? std::string_view() : param.substr(eq + 1), "query");
+      if (!value.ok()) return value.status();
+      if (key == "db") {
+        if (!ParseInt(*value, 0, std::numeric_limits<int>::max(), &db)) {
+          return UrlError("query parameter 'db=" + *value + "': expected a non-negative integer");
+        }
+      } else if (value->empty()) {
+        return UrlError("query parameter '" + std::string(key) + "' is empty");
+      } else {
+        (key == "sentinel_user" ? sentinel_user : sentinel_password) = *std::move(value);
+      }
+    }
+  }
+  // /<master-name>
+  const size_t slash = rest.find('/');
+  if (slash == std::string_view::npos || slash + 1 == rest.size()) {
+    return UrlError("a sentinel url names the master after the hosts ('/<master-name>')");
+  }
+  StatusOr<std::string> name = PercentDecode(rest.substr(slash + 1), "master name");
+  if (!name.ok()) return name.status();
+  if (name->find_first_of("/ ") != std::string::npos) {
+    return UrlError("master name '" + *name + "' has a '/' or a space");
+  }
+  out.master_name = *std::move(name);
+  rest = rest.substr(0, slash);
+  std::string_view userinfo;
+  if (size_t at = rest.rfind('@'); at != std::string_view::npos) {
+    userinfo = rest.substr(0, at + 1);
+    rest = rest.substr(at + 1);
+  }
+  while (true) {
+    const size_t comma = rest.find(',');
+    const std::string_view host = rest.substr(0, comma);
+    if (host.empty()) return UrlError("empty host in the sentinel list");
+    StatusOr<Options> o =
+        ParseRedisUrl(std::string(scheme) + std::string(userinfo) + std::string(host) + query);
+    if (!o.ok()) return o.status();
+    // No port given: the sentinels' default, not the data nodes'.
+    const bool has_port = !host.ends_with("]") && host.find(':') != std::string_view::npos;
+    out.sentinels.push_back(NodeAddress{o->host, has_port ? o->port : uint16_t{26379}});
+    if (out.sentinels.size() == 1) out.node = *std::move(o);
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  out.node.db = static_cast<int>(db);
+  out.sentinel = out.node;
+  out.sentinel.user = std::move(sentinel_user);
+  out.sentinel.password = std::move(sentinel_password);
+  out.sentinel.db = 0;
+  if (!out.sentinel.user.empty() && out.sentinel.password.empty()) {
+    return UrlError("sentinel_user given without sentinel_password");
+  }
+  return out;
+}
+
+std::string RedactedUrl(const SentinelOptions& s) {
+  std::string out = s.node.tls ? "rediss+sentinel://" : "redis+sentinel://";
+  if (!s.node.password.empty()) out += s.node.user + ":***@";
+  for (size_t i = 0; i < s.sentinels.size(); ++i) {
+    out += (i > 0 ? "," : "") + s.sentinels[i].ToString();
+  }
+  out += "/" + s.master_name;
+  if (s.node.db != 0) out += "?db=" + std::to_string(s.node.db);
+  return out;
+}
+
 std::string RedactedUrl(const Options& o) {
   std::string out = o.tls ? "rediss://" : "redis://";
   if (!o.password.empty()) out += o.user + ":***@";

@@ -17,6 +17,16 @@
 //
 //   StatusOr<ClusterOptions> c = ParseClusterUrl("redis+cluster://10.0.0.1:7000,10.0.0.2:7000");
 //
+// Redis Sentinel:
+// `redis+sentinel://[[user]:password@]host:port,host:port/<master-name>[?key=value&...]`
+// (`rediss+sentinel://` for TLS) lists the sentinels (port defaults to 26379) and names the
+// master they watch. user and password are the data nodes'; the sentinels' own are the query
+// keys sentinel_user and sentinel_password (percent-decoded); db=N selects the data nodes'
+// database. TLS and the other query keys apply to sentinels and data nodes alike.
+//
+//   StatusOr<SentinelOptions> s =
+//       ParseSentinelUrl("redis+sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/main?db=2");
+//
 // Thread-safety: value type and pure functions.
 #pragma once
 
@@ -80,5 +90,21 @@ bool IsClusterUrl(std::string_view url);
 StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url);
 // "redis+cluster://user:***@h1:p1,h2:p2": the seeds, never the password.
 std::string RedactedUrl(const ClusterOptions& options);
+
+struct SentinelOptions {
+  Options node;      // the data nodes: user, password, db, TLS, timeouts (host/port: unused)
+  Options sentinel;  // the sentinels: sentinel_user/sentinel_password, the same TLS, db 0
+  std::vector<NodeAddress> sentinels;
+  std::string master_name;
+  std::chrono::milliseconds min_discovery_interval{100};  // between discoveries on errors
+  std::chrono::milliseconds check_interval{1000};         // ping the subscription, retry discovery
+};
+
+// True iff `url` starts with redis+sentinel:// or rediss+sentinel://.
+bool IsSentinelUrl(std::string_view url);
+// Parses a redis+sentinel:// or rediss+sentinel:// URL (kInvalidArgument on error).
+StatusOr<SentinelOptions> ParseSentinelUrl(std::string_view url);
+// "redis+sentinel://user:***@h1:p1,h2:p2/name?db=2": never a password.
+std::string RedactedUrl(const SentinelOptions& options);
 
 }  // namespace ratelimit::redis

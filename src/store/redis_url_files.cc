@@ -15,6 +15,11 @@ StatusOr<redis::Options> NodeOptions(std::string_view url) {
     if (!c.ok()) return c.status();
     return c->node;
   }
+  if (redis::IsSentinelUrl(url)) {
+    StatusOr<redis::SentinelOptions> s = redis::ParseSentinelUrl(url);
+    if (!s.ok()) return s.status();
+    return s->node;
+  }
   return redis::ParseRedisUrl(url);
 }
 

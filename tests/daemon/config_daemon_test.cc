@@ -55,7 +55,8 @@ TEST(ConfigDaemon, CheckConfigChecksTheFilesTheConfigNames) {
 TEST(ConfigDaemon, RedisFlagErrorListsEveryScheme) {
   auto [rc, out] = RunDaemon("--redis http://127.0.0.1:6379");
   EXPECT_EQ(rc, 2);
-  EXPECT_NE(out.find("redis://, rediss://, redis+cluster:// or rediss+cluster://"),
+  EXPECT_NE(out.find("redis://, rediss://, redis+cluster://, rediss+cluster://, redis+sentinel:// "
+                     "or rediss+sentinel://"),
             std::string::npos)
       << out;
 }

@@ -106,8 +106,12 @@ std::string RedisServer::url() const {
 }
 
 std::vector<std::string> RedisServer::CommandLine() const {
-  std::vector<std::string> a = {exe_, "--bind", "127.0.0.1", "--save",      "",  "--appendonly",
-                                "no", "--dir",  dir_,        "--daemonize", "no"};
+  std::vector<std::string> a = {exe_};
+  if (!options_.config_file.empty()) a.push_back(options_.config_file);
+  for (const char* s : {"--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir"}) {
+    a.push_back(s);
+  }
+  a.insert(a.end(), {dir_, "--daemonize", "no"});
   if (options_.tls) {
     for (const std::string& s :
          {std::string("--port"), std::string("0"), std::string("--tls-port"), std::to_string(port_),

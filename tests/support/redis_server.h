@@ -36,6 +36,9 @@ struct RedisServerOptions {
   bool tls = false;
   // 0: a free port picked at start. (Cluster nodes need port + 10000 free too.)
   uint16_t port = 0;
+  // A config file, first on the command line (a sentinel needs a writable one:
+  // {.args = {"--sentinel"}, .config_file = path}).
+  std::string config_file;
 };
 
 class RedisServer {

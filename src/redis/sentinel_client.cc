@@ -1,0 +1,470 @@
+#include "redis/sentinel_client.h"
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+
+namespace ratelimit::redis {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr std::string_view kSwitchMaster = "+switch-master";
+
+// How long a discovery step (a sentinel's answer, a node's ROLE) may take.
+milliseconds Patience(const Options& o) { return std::max(o.connect_timeout, o.command_timeout); }
+
+// [ip, port] from SENTINEL get-master-addr-by-name (nil: the name is unknown).
+StatusOr<NodeAddress> ParseMasterAddress(const Reply& r) {
+  if (r.IsNil()) return Unavailable("the sentinel does not know this master name");
+  if (r.IsError()) return Unavailable(r.str);
+  if (!r.IsArray() || r.elements.size() != 2 || !r.elements[0].IsString() ||
+      !r.elements[1].IsString()) {
+    return Internal("malformed answer " + r.DebugString());
+  }
+  const int port = std::atoi(r.elements[1].str.c_str());
+  if (port < 1 || port > 65535) return Internal("malformed port in " + r.DebugString());
+  return NodeAddress{r.elements[0].str, static_cast<uint16_t>(port)};
+}
+
+}  // namespace
+
+struct SentinelClient::State : std::enable_shared_from_this<State> {
+  // A master confirmed by ROLE, and the Client that asked it.
+  struct Found {
+    NodeAddress address;
+    std::shared_ptr<Client> client;
+  };
+  using FoundFn = std::function<void(StatusOr<Found>)>;
+
+  State(asio::any_io_executor ex, SentinelOptions o)
+      : options(std::move(o)),
+        executor(std::move(ex)),
+        strand(asio::make_strand(executor)),
+        discover_timer(strand),
+        check_timer(strand) {}
+
+  const SentinelOptions options;
+  Status init_status;
+  asio::any_io_executor executor;
+  asio::strand<asio::any_io_executor> strand;
+
+  mutable std::mutex mu;
+  bool closed = false;                             // GUARDED_BY(mu)
+  std::shared_ptr<Client> data;                    // GUARDED_BY(mu) the master's, or null
+  int node = -1;                                   // GUARDED_BY(mu) its id
+  std::atomic<int> current_node{-1};               // `node`, read without the lock
+  std::vector<NodeAddress> nodes;                  // GUARDED_BY(mu) address of each id
+  std::vector<std::shared_ptr<Client>> sentinels;  // GUARDED_BY(mu) one per sentinel
+  size_t preferred = 0;                            // GUARDED_BY(mu) the sentinel asked first
+  bool discovering = false;                        // GUARDED_BY(mu)
+  bool again = false;                              // GUARDED_BY(mu)
+  bool discovery_pending = false;                  // GUARDED_BY(mu) one is scheduled
+  Clock::time_point last_discovery;                // GUARDED_BY(mu)
+  uint64_t discovery_count = 0;                    // GUARDED_BY(mu)
+  std::shared_ptr<Client> subscription;            // GUARDED_BY(mu) on one sentinel
+  size_t next_subscription = 0;                    // GUARDED_BY(mu)
+
+  // Strand-only.
+  asio::steady_timer discover_timer;
+  Clock::time_point discover_at = Clock::time_point::max();
+  asio::steady_timer check_timer;
+
+  void FailSoon(Callback cb, Status status) {
+    asio::post(executor, [cb = std::move(cb), status = std::move(status)]() mutable {
+      cb(std::move(status));
+    });
+  }
+
+  std::string DescribeLocked(int id) const {
+    if (id < 0 || static_cast<size_t>(id) >= nodes.size())
+      return "redis " + redis::RedactedUrl(options);
+    return "redis master " + options.master_name + " at " +
+           nodes[static_cast<size_t>(id)].ToString();
+  }
+
+  // ---- calls ----
+
+  // The master's Client (null while none is known) and its node id.
+  std::shared_ptr<Client> Current(int* id) {
+    std::lock_guard lock(mu);
+    *id = node;
+    return closed ? nullptr : data;
+  }
+
+  // Fails the call at once when no master is known; else `send` on its Client,
+  // with a callback that starts a discovery when the node failed the call.
+  template <typename Send>
+  void Call(Callback cb, Send&& send) {
+    if (!init_status.ok()) return FailSoon(std::move(cb), init_status);
+    int id = -1;
+    std::shared_ptr<Client> client = Current(&id);
+    if (!client) {
+      RequestDiscovery(false);
+      return FailSoon(std::move(cb), Unavailable("redis sentinel: no master of '" +
+                                                 options.master_name + "' known yet"));
+    }
+    send(*client, [self = shared_from_this(), cb = std::move(cb), id](StatusOr<Reply> r) mutable {
+      if (r.ok() && r->IsErrorWithPrefix("READONLY")) {
+        // Demoted: the call did not run. Find the master; this call fails.
+        self->RequestDiscovery(false);
+        std::string what;
+        {
+          std::lock_guard lock(self->mu);
+          what = self->DescribeLocked(id);
+        }
+        return cb(Unavailable(what + " is a replica now (READONLY); asking the sentinels"));
+      }
+      if (!r.ok() && r.status().code() != StatusCode::kResourceExhausted) {
+        self->RequestDiscovery(false);
+      }
+      cb(std::move(r));
+    });
+  }
+
+  // ---- discovery ----
+
+  // `now`: skip the rate limit (a sentinel announced a new master).
+  void RequestDiscovery(bool now) {
+    Clock::duration delay{0};
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      if (discovering) {
+        again = true;
+        return;
+      }
+      if (discovery_pending && !now) return;
+      discovery_pending = true;
+      const Clock::time_point earliest = last_discovery + options.min_discovery_interval;
+      const Clock::time_point t = Clock::now();
+      if (!now && earliest > t) delay = earliest - t;
+    }
+    const Clock::time_point at = Clock::now() + delay;
+    asio::post(strand, [self = shared_from_this(), at] {
+      if (at >= self->discover_at) return;
+      self->discover_at = at;
+      self->discover_timer.expires_at(at);
+      self->discover_timer.async_wait([self, at](boost::system::error_code ec) {
+        if (ec || self->discover_at != at) return;
+        self->discover_at = Clock::time_point::max();
+        self->StartDiscovery();
+      });
+    });
+  }
+
+  void StartDiscovery() {
+    size_t first = 0;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      discovery_pending = false;
+      if (discovering) {
+        again = true;
+        return;
+      }
+      discovering = true;
+      again = false;
+      first = preferred;
+    }
+    Ask(first, 0, "");
+  }
+
+  // Asks sentinel (first + i) % n, and the next ones while they fail.
+  void Ask(size_t first, size_t i, std::string errors) {
+    const size_t n = options.sentinels.size();
+    if (i == n) {
+      return Finish(Unavailable("redis sentinel: no sentinel named a master of '" +
+                                options.master_name + "' (" + errors + ")"),
+                    0);
+    }
+    const size_t at = (first + i) % n;
+    std::shared_ptr<Client> sentinel;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      sentinel = sentinels[at];
+    }
+    auto next = [self = shared_from_this(), first, i, at, errors](const std::string& why) {
+      self->Ask(first, i + 1,
+                errors + (errors.empty() ? "" : "; ") + self->options.sentinels[at].ToString() +
+                    ": " + why);
+    };
+    std::string_view args[] = {"SENTINEL", "get-master-addr-by-name", options.master_name};
+    sentinel->Execute(
+        args,
+        [self = shared_from_this(), next, at](StatusOr<Reply> r) {
+          if (!r.ok()) return next(r.status().message());
+          StatusOr<NodeAddress> named = ParseMasterAddress(*r);
+          if (!named.ok()) return next(named.status().message());
+          self->Verify(*named, 0, [self, next, at](StatusOr<Found> found) {
+            if (!found.ok()) return next(found.status().message());
+            self->Finish(*std::move(found), at);
+          });
+        },
+        Patience(options.sentinel));
+  }
+
+  // ROLE on `address`: a master is found; a replica is followed to the master
+  // it names, once (a master demoted by hand before the sentinels noticed).
+  void Verify(const NodeAddress& address, int hops, FoundFn done) {
+    std::shared_ptr<Client> client;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      if (data && nodes[static_cast<size_t>(node)] == address) client = data;
+    }
+    const bool fresh = !client;
+    if (fresh) {
+      Options o = options.node;
+      o.host = address.host;
+      o.port = address.port;
+      client = std::make_shared<Client>(executor, std::move(o));
+    }
+    std::string_view role[] = {"ROLE"};
+    client->Execute(
+        role,
+        [self = shared_from_this(), address, hops, client, fresh,
+         done = std::move(done)](StatusOr<Reply> r) mutable {
+          std::string why;
+          if (!r.ok()) {
+            why = r.status().message();
+          } else if (r->IsArray() && !r->elements.empty() && r->elements[0].str == "master") {
+            return done(Found{address, std::move(client)});
+          } else if (r->IsArray() && r->elements.size() >= 3 && r->elements[0].str == "slave" &&
+                     r->elements[2].IsInteger() && hops == 0) {
+            if (fresh) client->Close();
+            const NodeAddress master{r->elements[1].str,
+                                     static_cast<uint16_t>(r->elements[2].integer)};
+            return self->Verify(master, hops + 1, std::move(done));
+          } else {
+            why = "ROLE answered " + r->DebugString();
+          }
+          if (fresh) client->Close();
+          done(Unavailable(address.ToString() + ": " + why));
+        },
+        Patience(options.node));
+  }
+
+  // The end of a discovery: a confirmed master (asked of sentinel `at`), or
+  // the failure (the current master, if any, is kept).
+  void Finish(StatusOr<Found> found, size_t at) {
+    std::shared_ptr<Client> old;
+    bool retry = false;
+    {
+      std::lock_guard lock(mu);
+      discovering = false;
+      last_discovery = Clock::now();
+      retry = again || node < 0;
+      again = false;
+      if (found.ok()) {
+        ++discovery_count;
+        preferred = at;
+        if (closed) {
+          old = found->client;
+        } else if (found->client != data) {
+          old = std::exchange(data, found->client);
+          node = static_cast<int>(nodes.size());
+          nodes.push_back(found->address);
+          current_node.store(node, std::memory_order_release);
+        }
+      }
+    }
+    if (old) old->Close();
+    if (retry) RequestDiscovery(false);
+  }
+
+  // ---- the +switch-master subscription ----
+
+  void Subscribe() {
+    std::shared_ptr<Client> sub;
+    {
+      std::lock_guard lock(mu);
+      if (closed || subscription) return;
+      const NodeAddress& a = options.sentinels[next_subscription++ % options.sentinels.size()];
+      Options o = options.sentinel;
+      o.host = a.host;
+      o.port = a.port;
+      o.connections = 1;
+      subscription = sub = std::make_shared<Client>(executor, std::move(o));
+    }
+    std::weak_ptr<State> weak = shared_from_this();
+    const Client* raw = sub.get();
+    sub->OnPush([weak, raw](StatusOr<Reply> r) {
+      if (auto self = weak.lock()) self->OnPush(raw, std::move(r));
+    });
+    std::string_view args[] = {"SUBSCRIBE", kSwitchMaster};
+    sub->Execute(
+        args,
+        [weak, raw](StatusOr<Reply> r) {
+          auto self = weak.lock();
+          if (!self) return;
+          if (!r.ok() || r->IsError()) return self->DropSubscription(raw);
+          // A switch announced before we listened is missed: ask once more.
+          self->RequestDiscovery(false);
+        },
+        Patience(options.sentinel));
+  }
+
+  // A message on the subscription, or (failed) the loss of its connection.
+  void OnPush(const Client* from, StatusOr<Reply> r) {
+    if (!r.ok()) return DropSubscription(from);
+    // ["message", "+switch-master", "<name> <old-ip> <old-port> <new-ip> <new-port>"]
+    if (r->elements.size() != 3 || r->elements[1].str != kSwitchMaster) return;
+    std::istringstream words(r->elements[2].str);
+    std::string name;
+    words >> name;
+    if (name == options.master_name) RequestDiscovery(true);
+  }
+
+  void DropSubscription(const Client* from) {
+    std::shared_ptr<Client> gone;
+    {
+      std::lock_guard lock(mu);
+      if (subscription.get() != from) return;
+      gone = std::move(subscription);
+    }
+    gone->Close();  // the next check subscribes to the next sentinel
+    RequestDiscovery(false);
+  }
+
+  // Every check_interval: subscribe if we are not, PING the subscription (a
+  // frozen sentinel), look for a master while none is known.
+  void Check() {
+    std::shared_ptr<Client> sub;
+    bool known = false;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      sub = subscription;
+      known = node >= 0;
+    }
+    if (!sub) {
+      Subscribe();
+    } else {
+      std::string_view ping[] = {"PING"};
+      std::weak_ptr<State> weak = shared_from_this();
+      const Client* raw = sub.get();
+      sub->Execute(
+          ping,
+          [weak, raw](StatusOr<Reply> r) {
+            auto self = weak.lock();
+            if (self && (!r.ok() || r->IsError())) self->DropSubscription(raw);
+          },
+          Patience(options.sentinel));
+    }
+    if (!known) RequestDiscovery(false);
+    check_timer.expires_after(options.check_interval);
+    check_timer.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+      if (!ec) self->Check();
+    });
+  }
+
+  void Start() {
+    {
+      std::lock_guard lock(mu);
+      for (const NodeAddress& a : options.sentinels) {
+        Options o = options.sentinel;
+        o.host = a.host;
+        o.port = a.port;
+        o.connections = 1;
+        sentinels.push_back(std::make_shared<Client>(executor, std::move(o)));
+      }
+      // (The data nodes use the same TLS files: this reads them for both.)
+      init_status = sentinels.front()->init_status();
+      if (!init_status.ok()) return;
+    }
+    RequestDiscovery(true);
+    asio::post(strand, [self = shared_from_this()] { self->Check(); });
+  }
+
+  void Close() {
+    std::vector<std::shared_ptr<Client>> clients;
+    {
+      std::lock_guard lock(mu);
+      if (closed) return;
+      closed = true;
+      clients = std::move(sentinels);
+      if (data) clients.push_back(std::move(data));
+      if (subscription) clients.push_back(std::move(subscription));
+    }
+    for (auto& c : clients) c->Close();
+    asio::post(strand, [self = shared_from_this()] {
+      self->discover_at = Clock::time_point::min();  // no timer is armed again
+      self->discover_timer.cancel();
+      self->check_timer.cancel();
+    });
+  }
+};
+
+SentinelClient::SentinelClient(asio::any_io_executor executor, SentinelOptions options)
+    : state_(std::make_shared<State>(std::move(executor), std::move(options))) {
+  if (state_->options.sentinels.empty() || state_->options.master_name.empty()) {
+    state_->init_status = InvalidArgument("redis sentinel: no sentinels or no master name");
+    return;
+  }
+  state_->Start();
+}
+
+StatusOr<std::unique_ptr<SentinelClient>> SentinelClient::Create(asio::any_io_executor executor,
+                                                                 SentinelOptions options) {
+  auto client = std::make_unique<SentinelClient>(std::move(executor), std::move(options));
+  if (!client->init_status().ok()) return client->init_status();
+  return client;
+}
+
+SentinelClient::~SentinelClient() { Close(); }
+
+void SentinelClient::Close() { state_->Close(); }
+
+void SentinelClient::EvalScript(const Script& script, std::span<const std::string_view> keys,
+                                std::span<const std::string_view> args, Callback cb,
+                                std::chrono::milliseconds timeout) {
+  state_->Call(std::move(cb), [&](Client& c, Callback done) {
+    c.EvalScript(script, keys, args, std::move(done), timeout);
+  });
+}
+
+void SentinelClient::Execute(std::span<const std::string_view> args, Callback cb,
+                             std::chrono::milliseconds timeout) {
+  state_->Call(std::move(cb),
+               [&](Client& c, Callback done) { c.Execute(args, std::move(done), timeout); });
+}
+
+int SentinelClient::NodeForSlot(uint16_t) const {
+  return state_->current_node.load(std::memory_order_acquire);
+}
+
+std::string SentinelClient::Describe(int node) const {
+  std::lock_guard lock(state_->mu);
+  return state_->DescribeLocked(node);
+}
+
+std::string SentinelClient::RedactedUrl() const { return redis::RedactedUrl(state_->options); }
+
+void SentinelClient::RequestRefresh() { state_->RequestDiscovery(false); }
+
+std::string SentinelClient::master() const {
+  std::lock_guard lock(state_->mu);
+  return state_->node < 0 ? "" : state_->nodes[static_cast<size_t>(state_->node)].ToString();
+}
+
+uint64_t SentinelClient::discoveries() const {
+  std::lock_guard lock(state_->mu);
+  return state_->discovery_count;
+}
+
+const Status& SentinelClient::init_status() const { return state_->init_status; }
+
+}  // namespace ratelimit::redis

@@ -1,0 +1,215 @@
+// RedisStore over redis+sentinel:// on a real Sentinel deployment (one
+// master, one replica, three sentinels: tests/support/redis_sentinel.h):
+// discovery with separate passwords for sentinels and data nodes, exact
+// decisions under concurrency, a master demoted by hand (REPLICAOF, no
+// sentinel failover) and the sentinels' own failover seen by the client.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/redis_store.h"
+#include "redis/io_thread.h"
+#include "redis/sentinel_client.h"
+#include "support/redis_sentinel.h"
+
+namespace ratelimit {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::RedisSentinel;
+
+std::unique_ptr<RedisStore> MustCreate(RedisStore::Options o) {
+  auto s = RedisStore::Create(std::move(o));
+  if (!s.ok()) throw std::runtime_error(s.status().ToString());
+  return *std::move(s);
+}
+
+// Checks `key` on a bucket of `capacity` until one is answered by Redis (the
+// client has found the master); false after 10 s.
+bool WaitUntilAnswered(RedisStore& store, const std::string& key) {
+  Limit l = *Limit::TokenBucket("w", 1'000'000, 1'000);
+  const auto give_up = Clock::now() + seconds(10);
+  while (Clock::now() < give_up) {
+    LimitCheck c[] = {{&l, 1}};
+    if (store.CheckSync({key, c}).ok()) return true;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return false;
+}
+
+// `n` concurrent checks on a fresh key of a bucket of `capacity` (refilling
+// one per hour), from 8 threads: how many were allowed, and how many failed.
+std::pair<int, int> Burst(RedisStore& store, const std::string& key, int n, int capacity) {
+  Limit l = *Limit::TokenBucket("cap", capacity, 1.0 / 3600);
+  std::atomic<int> allowed{0}, failed{0}, next{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&] {
+      while (next.fetch_add(1) < n) {
+        LimitCheck c[] = {{&l, 1}};
+        StatusOr<CheckResult> r = store.CheckSync({key, c});
+        if (!r.ok()) {
+          ++failed;
+        } else if (r->overall.allowed) {
+          ++allowed;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return {allowed.load(), failed.load()};
+}
+
+TEST(SentinelStore, DiscoversTheMasterWithSeparatePasswordsAndDecidesExactly) {
+  RedisSentinel s({.password = "data-pw", .sentinel_password = "sentinel-pw"});
+  auto store = MustCreate({.url = s.url(), .deadline = seconds(1)});
+  ASSERT_TRUE(WaitUntilAnswered(*store, "warm-up"));
+  const uint64_t failures_before = store->stats().failures;  // checks before discovery
+  const auto [allowed, failed] = Burst(*store, "burst", 200, 10);
+  EXPECT_EQ(allowed, 10);
+  EXPECT_EQ(failed, 0);
+  // The keys are on the master (and replicated), never written to a replica.
+  Limit l = *Limit::TokenBucket("cap", 10, 1.0 / 3600);
+  EXPECT_EQ(s.Cli(s.data(0), {"EXISTS", store->KeyFor("burst", l)}), "1");
+  EXPECT_EQ(store->stats().failures, failures_before);
+}
+
+TEST(SentinelStore, WrongSentinelPasswordFindsNoMaster) {
+  RedisSentinel s({.sentinel_password = "sentinel-pw"});
+  std::string url = s.url();
+  url.replace(url.find("sentinel-pw"), 11, "wrong");
+  auto store = MustCreate({.url = url, .deadline = milliseconds(200)});
+  Limit l = *Limit::TokenBucket("w", 10, 1);
+  LimitCheck c[] = {{&l, 1}};
+  std::this_thread::sleep_for(milliseconds(300));
+  StatusOr<CheckResult> r = store->CheckSync({"k", c});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+}
+
+// A SentinelClient on `s` that has found its first master (node 0).
+std::unique_ptr<redis::SentinelClient> ConnectedClient(RedisSentinel& s, redis::IoThread& io) {
+  auto client = *redis::SentinelClient::Create(io.executor(), *redis::ParseSentinelUrl(s.url()));
+  const auto give_up = Clock::now() + seconds(5);
+  while (client->NodeForSlot(0) < 0 && Clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return client;
+}
+
+// The master demoted by hand: the replica made master (REPLICAOF NO ONE), the
+// old master its replica. The sentinels still name the old master; its
+// -READONLY makes the client ask again, follow ROLE to the new master, and
+// decide there: a few failed checks, never failure until restart. The
+// sentinels' down-after is 5 s, so within the test they do nothing.
+TEST(SentinelStore, ReadOnlyFromADemotedMasterLeadsToRediscovery) {
+  RedisSentinel s({.down_after = milliseconds(5000)});
+  redis::IoThread io;
+  auto client = ConnectedClient(s, io);
+  auto store = MustCreate({.url = s.url(), .deadline = milliseconds(200)});
+  ASSERT_TRUE(WaitUntilAnswered(*store, "warm-up"));
+  Limit l = *Limit::TokenBucket("b", 1'000'000, 1'000);
+
+  auto set = [&] {
+    std::promise<StatusOr<redis::Reply>> p;
+    std::string_view args[] = {"SET", "probe", "1"};
+    client->Execute(
+        args, [&](StatusOr<redis::Reply> r) { p.set_value(std::move(r)); }, seconds(1));
+    return p.get_future().get();
+  };
+  ASSERT_TRUE(set().ok());  // the client has found the master
+
+  ASSERT_EQ(s.Cli(s.data(1), {"REPLICAOF", "NO", "ONE"}), "OK");
+  ASSERT_EQ(s.Cli(s.data(0), {"REPLICAOF", "127.0.0.1", std::to_string(s.data(1).port())}), "OK");
+  const auto t_demoted = Clock::now();
+  EXPECT_EQ(s.MasterIndex(), 0u);  // the sentinels have not noticed
+
+  // The client's own connection stays up (REPLICAOF keeps clients): its next
+  // write meets -READONLY, fails as unavailable, and the client looks again.
+  StatusOr<redis::Reply> readonly = set();
+  ASSERT_FALSE(readonly.ok()) << readonly->DebugString();
+  EXPECT_NE(readonly.status().message().find("READONLY"), std::string::npos)
+      << readonly.status().ToString();
+  const std::string promoted = "127.0.0.1:" + std::to_string(s.data(1).port());
+  while (client->master() != promoted && Clock::now() < t_demoted + seconds(1)) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(client->master(), promoted);
+  EXPECT_TRUE(set().ok());
+
+  int failed = 0;
+  Clock::time_point t_resumed{};
+  int ok_in_a_row = 0;
+  for (int i = 0; i < 2000 && ok_in_a_row < 50; ++i) {
+    LimitCheck c[] = {{&l, 1}};
+    StatusOr<CheckResult> r = store->CheckSync({"after", c});
+    if (r.ok()) {
+      if (ok_in_a_row++ == 0) t_resumed = Clock::now();
+    } else {
+      ++failed;
+      ok_in_a_row = 0;
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+  const double resumed_ms =
+      std::chrono::duration<double, std::milli>(t_resumed - t_demoted).count();
+  std::printf("SENTINEL readonly failed_checks=%d resumed_after_ms=%.1f\n", failed, resumed_ms);
+  ASSERT_EQ(ok_in_a_row, 50) << "decisions never resumed";
+  EXPECT_LT(resumed_ms, 1000.0);
+  // The decisions are the new master's: the key is there, written by the script.
+  EXPECT_EQ(s.Cli(s.data(1), {"EXISTS", store->KeyFor("after", l)}), "1");
+  EXPECT_EQ(s.MasterIndex(), 0u);  // still the sentinels' old answer: it was ours
+}
+
+// Kills the master (and before it `sentinel`, if >= 0), waits for the
+// sentinels' new master, then for `client` to use it (at most `patience`).
+// Returns the milliseconds from the sentinels' agreement to the client's switch.
+double KillMasterAndFollow(RedisSentinel& s, redis::SentinelClient& client, int sentinel,
+                           milliseconds patience) {
+  if (sentinel >= 0) s.sentinel(static_cast<size_t>(sentinel)).Kill();
+  s.data(0).Kill();
+  const size_t promoted = s.WaitForNewMaster(0);
+  const auto t_switch = Clock::now();
+  const std::string want = "127.0.0.1:" + std::to_string(s.data(promoted).port());
+  while (client.master() != want && Clock::now() < t_switch + patience) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_EQ(client.master(), want);
+  return std::chrono::duration<double, std::milli>(Clock::now() - t_switch).count();
+}
+
+// The sentinels' own failover: the master killed, the replica promoted, the
+// client told by +switch-master; the new master is a new node id.
+TEST(SentinelStore, FollowsTheSentinelsFailover) {
+  RedisSentinel s({.down_after = milliseconds(1000)});
+  redis::IoThread io;
+  auto client = ConnectedClient(s, io);
+  ASSERT_EQ(client->NodeForSlot(0), 0);
+  EXPECT_EQ(client->master(), "127.0.0.1:" + std::to_string(s.data(0).port()));
+  const double ms = KillMasterAndFollow(s, *client, -1, seconds(2));
+  std::printf("SENTINEL client followed the switch %.1f ms after the sentinels agreed\n", ms);
+  EXPECT_EQ(client->NodeForSlot(0), 1);
+  EXPECT_LT(ms, 1000.0);
+}
+
+// The subscribed sentinel (the first) dies, then the master: a client that
+// sends nothing learns of the failover only through a new subscription, on
+// another sentinel (within a check interval, 1 s).
+TEST(SentinelStore, ResubscribesWhenTheSubscribedSentinelDies) {
+  RedisSentinel s({.down_after = milliseconds(1000)});
+  redis::IoThread io;
+  auto client = ConnectedClient(s, io);
+  ASSERT_EQ(client->NodeForSlot(0), 0);
+  const double ms = KillMasterAndFollow(s, *client, 0, seconds(3));
+  std::printf("SENTINEL resubscribed: new master seen %.1f ms after the sentinels agreed\n", ms);
+  EXPECT_LT(ms, 2000.0);
+}
+
+}  // namespace
+}  // namespace ratelimit
