@@ -54,4 +54,23 @@ Status ValidateRequest(const CheckRequest& request, size_t max_key_length) {
   return Status::Ok();
 }
 
+std::string_view FailureModeName(FailureMode m) {
+  switch (m) {
+    case FailureMode::kOpen: return "open";
+    case FailureMode::kClosed: return "closed";
+    case FailureMode::kLocal: return "local";
+    case FailureMode::kError: return "error";
+  }
+  return "error";
+}
+
+StatusOr<FailureMode> ParseFailureMode(std::string_view name) {
+  for (FailureMode m :
+       {FailureMode::kOpen, FailureMode::kClosed, FailureMode::kLocal, FailureMode::kError}) {
+    if (FailureModeName(m) == name) return m;
+  }
+  return InvalidArgument("unknown failure mode '" + std::string(name) +
+                         "' (expected open, closed, local or error)");
+}
+
 }  // namespace ratelimit

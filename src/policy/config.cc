@@ -876,15 +876,6 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
 
 }  // namespace
 
-std::string_view FailureModeName(FailureMode m) {
-  switch (m) {
-    case FailureMode::kOpen: return "open";
-    case FailureMode::kClosed: return "closed";
-    case FailureMode::kLocal: return "local";
-  }
-  return "open";
-}
-
 std::string_view HeaderDialectName(HeaderDialect d) {
   switch (d) {
     case HeaderDialect::kDraft06: return "draft06";

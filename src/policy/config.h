@@ -18,13 +18,16 @@
 #include <vector>
 
 #include "policy/ip.h"
+#include "ratelimit/failure_mode.h"
 #include "ratelimit/limit.h"
 #include "ratelimit/status.h"
 
 namespace ratelimit::policy {
 
-// What to do when the store cannot decide (unreachable, deadline, breaker open).
-enum class FailureMode { kOpen, kClosed, kLocal };
+// What to do when the store cannot decide (unreachable, deadline, breaker
+// open): ratelimit/failure_mode.h. The YAML accepts open, closed and local.
+using ratelimit::FailureMode;
+using ratelimit::FailureModeName;
 
 // Which rate limit headers clients are told.
 enum class HeaderDialect {
@@ -168,7 +171,6 @@ StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name
                              const std::string& base_dir);
 
 // The YAML spellings, shared with the server's admin API and logs.
-std::string_view FailureModeName(FailureMode m);      // "open", "closed", "local"
 std::string_view HeaderDialectName(HeaderDialect d);  // "draft06", "structured", "legacy", "none"
 
 // No config file: memory store, demo page, /api/ping limited per client

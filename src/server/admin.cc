@@ -480,8 +480,6 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
     return op->done(JsonReply(200, {{"client", op->client}, {"reset", op->names}}));
   }
   const size_t i = op->next++;
-  // The local fallback's state too, so a degraded decision starts full as well.
-  (void)enforcer_.local_store().ResetSync(op->groups[i].key, op->limits[i]);
   store().Reset(op->groups[i].key, op->limits[i], [this, op](Status s) {
     if (!s.ok()) {
       Reply r =
@@ -495,14 +493,12 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
 
 void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,
                      std::function<void(Reply)> done) {
-  const auto* redis = dynamic_cast<const RedisStore*>(&store());
-  if (redis == nullptr) return done(JsonReply(200, {{"ready", true}, {"store", "memory"}}));
+  const Store* redis = &store();
+  if (!redis->remote()) return done(JsonReply(200, {{"ready", true}, {"store", "memory"}}));
   static const Limit kProbe = *Limit::TokenBucket("readyz", 1, 1.0);
   static const LimitCheck kCheck[] = {{&kProbe, 0}};
   const policy::FailureMode mode = policy->config().store.failure_mode;
-  const std::string mode_name = mode == policy::FailureMode::kOpen     ? "open"
-                                : mode == policy::FailureMode::kClosed ? "closed"
-                                                                       : "local";
+  const std::string mode_name(FailureModeName(mode));
   // A Peek never creates state: a cheap round trip that proves Redis answers.
   store().Peek({"admin:readyz", kCheck}, [redis, mode, mode_name,
                                           done = std::move(done)](StatusOr<CheckResult> r) {

@@ -6,11 +6,14 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "server/headers.h"
+#include "server/outcome_reply.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
@@ -146,6 +149,18 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   return out;
 }
 
+// One name means one set of parameters: a limit's state is keyed by its
+// name (and algorithm), so an inline limit that took a configured limit's
+// name with other parameters would share, and corrupt, its state. The same
+// parameters are the same limit, and allowed.
+Status NotAConfiguredLimitsName(const Limit& l, const policy::Policy* policy) {
+  const Limit* configured = policy != nullptr ? policy->NamedLimit(l.name()) : nullptr;
+  if (configured == nullptr || *configured == l) return Status::Ok();
+  return Bad("limit '" + l.name() +
+             "' is configured with other parameters; name it (\"limit\": \"" + l.name() +
+             "\") to use the configured one, or give this one another name");
+}
+
 void AppendInt(std::string& out, int64_t v) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
@@ -164,14 +179,6 @@ void AppendDecisionFields(std::string& out, const Decision& d) {
   AppendInt(out, CeilMillis(d.reset_after));
   out += ",\"delay_ms\":";
   AppendInt(out, d.allowed ? CeilMillis(d.delay) : 0);
-}
-
-// The limit whose decision equals the combined one (names the headers).
-const Limit* Speaker(const CheckResult& r, std::span<const LimitCheck> checks) {
-  for (size_t i = 0; i < r.decisions.size() && i < checks.size(); ++i) {
-    if (r.decisions[i] == r.overall) return checks[i].limit;
-  }
-  return checks.empty() ? nullptr : checks.front().limit;
 }
 
 struct CheckOp {
@@ -287,9 +294,9 @@ class InlineLimits {
     if (text.size() > kMaxText) return nullptr;
     Entry& e = entries_[std::hash<std::string_view>{}(text) % kEntries];
     if (e.limit && e.text == text) return &*e.limit;
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return nullptr;
-    StatusOr<Limit> l = ParseInlineLimit(j, "limit");
+    StatusOr<json> j = ParseBody(text);  // refuses a repeated member too
+    if (!j.ok()) return nullptr;
+    StatusOr<Limit> l = ParseInlineLimit(*j, "limit");
     if (!l.ok()) return nullptr;
     e.text.assign(text);
     e.limit = *std::move(l);
@@ -343,7 +350,7 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
     std::string_view text;
     if (!sc.ObjectText(text)) return false;
     const Limit* l = inline_limits.Get(text);
-    if (l == nullptr) return false;
+    if (l == nullptr || !NotAConfiguredLimitsName(*l, policy).ok()) return false;
     out.owned.push_back(*l);
     named[n++] = nullptr;
     return true;
@@ -380,8 +387,34 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
 }
 
 StatusOr<json> ParseBody(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_discarded()) return j;
+  // nlohmann keeps the last of repeated members; JSON (RFC 8259) leaves it
+  // open. A repeated member is refused: a typo must not silently change a
+  // request. The member names of the objects being read, innermost last:
+  std::vector<std::unordered_set<std::string>> open;
+  std::string repeated;
+  auto track = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: open.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!open.empty() && !open.back().insert(parsed.get<std::string>()).second &&
+            repeated.empty()) {
+          repeated = parsed.get<std::string>();
+        }
+        break;
+      default: break;
+    }
+    return true;
+  };
+  json j = json::parse(body, track, /*allow_exceptions=*/false);
+  if (!j.is_discarded()) {
+    if (!repeated.empty()) {
+      return Bad("member '" + repeated + "' appears twice in one JSON object");
+    }
+    return j;
+  }
   // The error path only: parse again to learn what was wrong.
   try {
     json again = json::parse(body);
@@ -453,6 +486,9 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
     } else if (e.is_object()) {
       StatusOr<Limit> l = ParseInlineLimit(e, where);
       if (!l.ok()) return l.status();
+      if (Status s = NotAConfiguredLimitsName(*l, policy); !s.ok()) {
+        return Bad(where + ": " + s.message());
+      }
       out.owned.push_back(std::move(*l));
     } else {
       return Bad(where + ": must be a limit object or the name of a configured limit");
@@ -462,20 +498,42 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   return out;
 }
 
-void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
-                     std::string& out) {
+namespace {
+
+// {"allowed":...,"degraded":...,"limits":[{"name":...,...},...]}: the
+// overall decision, then limit(i)'s name and decision(i) for i < n.
+template <typename NameOf, typename DecisionOf>
+void AppendBody(const Decision& overall, bool degraded, size_t n, NameOf name_of,
+                DecisionOf decision_of, std::string& out) {
   out.push_back('{');
-  AppendDecisionFields(out, result.overall);
+  AppendDecisionFields(out, overall);
   out += degraded ? ",\"degraded\":true,\"limits\":[" : ",\"degraded\":false,\"limits\":[";
-  for (size_t i = 0; i < result.decisions.size() && i < checks.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (i > 0) out.push_back(',');
     out += "{\"name\":\"";
-    out += checks[i].limit->name();  // validated: [A-Za-z0-9_.-]
+    out += name_of(i);  // validated: [A-Za-z0-9_.-]
     out += "\",";
-    AppendDecisionFields(out, result.decisions[i]);
+    AppendDecisionFields(out, decision_of(i));
     out.push_back('}');
   }
   out += "]}";
+}
+
+}  // namespace
+
+void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
+                     std::string& out) {
+  AppendBody(
+      result.overall, degraded, std::min(result.decisions.size(), checks.size()),
+      [&](size_t i) -> const std::string& { return checks[i].limit->name(); },
+      [&](size_t i) -> const Decision& { return result.decisions[i]; }, out);
+}
+
+void AppendOutcomeBody(const Outcome& o, std::string& out) {
+  AppendBody(
+      o.decision, o.degraded, o.limits.size(),
+      [&](size_t i) -> const std::string& { return o.limits[i].limit->name(); },
+      [&](size_t i) -> const Decision& { return o.limits[i].decision; }, out);
 }
 
 void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
@@ -491,31 +549,24 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
   }
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed)});
   const policy::StoreConfig& store_config = op->policy->config().store;
-  enforcer_.DecideGroup(
-      op->check.key, op->check.checks, store_config.failure_mode, store_config,
-      [this, op, path = std::string(path), done = std::move(done)](GroupOutcome g) {
-        if (!g.error.ok()) return done(ProblemReply(400, g.error.message(), path));
-        const policy::Config& config = op->policy->config();
-        Reply r;
-        r.status = g.failed_closed            ? static_cast<unsigned>(config.store.closed_status)
-                   : g.result.overall.allowed ? 200u
-                                              : 429u;
-        r.content_type = "application/json";
-        r.body.reserve(128 + 128 * op->check.checks.size());
-        AppendCheckBody(g.result, op->check.checks, g.degraded, r.body);
-        const Limit* speaker = Speaker(g.result, op->check.checks);
-        if (!g.result.overall.allowed && speaker != nullptr) {
-          enforcer_.RecordDenial(op->check.key, speaker->name(), path);
-        }
-        RateLimitInfo info{
-            .decision = g.result.overall,
-            .name = speaker != nullptr ? std::string_view(speaker->name()) : "",
-            .window = speaker != nullptr ? speaker->window() : std::chrono::microseconds(0),
-            .degraded = g.degraded};
-        r.headers.reserve(6);
-        AddRateLimitHeaders(config.server.headers, info, r.headers);
-        done(std::move(r));
-      });
+  enforcer_.Check(op->check.key, op->check.checks, store_config, path, Face::kDecisionApi,
+                  [op, path, done = std::move(done)](Outcome o) {
+                    const policy::Config& config = op->policy->config();
+                    const HttpFace face{
+                        .dialect = config.server.headers,
+                        .closed_status = static_cast<unsigned>(config.store.closed_status)};
+                    if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {
+                      return done(RefusalReply(o, face, path));
+                    }
+                    Reply r;
+                    r.status = HttpStatus(o, face);
+                    r.content_type = "application/json";
+                    r.body.reserve(128 + 128 * o.limits.size());
+                    AppendOutcomeBody(o, r.body);
+                    r.headers.reserve(6);
+                    AddOutcomeHeaders(o, face.dialect, r);
+                    done(std::move(r));
+                  });
 }
 
 namespace {
@@ -591,16 +642,16 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     }
     op->checks[i] = std::move(*parsed);
     const ParsedCheck& c = op->checks[i];
-    enforcer_.DecideGroup(
-        c.key, c.checks, store_config.failure_mode, store_config, [op, i](GroupOutcome g) {
-          std::string& out = op->results[i];
-          if (!g.error.ok()) {
-            out = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + g.error.message());
-          } else {
-            AppendCheckBody(g.result, op->checks[i].checks, g.degraded, out);
-          }
-          op->CompleteOne();
-        });
+    enforcer_.Check(c.key, c.checks, store_config, path, Face::kDecisionApi, [op, i](Outcome o) {
+      std::string& out = op->results[i];
+      if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {
+        out = ErrorEntry(o.verdict == Verdict::kBadRequest ? 400 : 503,
+                         "checks[" + std::to_string(i) + "]: " + o.error);
+      } else {
+        AppendOutcomeBody(o, out);
+      }
+      op->CompleteOne();
+    });
   }
   op->CompleteOne();
 }

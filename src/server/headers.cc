@@ -68,13 +68,14 @@ void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& inf
   if (info.degraded) out.emplace_back("X-RateLimit-Degraded", "true");
 }
 
-std::string QuotaExceededBody(const RateLimitInfo& info, std::string_view instance) {
+std::string QuotaExceededBody(const RateLimitInfo& info, std::string_view instance,
+                              unsigned status) {
   const int64_t retry = RetryAfterSeconds(info.decision);
   const std::string name(info.name.empty() ? std::string_view("default") : info.name);
   nlohmann::json j = {
       {"type", "https://iana.org/assignments/http-problem-types#quota-exceeded"},
       {"title", "Too Many Requests"},
-      {"status", 429},
+      {"status", status},
       {"detail", "limit '" + name + "' exceeded: retry in " + std::to_string(retry) + " s"},
   };
   if (!instance.empty()) j["instance"] = instance;
