@@ -7,8 +7,6 @@
 #include <tuple>
 #include <vector>
 
-#include "ratelimit/redis_store.h"
-
 namespace ratelimit::server {
 namespace {
 
