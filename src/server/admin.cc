@@ -11,11 +11,12 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <vector>
 
+#include "core/percent.h"
 #include "policy/config.h"
-#include "ratelimit/redis_store.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
 #include "server/problem.h"
@@ -44,31 +45,11 @@ Reply MethodNotAllowed(std::string_view path, std::string_view allow) {
   return r;
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // Percent-decodes (and '+' -> ' ' in queries). Malformed escapes: error.
 StatusOr<std::string> Decode(std::string_view s, bool query) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%') {
-      if (i + 2 >= s.size() || HexValue(s[i + 1]) < 0 || HexValue(s[i + 2]) < 0) {
-        return InvalidArgument("malformed percent-escape");
-      }
-      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
-      i += 2;
-    } else if (query && s[i] == '+') {
-      out.push_back(' ');
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
+  std::optional<std::string> out = core::PercentDecode(s, /*plus_is_space=*/query);
+  if (!out) return InvalidArgument("malformed percent-escape");
+  return *std::move(out);
 }
 
 // name -> value; a repeated name is an error.
