@@ -19,16 +19,6 @@ int64_t RetryAfterSeconds(const Decision& d) {
   return s < 1 ? 1 : s;
 }
 
-std::string_view DialectName(policy::HeaderDialect dialect) {
-  switch (dialect) {
-    case policy::HeaderDialect::kDraft06: return "draft06";
-    case policy::HeaderDialect::kStructured: return "structured";
-    case policy::HeaderDialect::kLegacy: return "legacy";
-    case policy::HeaderDialect::kNone: return "none";
-  }
-  return "none";
-}
-
 void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& info,
                          HeaderList& out) {
   const Decision& d = info.decision;
