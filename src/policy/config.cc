@@ -238,11 +238,12 @@ class Loader {
   Status Failure(const YAML::Node& map, std::optional<FailureMode>* out) const {
     if (!Get(map, "failure_mode").IsDefined()) return Status::Ok();
     FailureMode m = FailureMode::kOpen;
-    RL_RETURN_IF_ERROR(Enum<FailureMode>(map, "failure_mode",
-                                         {{"open", FailureMode::kOpen},
-                                          {"closed", FailureMode::kClosed},
-                                          {"local", FailureMode::kLocal}},
-                                         &m));
+    RL_RETURN_IF_ERROR(
+        Enum<FailureMode>(map, "failure_mode",
+                          {{FailureModeName(FailureMode::kOpen), FailureMode::kOpen},
+                           {FailureModeName(FailureMode::kClosed), FailureMode::kClosed},
+                           {FailureModeName(FailureMode::kLocal), FailureMode::kLocal}},
+                          &m));
     *out = m;
     return Status::Ok();
   }
@@ -293,12 +294,13 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
                  "'upstream' must start with http://, got " + Quote(s->upstream));
   }
   RL_RETURN_IF_ERROR(Bool(n, "demo", &s->demo));
-  RL_RETURN_IF_ERROR(Enum<HeaderDialect>(n, "headers",
-                                         {{"draft06", HeaderDialect::kDraft06},
-                                          {"structured", HeaderDialect::kStructured},
-                                          {"legacy", HeaderDialect::kLegacy},
-                                          {"none", HeaderDialect::kNone}},
-                                         &s->headers));
+  RL_RETURN_IF_ERROR(Enum<HeaderDialect>(
+      n, "headers",
+      {{HeaderDialectName(HeaderDialect::kDraft06), HeaderDialect::kDraft06},
+       {HeaderDialectName(HeaderDialect::kStructured), HeaderDialect::kStructured},
+       {HeaderDialectName(HeaderDialect::kLegacy), HeaderDialect::kLegacy},
+       {HeaderDialectName(HeaderDialect::kNone), HeaderDialect::kNone}},
+      &s->headers));
   RL_RETURN_IF_ERROR(IntIn(n, "threads", 0, 1024, &s->threads));
   RL_RETURN_IF_ERROR(IntIn(n, "max_body_bytes", 1, int64_t{1} << 30, &s->max_body_bytes));
   RL_RETURN_IF_ERROR(IntIn(n, "max_header_bytes", 1024, 1 << 20, &s->max_header_bytes));
