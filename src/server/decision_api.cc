@@ -106,45 +106,41 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
                "' (token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_log)");
   }
   const std::string algo_name(AlgorithmName(*algo));
-  const size_t first = *algo == Algorithm::kTokenBucket   ? 0
-                       : *algo == Algorithm::kLeakyBucket ? 2
-                                                          : 4;
-  const std::string count_name(kFields[first]), second_name(kFields[first + 1]);
+  const auto [count_field_name, second_field_name] = SpecFieldNames(*algo);
+  const std::string count_name(count_field_name), second_name(second_field_name);
+  const json* count_field = nullptr;
+  const json* second = nullptr;
   for (size_t f = 0; f < std::size(kFields); ++f) {
-    if (fields[f] != nullptr && f != first && f != first + 1) {
+    if (kFields[f] == count_name) {
+      count_field = fields[f];
+    } else if (kFields[f] == second_name) {
+      second = fields[f];
+    } else if (fields[f] != nullptr) {
       return Bad(where + ": field '" + std::string(kFields[f]) + "' does not apply to " +
                  algo_name + " (use '" + count_name + "' and '" + second_name + "')");
     }
   }
-  const json* count_field = fields[first];
-  const json* second = fields[first + 1];
-  int64_t count = 0;
+  LimitSpec spec{.name = std::move(limit_name), .algorithm = *algo};
   if (count_field == nullptr)
     return Bad(where + ": field '" + count_name + "' is required for " + algo_name);
-  if (!GetInt(*count_field, 1, count))
+  if (!GetInt(*count_field, 1, spec.count))
     return Bad(where + ": field '" + count_name + "' must be a positive integer");
   if (second == nullptr)
     return Bad(where + ": field '" + second_name + "' is required for " + algo_name);
-  StatusOr<Limit> out = Status(StatusCode::kInternal, "unset");
-  if (*algo == Algorithm::kTokenBucket || *algo == Algorithm::kLeakyBucket) {
+  if (TakesRate(*algo)) {
     if (!second->is_number() || !(second->get<double>() > 0)) {
       return Bad(where + ": field '" + second_name + "' must be a positive number");
     }
-    out = *algo == Algorithm::kTokenBucket
-              ? Limit::TokenBucket(limit_name, count, second->get<double>())
-              : Limit::LeakyBucket(limit_name, count, second->get<double>());
+    spec.per_second = second->get<double>();
   } else {
     if (!second->is_string()) {
       return Bad(where + ": field 'window' must be a duration string such as \"60s\"");
     }
     StatusOr<std::chrono::microseconds> w = ParseDuration(second->get_ref<const std::string&>());
     if (!w.ok()) return Bad(where + ": field 'window': " + w.status().message());
-    switch (*algo) {
-      case Algorithm::kFixedWindow: out = Limit::FixedWindow(limit_name, count, *w); break;
-      case Algorithm::kSlidingWindow: out = Limit::SlidingWindow(limit_name, count, *w); break;
-      default: out = Limit::SlidingLog(limit_name, count, *w); break;
-    }
+    spec.window = *w;
   }
+  StatusOr<Limit> out = MakeLimit(std::move(spec));
   if (!out.ok()) return Bad(where + ": " + out.status().message());
   return out;
 }

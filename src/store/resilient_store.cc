@@ -21,27 +21,10 @@ ResilientStore::~ResilientStore() = default;
 Limit ResilientStore::Scaled(const Limit& limit, int instances) {
   if (instances <= 1) return limit;
   const int64_t n = instances;
-  const int64_t count = std::max<int64_t>(1, (limit.limit() + n - 1) / n);
-  StatusOr<Limit> out = Status(StatusCode::kInternal, "unreachable");
-  switch (limit.algorithm()) {
-    case Algorithm::kTokenBucket:
-      out = Limit::TokenBucket(limit.name(), count,
-                               limit.refill_per_second() / static_cast<double>(n));
-      break;
-    case Algorithm::kLeakyBucket:
-      out = Limit::LeakyBucket(limit.name(), count,
-                               limit.refill_per_second() / static_cast<double>(n));
-      break;
-    case Algorithm::kFixedWindow:
-      out = Limit::FixedWindow(limit.name(), count, limit.window());
-      break;
-    case Algorithm::kSlidingWindow:
-      out = Limit::SlidingWindow(limit.name(), count, limit.window());
-      break;
-    case Algorithm::kSlidingLog:
-      out = Limit::SlidingLog(limit.name(), count, limit.window());
-      break;
-  }
+  LimitSpec spec = SpecOf(limit);
+  spec.count = std::max<int64_t>(1, (spec.count + n - 1) / n);
+  if (TakesRate(spec.algorithm)) spec.per_second /= static_cast<double>(n);
+  StatusOr<Limit> out = MakeLimit(std::move(spec));
   return out.ok() ? *out : limit;  // a refill too slow to express: keep the full limit
 }
 
