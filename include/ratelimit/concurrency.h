@@ -135,7 +135,7 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
 // lease: it expires after lease_ttl).
 class RedisConcurrencyStore final : public ConcurrencyStore {
  public:
-  enum class TimeSource { kRedis, kLocal };
+  using TimeSource = ratelimit::TimeSource;
   struct Options {
     std::string url = "redis://127.0.0.1:6379";  // as RedisStore (cluster URLs too)
     std::chrono::milliseconds deadline{100};

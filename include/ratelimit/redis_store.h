@@ -51,7 +51,7 @@ namespace ratelimit {
 
 class RedisStore final : public Store {
  public:
-  enum class TimeSource { kRedis, kLocal };
+  using TimeSource = ratelimit::TimeSource;
 
   struct Options {
     // redis://[user:password@]host:port[/db], rediss://..., or a cluster:

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "policy/ip.h"
+#include "ratelimit/clock.h"
 #include "ratelimit/failure_mode.h"
 #include "ratelimit/limit.h"
 #include "ratelimit/status.h"
@@ -42,7 +43,8 @@ struct StoreConfig {
   std::string url;                          // redis://, rediss:// (secret: never logged)
   std::chrono::milliseconds deadline{100};  // per store call
   std::string key_prefix = "rl:";
-  enum class TimeSource { kRedis, kLocal } time_source = TimeSource::kRedis;
+  using TimeSource = ratelimit::TimeSource;
+  TimeSource time_source = TimeSource::kRedis;
   FailureMode failure_mode = FailureMode::kOpen;
   int closed_status = 503;       // 503 or 429 when failure_mode is closed
   int expected_instances = 1;    // for kLocal: each instance gets limit / this

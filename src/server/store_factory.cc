@@ -22,13 +22,10 @@ void LogBreakerChanges(CircuitBreaker::Options& o, std::string_view which) {
 // so neither store misses a setting the other honours).
 template <typename Options>
 void FillRedisOptions(const policy::StoreConfig& config, Options& o) {
-  using TimeSource = decltype(o.time_source);
   o.url = config.url;
   o.deadline = config.deadline;
   o.key_prefix = config.key_prefix;
-  o.time_source = config.time_source == policy::StoreConfig::TimeSource::kRedis
-                      ? TimeSource::kRedis
-                      : TimeSource::kLocal;
+  o.time_source = config.time_source;
   o.max_key_length = config.max_key_length;
   o.max_pending = config.max_pending;
   o.breaker.failure_threshold = config.breaker.failures;
