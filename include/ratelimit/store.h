@@ -105,6 +105,10 @@ class Store {
   Status ResetSync(std::string_view key, std::span<const Limit* const> limits);
 };
 
+// The one key validator: 1..max_key_length bytes. Messages name the key as
+// `what`: "<what> must not be empty", "<what> is 600 bytes; the maximum is 512".
+Status ValidateKey(std::string_view key, size_t max_key_length, std::string_view what = "key");
+
 // Validates a request before it reaches any store: key length, at least one
 // check, each cost in [0, limit]. Stores call it; callers may too.
 Status ValidateRequest(const CheckRequest& request, size_t max_key_length);

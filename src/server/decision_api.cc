@@ -447,11 +447,7 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   if (key == nullptr) return Bad("field 'key' is required");
   if (!key->is_string()) return Bad("field 'key' must be a string");
   out.key = key->get<std::string>();
-  if (out.key.empty()) return Bad("field 'key' must not be empty");
-  if (out.key.size() > max_key_length) {
-    return Bad("field 'key' is " + std::to_string(out.key.size()) + " bytes; the maximum is " +
-               std::to_string(max_key_length));
-  }
+  if (Status s = ValidateKey(out.key, max_key_length, "field 'key'"); !s.ok()) return s;
   if (!ValidUtf8(out.key)) return Bad("field 'key' is not valid UTF-8");
   if (cost != nullptr && !GetInt(*cost, 0, out.cost)) {
     return Bad("field 'cost' must be a non-negative integer");
