@@ -1,6 +1,7 @@
 #include "store/resilient_store.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,20 +30,30 @@ Limit ResilientStore::Scaled(const Limit& limit, int instances) {
 }
 
 void ResilientStore::Check(const CheckRequest& request, CheckCallback done) {
-  if (request.on_failure.mode == FailureMode::kError && !on_failure_) {
-    return inner_->Check(request, std::move(done));  // nothing to add
+  if ((request.on_failure.mode == FailureMode::kError && !on_failure_) ||
+      request.checks.size() > kMaxChecksPerRequest) {
+    return inner_->Check(request, std::move(done));  // nothing to add, or refused as invalid
   }
   // The request's views stay valid only during this call; copy what the
-  // fallback needs (the key, the checks; the limits themselves are the
-  // caller's, alive until `done` runs, as for any store).
-  inner_->Check(
-      request,
-      [this, key = std::string(request.key),
-       checks = std::vector<LimitCheck>(request.checks.begin(), request.checks.end()),
-       on_failure = request.on_failure, done = std::move(done)](StatusOr<CheckResult> r) mutable {
-        if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
-        Fallback({.key = key, .checks = checks, .on_failure = on_failure}, r.status(), done);
-      });
+  // fallback needs (the key, the checks, in place: no allocation of their
+  // own; the limits themselves are the caller's, alive until `done` runs, as
+  // for any store).
+  struct Saved {
+    std::string key;
+    std::array<LimitCheck, kMaxChecksPerRequest> checks;
+    size_t n;
+    OnFailure on_failure;
+  };
+  Saved saved{std::string(request.key), {}, request.checks.size(), request.on_failure};
+  std::copy(request.checks.begin(), request.checks.end(), saved.checks.begin());
+  inner_->Check(request, [this, saved = std::move(saved),
+                          done = std::move(done)](StatusOr<CheckResult> r) mutable {
+    if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
+    Fallback({.key = saved.key,
+              .checks = std::span<const LimitCheck>(saved.checks.data(), saved.n),
+              .on_failure = saved.on_failure},
+             r.status(), done);
+  });
 }
 
 void ResilientStore::Fallback(const CheckRequest& request, const Status& failure,
