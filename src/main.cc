@@ -131,9 +131,10 @@ std::string ParseFlags(int argc, char** argv, Flags& f) {
     *slot = std::string(value);
     if (header) f.headers.push_back(*std::exchange(header, std::nullopt));
   }
-  if (f.failure_mode && *f.failure_mode != "open" && *f.failure_mode != "closed" &&
-      *f.failure_mode != "local") {
-    return "--failure-mode must be open, closed or local";
+  if (f.failure_mode) {
+    // The HTTP faces have no answer for "error" (report the failure): not a flag value.
+    ratelimit::StatusOr<FailureMode> m = ratelimit::ParseFailureMode(*f.failure_mode);
+    if (!m.ok() || *m == FailureMode::kError) return "--failure-mode must be open, closed or local";
   }
   if (f.redis) {
     if (auto s = ratelimit::policy::CheckStoreUrlScheme(*f.redis); !s.ok()) {
@@ -155,9 +156,7 @@ void ApplyOverrides(const Flags& f, Config& c) {
     c.store.url = *f.redis;
   }
   if (f.failure_mode) {
-    c.store.failure_mode = *f.failure_mode == "open"     ? FailureMode::kOpen
-                           : *f.failure_mode == "closed" ? FailureMode::kClosed
-                                                         : FailureMode::kLocal;
+    c.store.failure_mode = *ratelimit::ParseFailureMode(*f.failure_mode);  // checked above
   }
 }
 

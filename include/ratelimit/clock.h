@@ -40,4 +40,10 @@ class ManualClock final : public Clock {
   std::atomic<int64_t> now_;
 };
 
+// Whose clock a shared store decides by: Redis' (TIME in its scripts, one
+// clock for every instance) or the caller's Clock (managed Redis that
+// refuses TIME; tests with a ManualClock). The config's store.time_source,
+// RedisStore's and RedisConcurrencyStore's Options::time_source.
+enum class TimeSource { kRedis, kLocal };
+
 }  // namespace ratelimit

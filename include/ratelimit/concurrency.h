@@ -43,6 +43,7 @@ struct AcquireRequest {
   std::string_view name;  // which concurrency limit (a route name): a limit name
   int64_t max_in_flight = 1;
   std::chrono::microseconds lease_ttl{30'000'000};
+  OnFailure on_failure;  // read by a ResilientConcurrencyStore only
 };
 
 struct AcquireResult {
@@ -53,6 +54,11 @@ struct AcquireResult {
   // Denied: when the oldest held lease expires at the latest (it may be
   // released much sooner). 0 when acquired.
   std::chrono::microseconds retry_after{0};
+  // Set by a ResilientConcurrencyStore when the failure mode decided: open
+  // admits without a lease, closed refuses (failed_closed), local leases from
+  // a process-local store (lease ids starting with kLocalLeasePrefix).
+  bool degraded = false;
+  bool failed_closed = false;
 };
 
 using AcquireCallback = std::function<void(StatusOr<AcquireResult>)>;
@@ -67,6 +73,10 @@ class ConcurrencyStore {
   virtual void Acquire(const AcquireRequest& request, AcquireCallback done) = 0;
   virtual void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                        ReleaseCallback done) = 0;
+  // Drops expired leases; returns how many. The daemon calls it periodically.
+  virtual size_t Sweep() { return 0; }
+  // True when the store applies the request's on_failure itself.
+  virtual bool decides_failures() const { return false; }
 
   // Blocking conveniences for tools and tests. REQUIRES: not called on a
   // thread that the store needs to complete the call.
@@ -108,7 +118,7 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
   // Unexpired leases of (key, name) now.
   int64_t InFlight(std::string_view key, std::string_view name);
   // Drops every expired lease (and emptied keys); returns how many leases.
-  size_t Sweep();
+  size_t Sweep() override;
 
  private:
   struct Impl;

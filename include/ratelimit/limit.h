@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ratelimit/status.h"
 
@@ -45,6 +46,32 @@ StatusOr<Algorithm> ParseAlgorithm(std::string_view name);
 StatusOr<std::chrono::microseconds> ParseDuration(std::string_view text);
 // The inverse, in the largest unit that divides evenly: 86400000000us -> "1d".
 std::string FormatDuration(std::chrono::microseconds d);
+
+class Limit;
+
+// The numbers every limit spec gives, whatever its source (the YAML config,
+// the decision API's inline limits, the local fallback's scaling): a count
+// (capacity, depth or limit) and, for the buckets, a rate per second or,
+// for the window algorithms, a window. MakeLimit is the one dispatch on the
+// algorithm.
+//
+//   StatusOr<Limit> l = MakeLimit({.name = "burst", .algorithm = Algorithm::kTokenBucket,
+//                                  .count = 10, .per_second = 5});
+struct LimitSpec {
+  std::string name;
+  Algorithm algorithm = Algorithm::kTokenBucket;
+  int64_t count = 0;                    // capacity | depth | limit
+  double per_second = 0;                // token_bucket, leaky_bucket
+  std::chrono::microseconds window{0};  // fixed_window, sliding_window, sliding_log
+};
+StatusOr<Limit> MakeLimit(LimitSpec spec);
+// The spec of `limit` (MakeLimit(SpecOf(l)) == l, leases aside).
+LimitSpec SpecOf(const Limit& limit);
+// True for the buckets (a rate), false for the window algorithms (a window).
+bool TakesRate(Algorithm a);
+// The spec's field names for `a`: {"capacity", "refill_per_second"},
+// {"depth", "rate_per_second"} or {"limit", "window"}.
+std::pair<std::string_view, std::string_view> SpecFieldNames(Algorithm a);
 
 class Limit {
  public:

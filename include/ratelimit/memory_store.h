@@ -57,7 +57,7 @@ class MemoryStore final : public Store {
   StatusOr<Decision> DecideOne(std::string_view key, const Limit& limit, int64_t cost);
 
   // Drops every expired key; returns how many. The daemon calls it periodically.
-  size_t Sweep();
+  size_t Sweep() override;
   // Live keys (including expired ones not yet swept).
   size_t size() const;
   // Bytes held by the tables and logs (not counting this object).

@@ -54,7 +54,7 @@ namespace ratelimit {
 
 // Where a Redis-backed store takes `now` from: Redis TIME, or the caller's
 // Clock (for managed Redis that refuses TIME in scripts, and for tests).
-enum class RedisTimeSource { kRedis, kLocal };
+using RedisTimeSource = TimeSource;  // one enum: include/ratelimit/clock.h
 
 // The options of both Redis-backed stores (RedisStore::Options and
 // RedisConcurrencyStore::Options are this struct): how to reach Redis, then
@@ -121,15 +121,7 @@ class RedisStore final : public Store {
  public:
   using TimeSource = RedisTimeSource;
   using Options = RedisConnectionOptions;
-
-  // Counters since start, for metrics.
-  struct Stats {
-    uint64_t checks = 0;         // Check() calls that reached the store
-    uint64_t script_calls = 0;   // EVALSHA calls sent
-    uint64_t cache_hits = 0;     // checks answered by the over-limit cache
-    uint64_t prefetch_hits = 0;  // checks answered with a prefetched token (Limit::prefetch)
-    uint64_t failures = 0;       // checks that completed with an error
-  };
+  using Stats = StoreStats;  // counters since start, for metrics
 
   static StatusOr<std::unique_ptr<RedisStore>> Create(Options options);
   ~RedisStore() override;
@@ -143,15 +135,16 @@ class RedisStore final : public Store {
   // later checks fail at once. `done` runs on the client's executor once no
   // call is left, at most a second later. Needed before stopping a caller's
   // io_context (Options::io_context); the destructor does it otherwise.
-  void Shutdown(std::function<void()> done);
+  void Shutdown(std::function<void()> done) override;
 
   // The Redis key holding `limit`'s state for `client_key`.
   std::string KeyFor(std::string_view client_key, const Limit& limit) const;
   // Checks queued or in flight now.
-  size_t pending() const;
+  size_t pending() const override;
   // Cluster: the worst state over the nodes' breakers.
-  CircuitBreaker::State breaker_state() const;
-  Stats stats() const;
+  CircuitBreaker::State breaker_state() const override;
+  Stats stats() const override;
+  bool remote() const override { return true; }
 
   struct Impl;
 

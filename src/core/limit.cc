@@ -240,4 +240,40 @@ std::string Limit::ToString() const {
   return o.str();
 }
 
+bool TakesRate(Algorithm a) { return a == Algorithm::kTokenBucket || a == Algorithm::kLeakyBucket; }
+
+std::pair<std::string_view, std::string_view> SpecFieldNames(Algorithm a) {
+  switch (a) {
+    case Algorithm::kTokenBucket: return {"capacity", "refill_per_second"};
+    case Algorithm::kLeakyBucket: return {"depth", "rate_per_second"};
+    default: return {"limit", "window"};
+  }
+}
+
+StatusOr<Limit> MakeLimit(LimitSpec spec) {
+  switch (spec.algorithm) {
+    case Algorithm::kTokenBucket:
+      return Limit::TokenBucket(std::move(spec.name), spec.count, spec.per_second);
+    case Algorithm::kLeakyBucket:
+      return Limit::LeakyBucket(std::move(spec.name), spec.count, spec.per_second);
+    case Algorithm::kFixedWindow:
+      return Limit::FixedWindow(std::move(spec.name), spec.count, spec.window);
+    case Algorithm::kSlidingWindow:
+      return Limit::SlidingWindow(std::move(spec.name), spec.count, spec.window);
+    case Algorithm::kSlidingLog:
+      return Limit::SlidingLog(std::move(spec.name), spec.count, spec.window);
+  }
+  return InvalidArgument("unknown algorithm");
+}
+
+LimitSpec SpecOf(const Limit& limit) {
+  LimitSpec s{.name = limit.name(), .algorithm = limit.algorithm(), .count = limit.limit()};
+  if (TakesRate(limit.algorithm())) {
+    s.per_second = limit.refill_per_second();
+  } else {
+    s.window = limit.window();
+  }
+  return s;
+}
+
 }  // namespace ratelimit

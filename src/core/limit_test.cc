@@ -125,3 +125,30 @@ TEST(Algorithm, Names) {
 
 }  // namespace
 }  // namespace ratelimit
+
+namespace ratelimit {
+namespace {
+
+TEST(LimitSpec, MakeLimitAndSpecOfRoundTripForEveryAlgorithm) {
+  const std::chrono::microseconds minute = std::chrono::seconds(60);
+  for (Algorithm a : {Algorithm::kTokenBucket, Algorithm::kLeakyBucket, Algorithm::kFixedWindow,
+                      Algorithm::kSlidingWindow, Algorithm::kSlidingLog}) {
+    LimitSpec spec{.name = "x", .algorithm = a, .count = 7};
+    if (TakesRate(a)) {
+      spec.per_second = 4;
+    } else {
+      spec.window = minute;
+    }
+    StatusOr<Limit> l = MakeLimit(spec);
+    ASSERT_TRUE(l.ok()) << AlgorithmName(a);
+    EXPECT_EQ(l->algorithm(), a);
+    EXPECT_EQ(l->limit(), 7);
+    EXPECT_EQ(*MakeLimit(SpecOf(*l)), *l) << AlgorithmName(a);
+  }
+  EXPECT_EQ(SpecFieldNames(Algorithm::kLeakyBucket).first, "depth");
+  EXPECT_EQ(SpecFieldNames(Algorithm::kSlidingLog).second, "window");
+  EXPECT_FALSE(MakeLimit({.name = "x", .algorithm = Algorithm::kFixedWindow, .count = 1}).ok());
+}
+
+}  // namespace
+}  // namespace ratelimit

@@ -30,12 +30,17 @@ Status Store::ResetSync(std::string_view key, std::span<const Limit* const> limi
   return f.get();
 }
 
-Status ValidateRequest(const CheckRequest& request, size_t max_key_length) {
-  if (request.key.empty()) return InvalidArgument("key must not be empty");
-  if (request.key.size() > max_key_length) {
-    return InvalidArgument("key is " + std::to_string(request.key.size()) +
-                           " bytes long; the maximum is " + std::to_string(max_key_length));
+Status ValidateKey(std::string_view key, size_t max_key_length, std::string_view what) {
+  if (key.empty()) return InvalidArgument(std::string(what) + " must not be empty");
+  if (key.size() > max_key_length) {
+    return InvalidArgument(std::string(what) + " is " + std::to_string(key.size()) +
+                           " bytes; the maximum is " + std::to_string(max_key_length));
   }
+  return Status::Ok();
+}
+
+Status ValidateRequest(const CheckRequest& request, size_t max_key_length) {
+  if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
   if (request.checks.empty()) return InvalidArgument("a request needs at least one limit");
   if (request.checks.size() > kMaxChecksPerRequest) {
     return InvalidArgument("a request may check at most " + std::to_string(kMaxChecksPerRequest) +
@@ -52,6 +57,25 @@ Status ValidateRequest(const CheckRequest& request, size_t max_key_length) {
     }
   }
   return Status::Ok();
+}
+
+std::string_view FailureModeName(FailureMode m) {
+  switch (m) {
+    case FailureMode::kOpen: return "open";
+    case FailureMode::kClosed: return "closed";
+    case FailureMode::kLocal: return "local";
+    case FailureMode::kError: return "error";
+  }
+  return "error";
+}
+
+StatusOr<FailureMode> ParseFailureMode(std::string_view name) {
+  for (FailureMode m :
+       {FailureMode::kOpen, FailureMode::kClosed, FailureMode::kLocal, FailureMode::kError}) {
+    if (FailureModeName(m) == name) return m;
+  }
+  return InvalidArgument("unknown failure mode '" + std::string(name) +
+                         "' (expected open, closed, local or error)");
 }
 
 }  // namespace ratelimit

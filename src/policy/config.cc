@@ -255,21 +255,23 @@ class Loader {
   // `headers:` (server, envoy).
   Status Dialect(const YAML::Node& map, HeaderDialect* out) const {
     return Enum<HeaderDialect>(map, "headers",
-                               {{"draft06", HeaderDialect::kDraft06},
-                                {"structured", HeaderDialect::kStructured},
-                                {"legacy", HeaderDialect::kLegacy},
-                                {"none", HeaderDialect::kNone}},
+                               {{HeaderDialectName(HeaderDialect::kDraft06), HeaderDialect::kDraft06},
+                                {HeaderDialectName(HeaderDialect::kStructured),
+                                 HeaderDialect::kStructured},
+                                {HeaderDialectName(HeaderDialect::kLegacy), HeaderDialect::kLegacy},
+                                {HeaderDialectName(HeaderDialect::kNone), HeaderDialect::kNone}},
                                out);
   }
 
   Status Failure(const YAML::Node& map, std::optional<FailureMode>* out) const {
     if (!Get(map, "failure_mode").IsDefined()) return Status::Ok();
     FailureMode m = FailureMode::kOpen;
-    RL_RETURN_IF_ERROR(Enum<FailureMode>(map, "failure_mode",
-                                         {{"open", FailureMode::kOpen},
-                                          {"closed", FailureMode::kClosed},
-                                          {"local", FailureMode::kLocal}},
-                                         &m));
+    RL_RETURN_IF_ERROR(
+        Enum<FailureMode>(map, "failure_mode",
+                          {{FailureModeName(FailureMode::kOpen), FailureMode::kOpen},
+                           {FailureModeName(FailureMode::kClosed), FailureMode::kClosed},
+                           {FailureModeName(FailureMode::kLocal), FailureMode::kLocal}},
+                          &m));
     *out = m;
     return Status::Ok();
   }
@@ -515,10 +517,8 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
   StatusOr<Algorithm> alg = ParseAlgorithm(alg_text);
   if (!alg.ok()) return Wrap(alg_node, alg.status());
   // The two fields each algorithm takes: count, then rate or window.
-  const bool bucket = *alg == Algorithm::kTokenBucket;
-  const bool leaky = *alg == Algorithm::kLeakyBucket;
-  const char* count_key = bucket ? "capacity" : leaky ? "depth" : "limit";
-  const char* second_key = bucket ? "refill_per_second" : leaky ? "rate_per_second" : "window";
+  const std::string count_key(SpecFieldNames(*alg).first);
+  const std::string second_key(SpecFieldNames(*alg).second);
   for (const char* key :
        {"capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"}) {
     const bool belongs = std::string_view(key) == count_key || std::string_view(key) == second_key;
@@ -530,29 +530,24 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
     }
   }
   StatusOr<Limit> limit = Status(StatusCode::kInternal, "unset");
-  if (bucket || leaky) {
-    int64_t count = 0;
-    double rate = 0;
-    RL_RETURN_IF_ERROR(Int(spec[count_key], count_key, &count));
-    RL_RETURN_IF_ERROR(Double(spec[second_key], second_key, &rate));
-    limit = bucket ? Limit::TokenBucket(name, count, rate) : Limit::LeakyBucket(name, count, rate);
+  ratelimit::LimitSpec limit_spec{.name = name, .algorithm = *alg};
+  if (TakesRate(*alg)) {
+    RL_RETURN_IF_ERROR(Int(spec[count_key], count_key, &limit_spec.count));
+    RL_RETURN_IF_ERROR(Double(spec[second_key], second_key, &limit_spec.per_second));
+    limit = MakeLimit(std::move(limit_spec));
     if (!limit.ok()) {
       const bool rate_error = limit.status().message().find(second_key) != std::string::npos ||
                               limit.status().message().find("366 days") != std::string::npos;
       return Wrap(rate_error ? spec[second_key] : spec[count_key], limit.status());
     }
   } else {
-    int64_t count = 0;
-    RL_RETURN_IF_ERROR(Int(spec["limit"], "limit", &count));
+    RL_RETURN_IF_ERROR(Int(spec["limit"], "limit", &limit_spec.count));
     std::string window_text;
     RL_RETURN_IF_ERROR(Scalar(spec["window"], "window", &window_text));
     StatusOr<std::chrono::microseconds> window = ParseDuration(window_text);
     if (!window.ok()) return Error(spec["window"], what + ": " + window.status().message());
-    switch (*alg) {
-      case Algorithm::kFixedWindow: limit = Limit::FixedWindow(name, count, *window); break;
-      case Algorithm::kSlidingWindow: limit = Limit::SlidingWindow(name, count, *window); break;
-      default: limit = Limit::SlidingLog(name, count, *window); break;
-    }
+    limit_spec.window = *window;
+    limit = MakeLimit(std::move(limit_spec));
     if (!limit.ok()) {
       const bool window_error = limit.status().message().find("window") != std::string::npos &&
                                 limit.status().message().find("limit must") == std::string::npos;
@@ -922,15 +917,6 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
 }
 
 }  // namespace
-
-std::string_view FailureModeName(FailureMode m) {
-  switch (m) {
-    case FailureMode::kOpen: return "open";
-    case FailureMode::kClosed: return "closed";
-    case FailureMode::kLocal: return "local";
-  }
-  return "open";
-}
 
 std::string_view HeaderDialectName(HeaderDialect d) {
   switch (d) {

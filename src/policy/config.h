@@ -18,13 +18,17 @@
 #include <vector>
 
 #include "policy/ip.h"
+#include "ratelimit/clock.h"
+#include "ratelimit/failure_mode.h"
 #include "ratelimit/limit.h"
 #include "ratelimit/status.h"
 
 namespace ratelimit::policy {
 
-// What to do when the store cannot decide (unreachable, deadline, breaker open).
-enum class FailureMode { kOpen, kClosed, kLocal };
+// What to do when the store cannot decide (unreachable, deadline, breaker
+// open): ratelimit/failure_mode.h. The YAML accepts open, closed and local.
+using ratelimit::FailureMode;
+using ratelimit::FailureModeName;
 
 // Which rate limit headers clients are told.
 enum class HeaderDialect {
@@ -39,7 +43,8 @@ struct StoreConfig {
   std::string url;                          // redis://, rediss:// (secret: never logged)
   std::chrono::milliseconds deadline{100};  // per store call
   std::string key_prefix = "rl:";
-  enum class TimeSource { kRedis, kLocal } time_source = TimeSource::kRedis;
+  using TimeSource = ratelimit::TimeSource;
+  TimeSource time_source = TimeSource::kRedis;
   FailureMode failure_mode = FailureMode::kOpen;
   int closed_status = 503;       // 503 or 429 when failure_mode is closed
   int expected_instances = 1;    // for kLocal: each instance gets limit / this
@@ -211,7 +216,6 @@ std::string FolderOf(const std::string& path);
 void KeepRestartBound(const Config& running, Config* loaded);
 
 // The YAML spellings, shared with the server's admin API and logs.
-std::string_view FailureModeName(FailureMode m);      // "open", "closed", "local"
 std::string_view HeaderDialectName(HeaderDialect d);  // "draft06", "structured", "legacy", "none"
 
 // No config file: memory store, demo page, /api/ping limited per client

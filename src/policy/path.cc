@@ -3,17 +3,11 @@
 #include <string>
 #include <string_view>
 
+#include "core/percent.h"
 #include "policy/policy.h"
 
 namespace ratelimit::policy {
 namespace {
-
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 bool IsControl(unsigned char c) { return c < 0x20 || c == 0x7f; }
 
@@ -53,24 +47,26 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
   // Decode, rejecting what would change the path's structure or smuggle bytes.
   std::string decoded;
   decoded.reserve(target.size());
-  for (size_t i = 0; i < target.size(); ++i) {
-    const char c = target[i];
-    if (IsControl(static_cast<unsigned char>(c)) || c == ' ') {
-      return InvalidArgument("request path contains a control character or space");
-    }
-    if (c != '%') {
-      decoded += c;
-      continue;
-    }
-    const int hi = i + 2 < target.size() ? HexValue(target[i + 1]) : -1;
-    const int lo = hi >= 0 ? HexValue(target[i + 2]) : -1;
-    if (lo < 0) return InvalidArgument("request path has a malformed percent-escape");
-    const auto b = static_cast<unsigned char>(hi * 16 + lo);
-    if (b == '/') return InvalidArgument("request path contains an encoded '/' (%2F)");
-    if (IsControl(b)) return InvalidArgument("request path contains an encoded control character");
-    decoded += static_cast<char>(b);
-    i += 2;
+  Status refused = Status::Ok();
+  const core::PercentResult r =
+      core::PercentDecodeEach(target, /*plus_is_space=*/false, [&](char c, bool escaped) {
+        const auto b = static_cast<unsigned char>(c);
+        if (!escaped && (IsControl(b) || c == ' ')) {
+          refused = InvalidArgument("request path contains a control character or space");
+        } else if (escaped && b == '/') {
+          refused = InvalidArgument("request path contains an encoded '/' (%2F)");
+        } else if (escaped && IsControl(b)) {
+          refused = InvalidArgument("request path contains an encoded control character");
+        } else {
+          decoded += c;
+          return true;
+        }
+        return false;
+      });
+  if (r == core::PercentResult::kMalformed) {
+    return InvalidArgument("request path has a malformed percent-escape");
   }
+  if (!refused.ok()) return refused;
 
   // Segments: drop empty and ".", resolve ".." (never above the root), lower-case.
   std::string out;

@@ -2,6 +2,9 @@
 
 #include <charconv>
 #include <limits>
+#include <optional>
+
+#include "core/percent.h"
 
 namespace ratelimit::redis {
 namespace {
@@ -10,30 +13,10 @@ Status UrlError(std::string_view what) {
   return InvalidArgument("invalid redis url: " + std::string(what));
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 StatusOr<std::string> PercentDecode(std::string_view in, std::string_view field) {
-  std::string out;
-  out.reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (in[i] != '%') {
-      out.push_back(in[i]);
-      continue;
-    }
-    int hi = i + 2 < in.size() ? HexValue(in[i + 1]) : -1;
-    int lo = i + 2 < in.size() ? HexValue(in[i + 2]) : -1;
-    if (hi < 0 || lo < 0) {
-      return UrlError("bad percent-escape in " + std::string(field) + " (expected %XX)");
-    }
-    out.push_back(static_cast<char>(hi * 16 + lo));
-    i += 2;
-  }
-  return out;
+  std::optional<std::string> out = core::PercentDecode(in);
+  if (!out) return UrlError("bad percent-escape in " + std::string(field) + " (expected %XX)");
+  return *std::move(out);
 }
 
 // Parses a whole decimal string into [min, max].

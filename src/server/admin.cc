@@ -10,10 +10,12 @@
 #include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <vector>
 
+#include "core/percent.h"
 #include "policy/config.h"
-#include "ratelimit/redis_store.h"
 #include "server/explain.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
@@ -43,31 +45,11 @@ Reply MethodNotAllowed(std::string_view path, std::string_view allow) {
   return r;
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // Percent-decodes (and '+' -> ' ' in queries). Malformed escapes: error.
 StatusOr<std::string> Decode(std::string_view s, bool query) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%') {
-      if (i + 2 >= s.size() || HexValue(s[i + 1]) < 0 || HexValue(s[i + 2]) < 0) {
-        return InvalidArgument("malformed percent-escape");
-      }
-      out.push_back(static_cast<char>(HexValue(s[i + 1]) * 16 + HexValue(s[i + 2])));
-      i += 2;
-    } else if (query && s[i] == '+') {
-      out.push_back(' ');
-    } else {
-      out.push_back(s[i]);
-    }
-  }
-  return out;
+  std::optional<std::string> out = core::PercentDecode(s, /*plus_is_space=*/query);
+  if (!out) return InvalidArgument("malformed percent-escape");
+  return *std::move(out);
 }
 
 // name -> value; a repeated name is an error.
@@ -574,8 +556,6 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
     return op->done(JsonReply(200, {{"client", op->client}, {"reset", op->names}}));
   }
   const size_t i = op->next++;
-  // The local fallback's state too, so a degraded decision starts full as well.
-  (void)enforcer_.local_store().ResetSync(op->groups[i].key, op->limits[i]);
   store().Reset(op->groups[i].key, op->limits[i], [this, op](Status s) {
     if (!s.ok()) {
       Reply r =
@@ -589,14 +569,12 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
 
 void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,
                      std::function<void(Reply)> done) {
-  const auto* redis = dynamic_cast<const RedisStore*>(&store());
-  if (redis == nullptr) return done(JsonReply(200, {{"ready", true}, {"store", "memory"}}));
+  const Store* redis = &store();
+  if (!redis->remote()) return done(JsonReply(200, {{"ready", true}, {"store", "memory"}}));
   static const Limit kProbe = *Limit::TokenBucket("readyz", 1, 1.0);
   static const LimitCheck kCheck[] = {{&kProbe, 0}};
   const policy::FailureMode mode = policy->config().store.failure_mode;
-  const std::string mode_name = mode == policy::FailureMode::kOpen     ? "open"
-                                : mode == policy::FailureMode::kClosed ? "closed"
-                                                                       : "local";
+  const std::string mode_name(FailureModeName(mode));
   // A Peek never creates state: a cheap round trip that proves Redis answers.
   store().Peek({"admin:readyz", kCheck}, [redis, mode, mode_name,
                                           done = std::move(done)](StatusOr<CheckResult> r) {

@@ -70,7 +70,7 @@ std::vector<TopEntry> AdminDenials::Top(size_t n, int minutes, int64_t now_ms,
 std::vector<std::string> AdminDenials::Keys() const {
   std::vector<std::string> out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     for (const DenialEntry& e : ring_) out.push_back(e.key);
     for (const Minute& m : minutes_) {
       for (const auto& [k, c] : m.counts) out.push_back(k);

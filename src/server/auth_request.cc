@@ -2,9 +2,6 @@
 
 #include <string>
 
-#include "server/headers.h"
-#include "server/problem.h"
-
 namespace ratelimit::server {
 
 StatusOr<unsigned> ParseDenyStatus(std::string_view query) {
@@ -33,33 +30,15 @@ StatusOr<unsigned> ParseDenyStatus(std::string_view query) {
   return status;
 }
 
-Reply AuthReply(const Outcome& o, policy::HeaderDialect dialect, unsigned deny_status,
-                std::string_view original_uri) {
+Reply AuthReply(const Outcome& o, const HttpFace& face, std::string_view original_uri) {
+  if (!o.allowed()) {
+    HttpFace auth = face;
+    auth.mark_denied = true;
+    return RefusalReply(o, auth, original_uri);
+  }
   Reply r;
-  if (!o.error.empty()) {
-    // failure_mode closed: the store could not be asked.
-    r = ProblemReply(o.status, o.error, original_uri);
-    r.Add("Retry-After", "1");
-    r.Add("X-RateLimit-Degraded", "true");
-    return r;
-  }
-  if (o.status == 200) {
-    r.status = 204;
-  } else {
-    RateLimitInfo info{
-        .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
-    r.status = deny_status;
-    r.content_type = kProblemContentType;
-    r.body = QuotaExceededBody(info, original_uri);
-    r.Add("X-RateLimit-Denied", "true");
-  }
-  if (o.limited) {
-    RateLimitInfo info{
-        .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
-    AddRateLimitHeaders(dialect, info, r.headers);
-  } else if (o.degraded) {
-    r.Add("X-RateLimit-Degraded", "true");
-  }
+  r.status = 204;
+  AddOutcomeHeaders(o, face.dialect, r);
   return r;
 }
 

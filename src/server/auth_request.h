@@ -5,6 +5,7 @@
 // X-Forwarded-For (used only when nginx is a trusted proxy). The answer:
 //   204                   allowed, with the rate limit headers
 //   429 (or deny_status)  denied, with the headers, Retry-After and a problem body
+//                         (whose "status" is the answer's: RFC 9457)
 // nginx's auth_request turns any status other than 2xx/401/403 into 500, so
 // the example config asks for `?deny_status=403` and maps that 403 back to a
 // 429 in a named location (examples/nginx-auth-request.conf). A denial is
@@ -18,6 +19,7 @@
 #include "policy/config.h"
 #include "ratelimit/status.h"
 #include "server/enforcer.h"
+#include "server/outcome_reply.h"
 #include "server/reply.h"
 
 namespace ratelimit::server {
@@ -26,8 +28,8 @@ namespace ratelimit::server {
 // Allowed: 401, 403, 429. Anything else is InvalidArgument.
 StatusOr<unsigned> ParseDenyStatus(std::string_view query);
 
-// The answer for an Outcome of the rules (any status but 400).
-Reply AuthReply(const Outcome& outcome, policy::HeaderDialect dialect, unsigned deny_status,
-                std::string_view original_uri);
+// The answer for an Outcome of the rules (any verdict but kBadRequest).
+// `face` says the dialect, closed_status and deny_status.
+Reply AuthReply(const Outcome& outcome, const HttpFace& face, std::string_view original_uri);
 
 }  // namespace ratelimit::server

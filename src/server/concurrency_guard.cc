@@ -14,6 +14,8 @@
 #include "server/headers.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
+#include "server/store_factory.h"
+#include "store/resilient_store.h"
 
 namespace ratelimit::server {
 
@@ -24,7 +26,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr std::string_view kLocalPrefix = "l-";
 constexpr milliseconds kFirstRetry{10};
 constexpr milliseconds kMaxRetry{200};
 
@@ -54,12 +55,13 @@ struct ConcurrencyLimiter::Waiter {
 struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   using Waiter = ConcurrencyLimiter::Waiter;
   net::any_io_executor executor;
-  // Not owned; null after DetachStore (shutdown): leases are then left to expire.
-  std::atomic<ConcurrencyStore*> store{nullptr};
-  MemoryConcurrencyStore local;
+  // The server's store with the failure modes (the local fallback's leases
+  // start with kLocalLeasePrefix). Detached at shutdown: leases of the
+  // server's store are then left to expire.
+  std::unique_ptr<ResilientConcurrencyStore> store;
   int expected_instances = 1;
   int closed_status = 503;
-  LogSampler error_log{10};
+  LogSampler error_log{10, "concurrency store errors suppressed"};
   std::mutex mu;
   bool stopped = false;  // GUARDED_BY(mu)
   // (key, name) -> requests waiting for one of its leases, oldest first.
@@ -126,19 +128,12 @@ void LeaseGuard::Release(std::function<void()> then) {
   }
   Metrics::Global().Concurrency(route_).in_flight.Add(-1);
   std::shared_ptr<State> st = state_;
-  if (id_.starts_with(kLocalPrefix)) {
-    st->local.Release(key_, name_, std::string_view(id_).substr(kLocalPrefix.size()),
-                      [](StatusOr<bool>) {});
-    st->Wake(key_, name_);
+  if (!id_.starts_with(kLocalLeasePrefix) && st->store->detached()) {
+    // Shutting down: the lease expires after its lease_ttl.
     if (then) then();
     return;
   }
-  ConcurrencyStore* store = st->store.load();
-  if (store == nullptr) {  // shutting down: the lease expires after its lease_ttl
-    if (then) then();
-    return;
-  }
-  store->Release(
+  st->store->Release(
       key_, name_, id_, [st, key = key_, name = name_, then = std::move(then)](StatusOr<bool> r) {
         if (!r.ok()) {
           st->LogError("concurrency lease release failed: it expires by itself", r.status());
@@ -152,7 +147,8 @@ ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, Concurrenc
                                        const policy::StoreConfig& store_config)
     : state_(std::make_shared<LeaseGuard::State>()) {
   state_->executor = std::move(executor);
-  state_->store = &store;
+  state_->store = std::make_unique<ResilientConcurrencyStore>(
+      &store, ResilientConcurrencyStore::Options{.on_failure = ConcurrencyFailureReporter()});
   state_->expected_instances = std::max(1, store_config.expected_instances);
   state_->closed_status = store_config.closed_status;
 }
@@ -165,9 +161,9 @@ void ConcurrencyLimiter::Stop() {
   state_->waiters.clear();
 }
 
-void ConcurrencyLimiter::DetachStore() { state_->store.store(nullptr); }
+void ConcurrencyLimiter::DetachStore() { state_->store->Detach(); }
 
-void ConcurrencyLimiter::Sweep() { state_->local.Sweep(); }
+void ConcurrencyLimiter::Sweep() { state_->store->Sweep(); }
 
 void ConcurrencyLimiter::Acquire(ConcurrencyRequest request,
                                  std::function<void(ConcurrencyOutcome)> done) {
@@ -181,13 +177,13 @@ void ConcurrencyLimiter::Acquire(ConcurrencyRequest request,
 }
 
 void LeaseGuard::State::Try(std::shared_ptr<Waiter> w) {
-  const AcquireRequest r{.key = w->req.key,
-                         .name = w->req.name,
-                         .max_in_flight = w->req.config.max_in_flight,
-                         .lease_ttl = w->req.config.lease_ttl};
-  ConcurrencyStore* s = store.load();
-  if (s == nullptr) return OnResult(std::move(w), Unavailable("shutting down"));
-  s->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
+  const AcquireRequest r{
+      .key = w->req.key,
+      .name = w->req.name,
+      .max_in_flight = w->req.config.max_in_flight,
+      .lease_ttl = w->req.config.lease_ttl,
+      .on_failure = {.mode = w->req.failure_mode, .expected_instances = expected_instances}};
+  store->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
     st->OnResult(std::move(w), std::move(res));
   });
 }
@@ -195,44 +191,27 @@ void LeaseGuard::State::Try(std::shared_ptr<Waiter> w) {
 void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResult> r) {
   ConcurrencyOutcome o;
   if (!r.ok()) {
-    if (r.status().code() == StatusCode::kInvalidArgument) {
-      o.status = 400;
-      o.error = r.status().message();
-      return Finish(std::move(w), std::move(o));
-    }
-    Metrics::Global().Degraded(CauseOf(r.status())).Inc();
-    LogError("concurrency store error: failure mode decides", r.status());
-    o.degraded = true;
-    switch (w->req.failure_mode) {
-      case FailureMode::kOpen:
-        o.result.acquired = true;
-        o.result.max_in_flight = w->req.config.max_in_flight;
-        return Finish(std::move(w), std::move(o));
-      case FailureMode::kClosed:
-        o.status = static_cast<unsigned>(closed_status);
-        o.error = "the concurrency limit store is unavailable";
-        return Finish(std::move(w), std::move(o));
-      case FailureMode::kLocal: {
-        const int64_t n = expected_instances;
-        const int64_t max = std::max<int64_t>(1, (w->req.config.max_in_flight + n - 1) / n);
-        r = local.AcquireSync({.key = w->req.key,
-                               .name = w->req.name,
-                               .max_in_flight = max,
-                               .lease_ttl = w->req.config.lease_ttl});
-        if (!r.ok()) {  // the local store is full too: let it through
-          o.result.acquired = true;
-          o.result.max_in_flight = max;
-          return Finish(std::move(w), std::move(o));
-        }
-        if (r->acquired) r->lease_id = std::string(kLocalPrefix) + r->lease_id;
-        break;
-      }
-    }
+    o.status = r.status().code() == StatusCode::kInvalidArgument
+                   ? 400
+                   : static_cast<unsigned>(closed_status);  // failure mode error
+    o.degraded = o.status != 400;
+    o.error = o.degraded ? "the concurrency limit store is unavailable" : r.status().message();
+    return Finish(std::move(w), std::move(o));
+  }
+  o.degraded = r->degraded;
+  if (r->failed_closed) {
+    o.status = static_cast<unsigned>(closed_status);
+    o.error = "the concurrency limit store is unavailable";
+    o.result = *std::move(r);
+    return Finish(std::move(w), std::move(o));
   }
   o.result = *std::move(r);
   if (o.result.acquired) {
-    o.lease = std::make_unique<LeaseGuard>(shared_from_this(), w->req.key, w->req.name,
-                                           o.result.lease_id, w->req.route);
+    // Admitted without a lease when failing open.
+    if (!o.result.lease_id.empty()) {
+      o.lease = std::make_unique<LeaseGuard>(shared_from_this(), w->req.key, w->req.name,
+                                             o.result.lease_id, w->req.route);
+    }
     return Finish(std::move(w), std::move(o));
   }
   // Denied.
@@ -302,12 +281,7 @@ void ConcurrencyLimiter::Release(std::string_view key, std::string_view name,
     if (r.ok() && *r) st->Wake(k, n);
     done(std::move(r));
   };
-  if (lease_id.starts_with(kLocalPrefix)) {
-    return st->local.Release(key, name, lease_id.substr(kLocalPrefix.size()), std::move(wake));
-  }
-  ConcurrencyStore* store = st->store.load();
-  if (store == nullptr) return wake(Unavailable("shutting down"));
-  store->Release(key, name, lease_id, std::move(wake));
+  st->store->Release(key, name, lease_id, std::move(wake));
 }
 
 std::string ConcurrencyExceededBody(const ConcurrencyOutcome& o, std::string_view name,

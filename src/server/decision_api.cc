@@ -6,11 +6,14 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "server/headers.h"
+#include "server/outcome_reply.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
@@ -103,55 +106,62 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
                "' (token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_log)");
   }
   const std::string algo_name(AlgorithmName(*algo));
-  const size_t first = *algo == Algorithm::kTokenBucket   ? 0
-                       : *algo == Algorithm::kLeakyBucket ? 2
-                                                          : 4;
-  const std::string count_name(kFields[first]), second_name(kFields[first + 1]);
+  const auto [count_field_name, second_field_name] = SpecFieldNames(*algo);
+  const std::string count_name(count_field_name), second_name(second_field_name);
+  const json* count_field = nullptr;
+  const json* second = nullptr;
   for (size_t f = 0; f < std::size(kFields); ++f) {
-    if (fields[f] != nullptr && f != first && f != first + 1) {
+    if (kFields[f] == count_name) {
+      count_field = fields[f];
+    } else if (kFields[f] == second_name) {
+      second = fields[f];
+    } else if (fields[f] != nullptr) {
       return Bad(where + ": field '" + std::string(kFields[f]) + "' does not apply to " +
                  algo_name + " (use '" + count_name + "' and '" + second_name + "')");
     }
   }
-  const json* count_field = fields[first];
-  const json* second = fields[first + 1];
-  int64_t count = 0;
+  LimitSpec spec{.name = std::move(limit_name), .algorithm = *algo};
   if (count_field == nullptr)
     return Bad(where + ": field '" + count_name + "' is required for " + algo_name);
-  if (!GetInt(*count_field, 1, count))
+  if (!GetInt(*count_field, 1, spec.count))
     return Bad(where + ": field '" + count_name + "' must be a positive integer");
   if (second == nullptr)
     return Bad(where + ": field '" + second_name + "' is required for " + algo_name);
-  StatusOr<Limit> out = Status(StatusCode::kInternal, "unset");
-  if (*algo == Algorithm::kTokenBucket || *algo == Algorithm::kLeakyBucket) {
+  if (TakesRate(*algo)) {
     if (!second->is_number() || !(second->get<double>() > 0)) {
       return Bad(where + ": field '" + second_name + "' must be a positive number");
     }
-    out = *algo == Algorithm::kTokenBucket
-              ? Limit::TokenBucket(limit_name, count, second->get<double>())
-              : Limit::LeakyBucket(limit_name, count, second->get<double>());
+    spec.per_second = second->get<double>();
   } else {
     if (!second->is_string()) {
       return Bad(where + ": field 'window' must be a duration string such as \"60s\"");
     }
     StatusOr<std::chrono::microseconds> w = ParseDuration(second->get_ref<const std::string&>());
     if (!w.ok()) return Bad(where + ": field 'window': " + w.status().message());
-    switch (*algo) {
-      case Algorithm::kFixedWindow: out = Limit::FixedWindow(limit_name, count, *w); break;
-      case Algorithm::kSlidingWindow: out = Limit::SlidingWindow(limit_name, count, *w); break;
-      default: out = Limit::SlidingLog(limit_name, count, *w); break;
-    }
+    spec.window = *w;
   }
+  // The core names the limit ("limit 'default': capacity must ..."); `where`
+  // already says which one, and 'default' is no name the caller wrote.
+  const std::string named = "limit '" + spec.name + "': ";
+  StatusOr<Limit> out = MakeLimit(std::move(spec));
   if (!out.ok()) {
-    // The core names the limit ("limit 'default': capacity must ..."); `where`
-    // already says which one, and 'default' is no name the caller wrote.
     std::string_view m = out.status().message();
-    if (const std::string named = "limit '" + limit_name + "': "; m.starts_with(named)) {
-      m.remove_prefix(named.size());
-    }
+    if (m.starts_with(named)) m.remove_prefix(named.size());
     return Bad(where + ": " + std::string(m));
   }
   return out;
+}
+
+// One name means one set of parameters: a limit's state is keyed by its
+// name (and algorithm), so an inline limit that took a configured limit's
+// name with other parameters would share, and corrupt, its state. The same
+// parameters are the same limit, and allowed.
+Status NotAConfiguredLimitsName(const Limit& l, const policy::Policy* policy) {
+  const Limit* configured = policy != nullptr ? policy->NamedLimit(l.name()) : nullptr;
+  if (configured == nullptr || *configured == l) return Status::Ok();
+  return Bad("limit '" + l.name() +
+             "' is configured with other parameters; name it (\"limit\": \"" + l.name() +
+             "\") to use the configured one, or give this one another name");
 }
 
 void AppendInt(std::string& out, int64_t v) {
@@ -172,14 +182,6 @@ void AppendDecisionFields(std::string& out, const Decision& d) {
   AppendInt(out, CeilMillis(d.reset_after));
   out += ",\"delay_ms\":";
   AppendInt(out, d.allowed ? CeilMillis(d.delay) : 0);
-}
-
-// The limit whose decision equals the combined one (names the headers).
-const Limit* Speaker(const CheckResult& r, std::span<const LimitCheck> checks) {
-  for (size_t i = 0; i < r.decisions.size() && i < checks.size(); ++i) {
-    if (r.decisions[i] == r.overall) return checks[i].limit;
-  }
-  return checks.empty() ? nullptr : checks.front().limit;
 }
 
 struct CheckOp {
@@ -295,9 +297,9 @@ class InlineLimits {
     if (text.size() > kMaxText) return nullptr;
     Entry& e = entries_[std::hash<std::string_view>{}(text) % kEntries];
     if (e.limit && e.text == text) return &*e.limit;
-    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return nullptr;
-    StatusOr<Limit> l = ParseInlineLimit(j, "limit");
+    StatusOr<json> j = ParseBody(text);  // refuses a repeated member too
+    if (!j.ok()) return nullptr;
+    StatusOr<Limit> l = ParseInlineLimit(*j, "limit");
     if (!l.ok()) return nullptr;
     e.text.assign(text);
     e.limit = *std::move(l);
@@ -351,7 +353,7 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
     std::string_view text;
     if (!sc.ObjectText(text)) return false;
     const Limit* l = inline_limits.Get(text);
-    if (l == nullptr) return false;
+    if (l == nullptr || !NotAConfiguredLimitsName(*l, policy).ok()) return false;
     out.owned.push_back(*l);
     named[n++] = nullptr;
     return true;
@@ -388,8 +390,34 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
 }
 
 StatusOr<json> ParseBody(std::string_view body) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_discarded()) return j;
+  // nlohmann keeps the last of repeated members; JSON (RFC 8259) leaves it
+  // open. A repeated member is refused: a typo must not silently change a
+  // request. The member names of the objects being read, innermost last:
+  std::vector<std::unordered_set<std::string>> open;
+  std::string repeated;
+  auto track = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: open.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!open.empty() && !open.back().insert(parsed.get<std::string>()).second &&
+            repeated.empty()) {
+          repeated = parsed.get<std::string>();
+        }
+        break;
+      default: break;
+    }
+    return true;
+  };
+  json j = json::parse(body, track, /*allow_exceptions=*/false);
+  if (!j.is_discarded()) {
+    if (!repeated.empty()) {
+      return Bad("member '" + repeated + "' appears twice in one JSON object");
+    }
+    return j;
+  }
   // The error path only: parse again to learn what was wrong.
   try {
     json again = json::parse(body);
@@ -426,11 +454,7 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   if (key == nullptr) return Bad("field 'key' is required");
   if (!key->is_string()) return Bad("field 'key' must be a string");
   out.key = key->get<std::string>();
-  if (out.key.empty()) return Bad("field 'key' must not be empty");
-  if (out.key.size() > max_key_length) {
-    return Bad("field 'key' is " + std::to_string(out.key.size()) + " bytes; the maximum is " +
-               std::to_string(max_key_length));
-  }
+  if (Status s = ValidateKey(out.key, max_key_length, "field 'key'"); !s.ok()) return s;
   if (!ValidUtf8(out.key)) return Bad("field 'key' is not valid UTF-8");
   if (cost != nullptr && !GetInt(*cost, 0, out.cost)) {
     return Bad("field 'cost' must be a non-negative integer");
@@ -461,6 +485,9 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
     } else if (e.is_object()) {
       StatusOr<Limit> l = ParseInlineLimit(e, where);
       if (!l.ok()) return l.status();
+      if (Status s = NotAConfiguredLimitsName(*l, policy); !s.ok()) {
+        return Bad(where + ": " + s.message());
+      }
       out.owned.push_back(std::move(*l));
     } else {
       return Bad(where + ": must be a limit object or the name of a configured limit");
@@ -470,20 +497,42 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   return out;
 }
 
-void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
-                     std::string& out) {
+namespace {
+
+// {"allowed":...,"degraded":...,"limits":[{"name":...,...},...]}: the
+// overall decision, then limit(i)'s name and decision(i) for i < n.
+template <typename NameOf, typename DecisionOf>
+void AppendBody(const Decision& overall, bool degraded, size_t n, NameOf name_of,
+                DecisionOf decision_of, std::string& out) {
   out.push_back('{');
-  AppendDecisionFields(out, result.overall);
+  AppendDecisionFields(out, overall);
   out += degraded ? ",\"degraded\":true,\"limits\":[" : ",\"degraded\":false,\"limits\":[";
-  for (size_t i = 0; i < result.decisions.size() && i < checks.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     if (i > 0) out.push_back(',');
     out += "{\"name\":\"";
-    out += checks[i].limit->name();  // validated: [A-Za-z0-9_.-]
+    out += name_of(i);  // validated: [A-Za-z0-9_.-]
     out += "\",";
-    AppendDecisionFields(out, result.decisions[i]);
+    AppendDecisionFields(out, decision_of(i));
     out.push_back('}');
   }
   out += "]}";
+}
+
+}  // namespace
+
+void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
+                     std::string& out) {
+  AppendBody(
+      result.overall, degraded, std::min(result.decisions.size(), checks.size()),
+      [&](size_t i) -> const std::string& { return checks[i].limit->name(); },
+      [&](size_t i) -> const Decision& { return result.decisions[i]; }, out);
+}
+
+void AppendOutcomeBody(const Outcome& o, std::string& out) {
+  AppendBody(
+      o.decision, o.degraded, o.limits.size(),
+      [&](size_t i) -> const std::string& { return o.limits[i].limit->name(); },
+      [&](size_t i) -> const Decision& { return o.limits[i].decision; }, out);
 }
 
 void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
@@ -499,31 +548,24 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
   }
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed)});
   const policy::StoreConfig& store_config = op->policy->config().store;
-  enforcer_.DecideGroup(
-      op->check.key, op->check.checks, store_config.failure_mode, store_config,
-      [this, op, path = std::string(path), done = std::move(done)](GroupOutcome g) {
-        if (!g.error.ok()) return done(ProblemReply(400, g.error.message(), path));
-        const policy::Config& config = op->policy->config();
-        Reply r;
-        r.status = g.failed_closed            ? static_cast<unsigned>(config.store.closed_status)
-                   : g.result.overall.allowed ? 200u
-                                              : 429u;
-        r.content_type = "application/json";
-        r.body.reserve(128 + 128 * op->check.checks.size());
-        AppendCheckBody(g.result, op->check.checks, g.degraded, r.body);
-        const Limit* speaker = Speaker(g.result, op->check.checks);
-        if (!g.result.overall.allowed && speaker != nullptr) {
-          enforcer_.RecordDenial(DecisionApiClient(op->check.key), speaker->name(), path);
-        }
-        RateLimitInfo info{
-            .decision = g.result.overall,
-            .name = speaker != nullptr ? std::string_view(speaker->name()) : "",
-            .window = speaker != nullptr ? speaker->window() : std::chrono::microseconds(0),
-            .degraded = g.degraded};
-        r.headers.reserve(6);
-        AddRateLimitHeaders(config.server.headers, info, r.headers);
-        done(std::move(r));
-      });
+  enforcer_.Check(op->check.key, op->check.checks, store_config, path, Face::kDecisionApi,
+                  [op, path, done = std::move(done)](Outcome o) {
+                    const policy::Config& config = op->policy->config();
+                    const HttpFace face{
+                        .dialect = config.server.headers,
+                        .closed_status = static_cast<unsigned>(config.store.closed_status)};
+                    if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {
+                      return done(RefusalReply(o, face, path));
+                    }
+                    Reply r;
+                    r.status = HttpStatus(o, face);
+                    r.content_type = "application/json";
+                    r.body.reserve(128 + 128 * o.limits.size());
+                    AppendOutcomeBody(o, r.body);
+                    r.headers.reserve(6);
+                    AddOutcomeHeaders(o, face.dialect, r);
+                    done(std::move(r));
+                  });
 }
 
 namespace {
@@ -599,16 +641,16 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     }
     op->checks[i] = std::move(*parsed);
     const ParsedCheck& c = op->checks[i];
-    enforcer_.DecideGroup(
-        c.key, c.checks, store_config.failure_mode, store_config, [op, i](GroupOutcome g) {
-          std::string& out = op->results[i];
-          if (!g.error.ok()) {
-            out = ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + g.error.message());
-          } else {
-            AppendCheckBody(g.result, op->checks[i].checks, g.degraded, out);
-          }
-          op->CompleteOne();
-        });
+    enforcer_.Check(c.key, c.checks, store_config, path, Face::kDecisionApi, [op, i](Outcome o) {
+      std::string& out = op->results[i];
+      if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {
+        out = ErrorEntry(o.verdict == Verdict::kBadRequest ? 400 : 503,
+                         "checks[" + std::to_string(i) + "]: " + o.error);
+      } else {
+        AppendOutcomeBody(o, out);
+      }
+      op->CompleteOne();
+    });
   }
   op->CompleteOne();
 }

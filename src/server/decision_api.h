@@ -63,12 +63,17 @@ StatusOr<ParsedCheck> ParseCheck(const nlohmann::json& j, const policy::Policy* 
 std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::Policy* policy,
                                           size_t max_key_length);
 
-// Parses a request body (JSON text). Errors as above, and "request body is not valid JSON: ...".
+// Parses a request body (JSON text): the one JSON reader of every body the
+// server reads (decision API, concurrency API). Errors as above, "request
+// body is not valid JSON: ...", and "member 'key' appears twice in one JSON
+// object" (a repeated member is refused, never last-wins).
 StatusOr<nlohmann::json> ParseBody(std::string_view body);
 
 // Appends the decision JSON object of `result` to `out` (no allocation beyond `out`).
 void AppendCheckBody(const CheckResult& result, std::span<const LimitCheck> checks, bool degraded,
                      std::string& out);
+// The same for an Enforcer outcome (its combined decision and every limit's).
+void AppendOutcomeBody(const Outcome& o, std::string& out);
 
 class DecisionApi {
  public:

@@ -238,5 +238,86 @@ TEST(DecisionApi, ChecksAgainstTheStore) {
   EXPECT_EQ(j["results"][1]["error"]["detail"], "checks[1]: field 'key' must be a string");
 }
 
+std::shared_ptr<const policy::Policy> BurstPolicy() {
+  StatusOr<policy::Config> c = policy::ParseConfig(R"(
+limits:
+  burst:
+    algorithm: token_bucket
+    capacity: 20
+    refill_per_second: 10
+)",
+                                                   "test.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().message();
+  return *policy::Policy::Create(std::move(*c));
+}
+
+// Issue #16: an inline limit named like a configured one, with other
+// parameters, shared its state (capacity 3 spent, then the configured
+// capacity-20 limit answered remaining 9, not 19). One name, one set of
+// parameters: the clash is refused; the same parameters are the same limit.
+TEST(DecisionApi, AnInlineLimitMayNotTakeAConfiguredNameWithOtherParameters) {
+  auto policy = BurstPolicy();
+  const std::string clash =
+      R"({"key":"user:43","limit":{"name":"burst","algorithm":"token_bucket","capacity":3,)"
+      R"("refill_per_second":1}})";
+  const std::string expected =
+      "limit: limit 'burst' is configured with other parameters; name it (\"limit\": "
+      "\"burst\") to use the configured one, or give this one another name";
+  EXPECT_EQ(ParseError(clash, policy.get()), expected);
+  EXPECT_FALSE(FastParseCheck(clash, policy.get(), 512));
+  // Through the API (the fast path steps aside, the full parser answers).
+  auto store = std::make_shared<MemoryStore>();
+  Enforcer enforcer(store, 1000);
+  DecisionApi api(enforcer);
+  Reply r;
+  api.Check(policy, clash, "/v1/check", [&](Reply x) { r = std::move(x); });
+  EXPECT_EQ(r.status, 400u);
+  EXPECT_EQ(json::parse(r.body)["detail"], expected);
+  // The configured limit's state is untouched.
+  api.Check(policy, R"({"key":"user:43","limit":"burst"})", "/v1/check",
+            [&](Reply x) { r = std::move(x); });
+  EXPECT_EQ(r.status, 200u);
+  EXPECT_EQ(json::parse(r.body)["remaining"], 19);
+  // The same parameters are the same limit; another name is another limit.
+  EXPECT_EQ(ParseError(R"({"key":"k","limit":{"name":"burst","algorithm":"token_bucket",)"
+                       R"("capacity":20,"refill_per_second":10}})",
+                       policy.get()),
+            "");
+  EXPECT_EQ(ParseError(R"({"key":"k","limits":[{"name":"mine","algorithm":"token_bucket",)"
+                       R"("capacity":3,"refill_per_second":1}]})",
+                       policy.get()),
+            "");
+}
+
+// Issue #16: a repeated member was accepted, the last one winning.
+TEST(ParseBody, RefusesARepeatedMember) {
+  EXPECT_EQ(ParseError(R"({"key":"a","key":"b","limit":"ping"})"),
+            "member 'key' appears twice in one JSON object");
+  EXPECT_EQ(ParseError(R"({"key":"a","limit":{"algorithm":"token_bucket","capacity":3,)"
+                       R"("capacity":30,"refill_per_second":1}})"),
+            "member 'capacity' appears twice in one JSON object");
+  // The same name in different objects is fine.
+  EXPECT_TRUE(ParseBody(R"({"a":{"x":1},"b":{"x":2},"c":[{"x":1},{"x":2}]})").ok());
+  auto policy = policy::Policy::Create(policy::EmbeddedDefault());
+  ASSERT_TRUE(policy.ok());
+  auto store = std::make_shared<MemoryStore>();
+  Enforcer enforcer(store, 1000);
+  DecisionApi api(enforcer);
+  for (const std::string body :
+       {R"({"key":"a","key":"b","limits":["ping"]})",
+        R"({"key":"a","limit":{"algorithm":"token_bucket","capacity":3,"capacity":30,)"
+        R"("refill_per_second":1}})",
+        R"({"key":"a","cost":1,"cost":2,"limit":"ping"})"}) {
+    Reply r;
+    api.Check(*policy, body, "/v1/check", [&](Reply x) { r = std::move(x); });
+    EXPECT_EQ(r.status, 400u) << body;
+    EXPECT_NE(r.body.find("appears twice"), std::string::npos) << r.body;
+  }
+  Reply batch;
+  api.Batch(*policy, R"({"checks":[],"checks":[{"key":"a","limit":"ping"}]})", "/v1/check/batch",
+            [&](Reply x) { batch = std::move(x); });
+  EXPECT_EQ(batch.status, 400u);
+}
+
 }  // namespace
 }  // namespace ratelimit::server

@@ -1,10 +1,9 @@
 #include "server/enforcer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
-#include "ratelimit/circuit_breaker.h"
+#include "server/store_factory.h"
 
 namespace ratelimit::server {
 
@@ -33,7 +32,42 @@ void CountDecisions(Face face, std::string_view route, bool shadow,
   }
 }
 
+std::shared_ptr<Store> Resilient(std::shared_ptr<Store> store, size_t local_max_keys,
+                                 ResilientStore*& wrapped) {
+  if (store == nullptr || store->decides_failures()) return store;
+  auto r = std::make_shared<ResilientStore>(
+      std::move(store), ResilientStore::Options{.local_max_keys = local_max_keys,
+                                                .on_failure = RateLimitFailureReporter()});
+  wrapped = r.get();
+  return r;
+}
+
+// The combined decision, and the limit whose numbers it carries (it speaks
+// for the request: its name and window go into the headers).
+void SetSpeaker(Outcome& o, const Decision& combined, std::span<const LimitOutcome> limits) {
+  o.limited = true;
+  o.decision = combined;
+  for (const LimitOutcome& l : limits) {
+    if (l.decision == combined) {
+      o.limit_name = l.limit->name();
+      o.window = l.limit->window();
+      return;
+    }
+  }
+}
+
 }  // namespace
+
+std::string_view VerdictName(Verdict v) {
+  switch (v) {
+    case Verdict::kAllowed: return "allowed";
+    case Verdict::kOverLimit: return "over_limit";
+    case Verdict::kFailedClosed: return "failed_closed";
+    case Verdict::kStoreError: return "store_error";
+    case Verdict::kBadRequest: return "bad_request";
+  }
+  return "bad_request";
+}
 
 void Enforcer::RecordDenial(std::string_view key, std::string_view limit, std::string_view path,
                             std::string_view route, bool shadow) {
@@ -54,115 +88,33 @@ void Enforcer::RecordDenial(std::string_view key, std::string_view limit, std::s
 }
 
 Enforcer::Enforcer(std::shared_ptr<Store> store, size_t local_max_keys)
-    : store_(std::move(store)),
-      local_(std::make_unique<MemoryStore>(MemoryStore::Options{.max_keys = local_max_keys})) {}
-
-Limit Enforcer::Scaled(const Limit& limit, int instances) {
-  if (instances <= 1) return limit;
-  const int64_t n = instances;
-  const int64_t count = std::max<int64_t>(1, (limit.limit() + n - 1) / n);
-  StatusOr<Limit> out = Status(StatusCode::kInternal, "unreachable");
-  switch (limit.algorithm()) {
-    case Algorithm::kTokenBucket:
-      out = Limit::TokenBucket(limit.name(), count,
-                               limit.refill_per_second() / static_cast<double>(n));
-      break;
-    case Algorithm::kLeakyBucket:
-      out = Limit::LeakyBucket(limit.name(), count,
-                               limit.refill_per_second() / static_cast<double>(n));
-      break;
-    case Algorithm::kFixedWindow:
-      out = Limit::FixedWindow(limit.name(), count, limit.window());
-      break;
-    case Algorithm::kSlidingWindow:
-      out = Limit::SlidingWindow(limit.name(), count, limit.window());
-      break;
-    case Algorithm::kSlidingLog:
-      out = Limit::SlidingLog(limit.name(), count, limit.window());
-      break;
-  }
-  return out.ok() ? *out : limit;  // a refill too slow to express: keep the full limit
-}
-
-void Enforcer::DecideLocal(std::string_view key, std::span<const LimitCheck> checks, int instances,
-                           std::function<void(GroupOutcome)> done) {
-  std::vector<Limit> scaled;
-  scaled.reserve(checks.size());
-  for (const LimitCheck& c : checks) scaled.push_back(Scaled(*c.limit, instances));
-  std::vector<LimitCheck> local_checks;
-  local_checks.reserve(checks.size());
-  for (size_t i = 0; i < checks.size(); ++i) {
-    local_checks.push_back({&scaled[i], std::min(checks[i].cost, scaled[i].limit())});
-  }
-  StatusOr<CheckResult> r = local_->Decide({key, local_checks});
-  GroupOutcome out;
-  out.degraded = true;
-  if (r.ok()) {
-    out.result = std::move(*r);
-  } else {
-    // The local store is full too: nothing left to decide with; let it through.
-    out.result.decisions.assign(checks.size(), Decision{.allowed = true});
-    for (size_t i = 0; i < checks.size(); ++i)
-      out.result.decisions[i].limit = checks[i].limit->limit();
-    out.result.overall = Combine(out.result.decisions);
-  }
-  done(std::move(out));
-}
+    : store_(Resilient(std::move(store), local_max_keys, wrapped_)) {}
 
 void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> checks,
                            FailureMode mode, const policy::StoreConfig& store_config,
-                           std::function<void(GroupOutcome)> inner_done, Face face,
+                           std::function<void(GroupOutcome)> done, Face face,
                            std::string_view route, bool shadow) {
-  const int instances = store_config.expected_instances;
   const auto started = std::chrono::steady_clock::now();
-  // Counts the group's decisions on the way out.
-  auto done = [inner_done = std::move(inner_done), face, route, shadow,
-               checks](GroupOutcome g) mutable {
-    // The Envoy face's limit names are per-value hashes: it counts per
-    // descriptor itself, with labels from its config (bounded).
-    if (g.error.ok() && face != Face::kEnvoy) CountDecisions(face, route, shadow, checks, g);
-    inner_done(std::move(g));
-  };
-  store_->Check({key, checks}, [this, key, checks, mode, instances, started,
-                                done = std::move(done)](StatusOr<CheckResult> r) mutable {
-    Metrics& metrics = Metrics::Global();
-    metrics.store_latency.Observe(std::chrono::duration_cast<std::chrono::microseconds>(
+  const CheckRequest request{
+      .key = key,
+      .checks = checks,
+      .on_failure = {.mode = mode, .expected_instances = store_config.expected_instances}};
+  store_->Check(request, [face, route, shadow, checks, started,
+                          done = std::move(done)](StatusOr<CheckResult> r) mutable {
+    Metrics::Global().store_latency.Observe(std::chrono::duration_cast<std::chrono::microseconds>(
         std::chrono::steady_clock::now() - started));
+    GroupOutcome g;
     if (r.ok()) {
-      done(GroupOutcome{.result = std::move(*r)});
-      return;
+      g.degraded = r->degraded;
+      g.failed_closed = r->failed_closed;
+      g.result = *std::move(r);
+      // The Envoy face's limit names are per-value hashes: it counts per
+      // descriptor itself, with labels from its config (bounded).
+      if (face != Face::kEnvoy) CountDecisions(face, route, shadow, checks, g);
+    } else {
+      g.error = r.status();
     }
-    if (r.status().code() == StatusCode::kInvalidArgument) {
-      done(GroupOutcome{.error = r.status()});
-      return;
-    }
-    metrics.Degraded(CauseOf(r.status())).Inc();
-    int64_t suppressed = 0;
-    if (degraded_log_.Admit(suppressed)) {
-      if (suppressed > 0) Log(Level::kWarn, "store errors suppressed", {{"count", suppressed}});
-      Log(Level::kWarn, "store error: failure mode decides",
-          {{"error", r.status().ToString()},
-           {"failure_mode", mode == FailureMode::kOpen     ? "open"
-                            : mode == FailureMode::kClosed ? "closed"
-                                                           : "local"}});
-    }
-    if (mode == FailureMode::kLocal) {
-      DecideLocal(key, checks, instances, std::move(done));
-      return;
-    }
-    GroupOutcome out;
-    out.degraded = true;
-    out.failed_closed = mode == FailureMode::kClosed;
-    out.result.decisions.resize(checks.size());
-    for (size_t i = 0; i < checks.size(); ++i) {
-      Decision& d = out.result.decisions[i];
-      d.limit = checks[i].limit->limit();
-      d.allowed = !out.failed_closed;
-      d.remaining = out.failed_closed ? 0 : d.limit;  // unknown: the store could not say
-      if (out.failed_closed) d.retry_after = std::chrono::seconds(1);
-    }
-    out.result.overall = Combine(out.result.decisions);
-    done(std::move(out));
+    done(std::move(g));
   });
 }
 
@@ -171,8 +123,7 @@ struct Enforcer::Op {
   policy::RequestPlan plan;
   std::string path;
   size_t next = 0;
-  std::vector<Decision> decisions;   // every non-shadow decision so far
-  std::vector<const Limit*> limits;  // parallel to decisions
+  std::vector<LimitOutcome> limits;  // every non-shadow decision so far
   bool degraded = false;
   Face face = Face::kGateway;
   std::function<void(Outcome)> done;
@@ -181,22 +132,18 @@ struct Enforcer::Op {
     return plan.route != nullptr ? std::string_view(plan.route->name) : std::string_view();
   }
 
-  void Finish(unsigned status, std::string error = {}) {
+  void Finish(Verdict verdict, std::string error = {}) {
     Outcome o;
-    o.status = status;
+    o.verdict = verdict;
     o.error = std::move(error);
     o.degraded = degraded;
-    if (!decisions.empty()) {
-      o.limited = true;
-      o.decision = Combine(decisions);
-      for (size_t i = 0; i < decisions.size(); ++i) {
-        if (decisions[i].allowed == o.decision.allowed && decisions[i] == o.decision) {
-          o.limit_name = limits[i]->name();
-          o.window = limits[i]->window();
-          break;
-        }
-      }
+    if (!limits.empty()) {
+      std::vector<Decision> decisions;
+      decisions.reserve(limits.size());
+      for (const LimitOutcome& l : limits) decisions.push_back(l.decision);
+      SetSpeaker(o, Combine(decisions), limits);
     }
+    o.limits = std::move(limits);
     auto cb = std::move(done);
     cb(std::move(o));
   }
@@ -213,19 +160,56 @@ void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::Req
   Step(std::move(op));
 }
 
-void Enforcer::Step(std::shared_ptr<Op> op) {
-  if (op->next == op->plan.groups.size()) {
-    op->Finish(200);
-    return;
-  }
-  const policy::CheckGroup& group = op->plan.groups[op->next++];
-  const policy::StoreConfig& store_config = op->policy->config().store;
+void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
+                     const policy::StoreConfig& store_config, std::string_view path, Face face,
+                     std::function<void(Outcome)> done) {
   DecideGroup(
-      group.key, group.checks, group.failure_mode, store_config,
+      key, checks, store_config.failure_mode, store_config,
+      [this, key, checks, path, done = std::move(done)](GroupOutcome g) {
+        Outcome o;
+        if (!g.error.ok()) {
+          o.verdict = IsStoreFailure(g.error) ? Verdict::kStoreError : Verdict::kBadRequest;
+          o.error = o.verdict == Verdict::kStoreError
+                        ? "the rate limit store is unavailable: " + g.error.message()
+                        : g.error.message();
+          return done(std::move(o));
+        }
+        o.degraded = g.degraded;
+        o.limits.reserve(checks.size());
+        for (size_t i = 0; i < checks.size() && i < g.result.decisions.size(); ++i) {
+          o.limits.push_back({checks[i].limit, g.result.decisions[i]});
+        }
+        SetSpeaker(o, g.result.overall, o.limits);
+        if (o.limit_name.empty() && !o.limits.empty()) {  // allowed, another limit's delay
+          o.limit_name = o.limits.front().limit->name();
+          o.window = o.limits.front().limit->window();
+        }
+        if (g.failed_closed) {
+          o.verdict = Verdict::kFailedClosed;
+          o.error = "the rate limit store is unavailable";
+        } else if (!g.result.overall.allowed) {
+          o.verdict = Verdict::kOverLimit;
+          // The admin API names decision-API keys "d:<key>" (admin_denials.h).
+          RecordDenial(face == Face::kDecisionApi ? DecisionApiClient(key) : std::string(key),
+                       o.limit_name, path);
+        }
+        done(std::move(o));
+      },
+      face);
+}
+
+void Enforcer::Step(std::shared_ptr<Op> op) {
+  if (op->next == op->plan.groups.size()) return op->Finish(Verdict::kAllowed);
+  const policy::CheckGroup& group = op->plan.groups[op->next++];
+  DecideGroup(
+      group.key, group.checks, group.failure_mode, op->policy->config().store,
       [this, op, &group](GroupOutcome g) {
         if (!g.error.ok()) {
-          op->Finish(400, g.error.message());
-          return;
+          if (IsStoreFailure(g.error)) {
+            return op->Finish(Verdict::kStoreError,
+                              "the rate limit store is unavailable: " + g.error.message());
+          }
+          return op->Finish(Verdict::kBadRequest, g.error.message());
         }
         op->degraded = op->degraded || g.degraded;
         const std::vector<Decision>& ds = g.result.decisions;
@@ -234,30 +218,26 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
             RecordDenial(group.key, group.checks.front().limit->name(), op->path, op->route(),
                          /*shadow=*/true);
           }
-          Step(op);
-          return;
+          return Step(op);
         }
+        const size_t first = op->limits.size();
         for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
-          op->decisions.push_back(ds[i]);
-          op->limits.push_back(group.checks[i].limit);
+          op->limits.push_back({group.checks[i].limit, ds[i]});
         }
         if (g.failed_closed) {
-          op->Finish(static_cast<unsigned>(op->policy->config().store.closed_status),
-                     "the rate limit store is unavailable");
-          return;
+          return op->Finish(Verdict::kFailedClosed, "the rate limit store is unavailable");
         }
         if (!g.result.overall.allowed) {
           // Name the limit that denied in the log line.
           std::string_view name = group.checks.front().limit->name();
-          for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
-            if (!ds[i].allowed) {
-              name = group.checks[i].limit->name();
+          for (size_t i = first; i < op->limits.size(); ++i) {
+            if (!op->limits[i].decision.allowed) {
+              name = op->limits[i].limit->name();
               break;
             }
           }
           RecordDenial(group.key, name, op->path, op->route());
-          op->Finish(429);
-          return;
+          return op->Finish(Verdict::kOverLimit);
         }
         Step(op);
       },

@@ -1,26 +1,25 @@
-// Enforcer: asks the store about a request's limits and applies the failure
-// modes, for the decision API and for the rules in front of an API alike.
+// Enforcer: asks the store about a request's limits and says what came of
+// it, in no protocol: every face (decision API, gateway, auth_request, gRPC)
+// renders the same Outcome in its own (HTTP: outcome_reply.h).
 //
-//   Enforcer enforcer(store, store_config);
-//   enforcer.Enforce(policy, std::move(plan), path, [](Outcome o) { ... });
+//   Enforcer enforcer(store, local_max_keys);
+//   enforcer.Enforce(policy, std::move(plan), path, Face::kGateway, [](Outcome o) {
+//     switch (o.verdict) { case Verdict::kAllowed: ...; case Verdict::kOverLimit: ...; }
+//   });
 //
-// When the store cannot decide (Unavailable, DeadlineExceeded,
-// ResourceExhausted, Internal), the group's failure mode decides:
-//   open    allowed, degraded
-//   closed  blocked with store.closed_status (503 or 429), degraded
-//   local   a process-local MemoryStore on the limits divided by
-//           store.expected_instances (rounded up, at least 1; a token bucket's
-//           refill divided too), degraded
+// The store is a ResilientStore (src/store/resilient_store.h; the enforcer
+// wraps a plain one itself): when it cannot decide, the group's failure mode
+// does (open, closed, local, error); the enforcer only passes the mode along.
 // An InvalidArgument from the store (cost above a limit, key too long) is the
-// request's fault: status 400.
+// request's fault: Verdict::kBadRequest.
 //
 // Groups of a RequestPlan are asked one after the other; the first
 // non-shadow group that denies ends the request (later groups consume
 // nothing). Shadow groups are decided and counted but never block.
 //
 // Every decision is counted in Metrics::Global() (by face, route class, limit
-// and outcome; degraded ones by cause; store latency), and every denial goes
-// to the sampled "denied" log line and to denials(), the admin API's record.
+// and outcome; store latency), and every denial, whatever the face, goes to
+// the sampled "denied" log line and to denials(), the admin API's record.
 //
 // Thread-safety: all methods may be called from any thread. Callbacks run on
 // whatever thread the store completes on (possibly inside the call).
@@ -39,35 +38,59 @@
 #include "server/admin_denials.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
+#include "store/resilient_store.h"
 
 namespace ratelimit::server {
 
 // One store call's result after the failure mode was applied.
 struct GroupOutcome {
-  Status error;                // non-OK only for InvalidArgument (answer 400)
+  Status error;                // non-OK for InvalidArgument (a bad request) and, with
+                               // failure mode error, for the store's failure
   CheckResult result;          // one decision per check (valid when error is OK)
   bool degraded = false;       // the failure mode decided, not the store
   bool failed_closed = false;  // degraded and blocked by failure_mode closed
 };
 
-// The outcome for a whole request.
+// What came of a request, in no protocol.
+enum class Verdict {
+  kAllowed,       // every limit allowed (possibly with a delay: decision.delay)
+  kOverLimit,     // a limit denied: decision says when to retry
+  kFailedClosed,  // the store could not decide and the failure mode is closed
+  kStoreError,    // the store could not decide and the failure mode is error
+  kBadRequest,    // the request cannot be decided (error says why)
+};
+std::string_view VerdictName(Verdict v);  // "allowed", "over_limit", ...
+
+// One limit's decision. `limit` points at the request's limit (the policy's
+// or the caller's): valid while those live.
+struct LimitOutcome {
+  const Limit* limit = nullptr;
+  Decision decision;
+};
+
 struct Outcome {
-  unsigned status = 200;   // 200, 429 (denied), closed_status, 400
-  std::string error;       // detail when status is 400 or a closed failure
+  Verdict verdict = Verdict::kAllowed;
+  std::string error;       // kBadRequest, kFailedClosed, kStoreError: what went wrong
   bool limited = false;    // some non-shadow limit applied: `decision` is meaningful
   Decision decision;       // the Combine of every non-shadow decision
-  std::string limit_name;  // the limit that speaks for the request
-  std::chrono::microseconds window{0};
-  bool degraded = false;
+  std::string limit_name;  // the limit that speaks for the request (its numbers are decision's)
+  std::chrono::microseconds window{0};  // that limit's window (Limit::window())
+  bool degraded = false;                // a failure mode decided some group
+  std::vector<LimitOutcome> limits;     // every non-shadow limit asked, in order
+
+  bool allowed() const { return verdict == Verdict::kAllowed; }
 };
 
 class Enforcer {
  public:
+  // `store` is used as it is when it decides_failures() (MakeStore's), and
+  // is wrapped in a ResilientStore with a local fallback of `local_max_keys`
+  // otherwise.
   Enforcer(std::shared_ptr<Store> store, size_t local_max_keys);
 
   // Decides one group. `key`, `checks` and `route` must stay valid until
   // `done` runs. `face`, `route` (the route class, "" if none) and `shadow`
-  // only label the metrics.
+  // only label the metrics. Records no denial (Check and Enforce do).
   void DecideGroup(std::string_view key, std::span<const LimitCheck> checks,
                    policy::FailureMode mode, const policy::StoreConfig& store_config,
                    std::function<void(GroupOutcome)> done, Face face = Face::kDecisionApi,
@@ -77,11 +100,21 @@ class Enforcer {
   void Enforce(std::shared_ptr<const policy::Policy> policy, policy::RequestPlan plan,
                std::string path, Face face, std::function<void(Outcome)> done);
 
-  // The limit of a token bucket or window divided among `instances` (for local).
-  static Limit Scaled(const Limit& limit, int instances);
+  // Decides one group of limits for a face without routes (the decision
+  // API): the store's failure mode, the denial recorded under `path`. `key`
+  // and `checks` must stay valid until `done` runs.
+  void Check(std::string_view key, std::span<const LimitCheck> checks,
+             const policy::StoreConfig& store_config, std::string_view path, Face face,
+             std::function<void(Outcome)> done);
 
-  // A denial: the sampled "denied" log line and the admin record. Called for
-  // the decision API's denials; Enforce records its own.
+  // The limit of a token bucket or window divided among `instances` (for local).
+  static Limit Scaled(const Limit& limit, int instances) {
+    return ResilientStore::Scaled(limit, instances);
+  }
+
+  // A denial: the sampled "denied" log line and the admin record. The
+  // enforcer records the denials of rate limits itself; the concurrency
+  // limits' (decided elsewhere) come here too.
   void RecordDenial(std::string_view key, std::string_view limit, std::string_view path,
                     std::string_view route = {}, bool shadow = false);
 
@@ -92,19 +125,19 @@ class Enforcer {
   // reach this enforcer) while the enforcer still exists. Afterwards no new
   // request may be enforced.
   std::shared_ptr<Store> ReleaseStore() { return std::move(store_); }
-  MemoryStore& local_store() { return *local_; }
+  // The local fallback of the ResilientStore the enforcer made.
+  // REQUIRES: the enforcer was given a plain store (tests).
+  MemoryStore& local_store() { return wrapped_->local_store(); }
 
  private:
   struct Op;
   void Step(std::shared_ptr<Op> op);
-  void DecideLocal(std::string_view key, std::span<const LimitCheck> checks, int instances,
-                   std::function<void(GroupOutcome)> done);
 
-  std::shared_ptr<Store> store_;
-  std::unique_ptr<MemoryStore> local_;
-  LogSampler denial_log_{20};
+  ResilientStore* wrapped_ =
+      nullptr;                    // store_, when the enforcer wrapped it (set by store_'s init)
+  std::shared_ptr<Store> store_;  // decides failures
+  LogSampler denial_log_{20, "denials suppressed"};
   AdminDenials denial_record_;
-  LogSampler degraded_log_{10};
 };
 
 }  // namespace ratelimit::server

@@ -19,16 +19,6 @@ int64_t RetryAfterSeconds(const Decision& d) {
   return s < 1 ? 1 : s;
 }
 
-std::string_view DialectName(policy::HeaderDialect dialect) {
-  switch (dialect) {
-    case policy::HeaderDialect::kDraft06: return "draft06";
-    case policy::HeaderDialect::kStructured: return "structured";
-    case policy::HeaderDialect::kLegacy: return "legacy";
-    case policy::HeaderDialect::kNone: return "none";
-  }
-  return "none";
-}
-
 void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& info,
                          HeaderList& out) {
   const Decision& d = info.decision;
@@ -68,13 +58,14 @@ void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& inf
   if (info.degraded) out.emplace_back("X-RateLimit-Degraded", "true");
 }
 
-std::string QuotaExceededBody(const RateLimitInfo& info, std::string_view instance) {
+std::string QuotaExceededBody(const RateLimitInfo& info, std::string_view instance,
+                              unsigned status) {
   const int64_t retry = RetryAfterSeconds(info.decision);
   const std::string name(info.name.empty() ? std::string_view("default") : info.name);
   nlohmann::json j = {
       {"type", "https://iana.org/assignments/http-problem-types#quota-exceeded"},
       {"title", "Too Many Requests"},
-      {"status", 429},
+      {"status", status},
       {"detail", "limit '" + name + "' exceeded: retry in " + std::to_string(retry) + " s"},
   };
   if (!instance.empty()) j["instance"] = instance;

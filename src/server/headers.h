@@ -54,13 +54,12 @@ int64_t RetryAfterSeconds(const Decision& d);
 // Adds the dialect's headers, and on a denial Retry-After and Cache-Control.
 void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& info, HeaderList& out);
 
-// "draft06", "structured", "legacy", "none".
-std::string_view DialectName(policy::HeaderDialect dialect);
-
-// The RFC 9457 body of a 429:
+// The RFC 9457 body of a denial answered with `status` (429; auth_request's
+// deny_status may ask 401 or 403: the body's "status" is the answer's):
 // {"type": ".../http-problem-types#quota-exceeded", "title": "Too Many Requests",
 //  "status": 429, "detail": "limit 'burst' exceeded: retry in 1 s", "instance": "/api/ping",
 //  "limit": "burst", "retry_after_seconds": 1, "violated-policies": ["burst"]}
-std::string QuotaExceededBody(const RateLimitInfo& info, std::string_view instance);
+std::string QuotaExceededBody(const RateLimitInfo& info, std::string_view instance,
+                              unsigned status = 429);
 
 }  // namespace ratelimit::server

@@ -5,9 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ratelimit::server {
 namespace {
@@ -103,25 +107,86 @@ std::string FormatLogLine(int64_t ts_micros, Level level, std::string_view msg,
   return out;
 }
 
+namespace {
+
+// The samplers with a report line, and how many of them dropped lines that
+// are not reported yet (Log's cheap test).
+struct Samplers {
+  std::mutex mu;
+  std::vector<LogSampler*> all;  // GUARDED_BY(mu)
+  std::atomic<int> dropping{0};
+};
+
+Samplers& Registry() {
+  static Samplers* s = new Samplers;  // never destroyed: samplers may outlive statics
+  return *s;
+}
+
+}  // namespace
+
 void Log(Level level, std::string_view msg, std::initializer_list<LogField> fields) {
+  if (Registry().dropping.load(std::memory_order_relaxed) > 0) FlushSuppressed();
   WriteLine(FormatLogLine(NowMicros(), level, msg, fields));
 }
 
+void FlushSuppressed() {
+  Samplers& r = Registry();
+  std::lock_guard lock(r.mu);
+  for (LogSampler* s : r.all) {
+    const int64_t n = s->TakeDue();
+    if (n > 0) {
+      WriteLine(FormatLogLine(NowMicros(), Level::kWarn, s->suppressed_message(), {{"count", n}}));
+    }
+  }
+}
+
+LogSampler::LogSampler(int per_second, std::string suppressed_message, const Clock* clock)
+    : per_second_(per_second),
+      message_(std::move(suppressed_message)),
+      clock_(clock != nullptr ? clock : &Clock::System()) {
+  if (message_.empty()) return;
+  std::lock_guard lock(Registry().mu);
+  Registry().all.push_back(this);
+}
+
+LogSampler::~LogSampler() {
+  if (message_.empty()) return;
+  Samplers& r = Registry();
+  std::lock_guard lock(r.mu);
+  std::erase(r.all, this);
+  LockGuard mine(mu_);
+  if (suppressed_ > 0) r.dropping.fetch_sub(1, std::memory_order_relaxed);
+}
+
 bool LogSampler::Admit(int64_t& suppressed) {
-  const int64_t second = NowMicros() / 1'000'000;
+  const int64_t second = clock_->NowMicros() / 1'000'000;
   LockGuard lock(mu_);
   if (second != second_) {
     second_ = second;
     written_ = 0;
   }
   if (written_ >= per_second_) {
-    ++suppressed_;
+    if (suppressed_++ == 0 && !message_.empty()) {
+      Registry().dropping.fetch_add(1, std::memory_order_relaxed);
+    }
     return false;
   }
   ++written_;
   suppressed = suppressed_;
+  if (suppressed_ > 0 && !message_.empty()) {
+    Registry().dropping.fetch_sub(1, std::memory_order_relaxed);
+  }
   suppressed_ = 0;
   return true;
+}
+
+int64_t LogSampler::TakeDue() {
+  const int64_t second = clock_->NowMicros() / 1'000'000;
+  LockGuard lock(mu_);
+  if (suppressed_ == 0 || second == second_) return 0;
+  const int64_t n = std::exchange(suppressed_, 0);
+  if (!message_.empty()) Registry().dropping.fetch_sub(1, std::memory_order_relaxed);
+  return n;
 }
 
 std::string RedactKey(std::string_view key) {
@@ -142,6 +207,8 @@ std::string RedactKey(std::string_view key) {
   }
   return std::string(key);
 }
+
+DenialLog::DenialLog(int per_second) : sampler_(per_second, "denials suppressed") {}
 
 void DenialLog::Record(std::string_view key, std::string_view limit, std::string_view path) {
   int64_t suppressed = 0;

@@ -7,8 +7,6 @@
 #include <tuple>
 #include <vector>
 
-#include "ratelimit/redis_store.h"
-
 namespace ratelimit::server {
 namespace {
 
@@ -295,12 +293,12 @@ std::string Metrics::Render(const Store* store) const {
     }
   }
 
-  if (const auto* redis = dynamic_cast<const RedisStore*>(store)) {
+  if (const Store* redis = store; redis != nullptr && redis->remote()) {
     Header(out, "ratelimit_store_breaker_state", "gauge",
            "Redis circuit breaker (worst node): 0 closed, 1 open, 2 half-open.");
     out += "ratelimit_store_breaker_state " +
            std::to_string(static_cast<int>(redis->breaker_state())) + "\n";
-    const RedisStore::Stats st = redis->stats();
+    const StoreStats st = redis->stats();
     Header(out, "ratelimit_over_limit_cache_hits_total", "counter",
            "Checks answered by the over-limit cache without a Redis call.");
     out += "ratelimit_over_limit_cache_hits_total " + std::to_string(st.cache_hits) + "\n";

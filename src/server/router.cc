@@ -8,80 +8,13 @@
 #include "server/auth_request.h"
 #include "server/demo.h"
 #include "server/gateway.h"
-#include "server/headers.h"
 #include "server/metrics.h"
+#include "server/outcome_reply.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
 namespace {
 
-// Ours replace any the reply carries already under the same names (an
-// upstream's own rate limit headers): the client sees one value per field.
-void AddInfoHeaders(const Outcome& o, policy::HeaderDialect dialect, Reply& r) {
-  const size_t before = r.headers.size();
-  if (o.limited) {
-    RateLimitInfo info{
-        .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
-    AddRateLimitHeaders(dialect, info, r.headers);
-  } else if (o.degraded) {
-    r.Add("X-RateLimit-Degraded", "true");
-  }
-  if (before == 0 || r.headers.size() == before) return;
-  auto ours = r.headers.begin() + static_cast<std::ptrdiff_t>(before);
-  auto end = std::remove_if(r.headers.begin(), ours, [&](const auto& h) {
-    return std::any_of(ours, r.headers.end(),
-                       [&](const auto& mine) { return EqualsIgnoreCase(h.first, mine.first); });
-  });
-  r.headers.erase(end, ours);
-}
-
-// The answer when no limit decided: a bad request (400), or the store could
-// not be asked and the failure mode is closed (degraded, retry in a second).
-Reply NotDecided(unsigned status, const std::string& error, std::string_view path) {
-  Reply r = ProblemReply(status, error, path);
-  if (status != 400) {
-    r.Add("Retry-After", "1");
-    r.Add("Cache-Control", "no-store");
-    r.Add("X-RateLimit-Degraded", "true");
-  }
-  return r;
-}
-
-// The answer when the rules block a request (not for /v1/auth).
-Reply Blocked(const Outcome& o, policy::HeaderDialect dialect, std::string_view path) {
-  if (!o.error.empty()) return NotDecided(o.status, o.error, path);
-  Reply r;
-  r.status = 429;
-  r.content_type = kProblemContentType;
-  RateLimitInfo info{
-      .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
-  r.body = QuotaExceededBody(info, path);
-  AddRateLimitHeaders(dialect, info, r.headers);
-  return r;
-}
-
-// The answer when a concurrency limit refuses a request (429), or its store
-// is down and the failure mode is closed.
-Reply ConcurrencyBlocked(const ConcurrencyOutcome& c, std::string_view name,
-                         policy::HeaderDialect dialect, std::string_view path) {
-  if (c.status != 429) return NotDecided(c.status, c.error, path);
-  Reply r;
-  r.status = 429;
-  r.content_type = kProblemContentType;
-  r.body = ConcurrencyExceededBody(c, name, path);
-  // The usual headers: the limit is max_in_flight, none remaining, and a
-  // retry in a second (a lease is usually freed long before it expires).
-  const std::string label = "concurrency:" + std::string(name);
-  RateLimitInfo info{.decision = Decision{.allowed = false,
-                                          .limit = c.result.max_in_flight,
-                                          .remaining = 0,
-                                          .retry_after = std::chrono::seconds(1),
-                                          .reset_after = std::chrono::seconds(1)},
-                     .name = label,
-                     .window = std::chrono::seconds(1),
-                     .degraded = c.degraded};
-  AddRateLimitHeaders(dialect, info, r.headers);
-  return r;
 }
 
 // A streamed upstream answer keeps its concurrency lease until its body has
@@ -254,6 +187,10 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   }
 
   const policy::HeaderDialect dialect = policy->config().server.headers;
+  const HttpFace http_face{
+      .dialect = dialect,
+      .closed_status = static_cast<unsigned>(policy->config().store.closed_status),
+      .deny_status = deny_status};
   const size_t max_held = policy->config().server.max_held_requests;
   // The route's concurrency limit applies where the end of the request is
   // seen: in the gateway (not to /v1/auth, whose request nginx forwards).
@@ -270,19 +207,18 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
                                                       : Face::kDemo;
   enforcer_.Enforce(
       std::move(policy), std::move(*plan), path, face,
-      [this, &req, peer_text, auth, deny_status, dialect, path, target, face, holder, max_held,
+      [this, &req, peer_text, auth, http_face, dialect, path, target, face, holder, max_held,
        concurrency = std::move(concurrency), done = std::move(done)](Outcome o) mutable {
         if (auth) {
-          if (o.status == 400) return done(ProblemReply(400, o.error, path));
-          if (o.status != 200) return done(AuthReply(o, dialect, deny_status, target));
+          if (o.verdict == Verdict::kBadRequest) return done(ProblemReply(400, o.error, path));
+          if (!o.allowed()) return done(AuthReply(o, http_face, target));
           const std::chrono::microseconds delay = o.decision.delay;
-          return AfterDelay(delay, face, holder, max_held, path, std::move(done),
-                            [o = std::move(o), dialect, deny_status,
-                             target = std::string(target)](std::function<void(Reply)> done) {
-                              done(AuthReply(o, dialect, deny_status, target));
-                            });
+          return AfterDelay(
+              delay, face, holder, max_held, path, std::move(done),
+              [o = std::move(o), http_face, target = std::string(target)](
+                  std::function<void(Reply)> done) { done(AuthReply(o, http_face, target)); });
         }
-        if (o.status != 200) return done(Blocked(o, dialect, path));
+        if (!o.allowed()) return done(RefusalReply(o, http_face, path));
         if (gateway_ != nullptr) {
           // Shaping first, then the concurrency lease: a request waiting for
           // its turn does not hold a place in the upstream.
@@ -297,7 +233,7 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
         }
         Reply r =
             demo_ && path == "/api/ping" ? Pong() : ProblemReply(404, "no route for " + path, path);
-        AddInfoHeaders(o, dialect, r);
+        AddOutcomeHeaders(o, dialect, r);
         done(std::move(r));
       });
 }
@@ -309,7 +245,7 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
   if (!concurrency) {
     return gateway_->Forward(req, peer_text,
                              [o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
-                               AddInfoHeaders(o, dialect, r);
+                               AddOutcomeHeaders(o, dialect, r);
                                done(std::move(r));
                              });
   }
@@ -320,7 +256,7 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
                                                   std::move(done)](ConcurrencyOutcome c) mutable {
     if (c.status != 200) {
       if (c.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path, name);
-      return done(ConcurrencyBlocked(c, name, dialect, path));
+      return done(ConcurrencyRefusalReply(c, name, dialect, path));
     }
     // The lease is held until the upstream answer ended, failed or was
     // dropped: the guard releases it on every path.
@@ -330,7 +266,7 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
         req, peer_text,
         [o = std::move(o), dialect, lease = std::move(lease),
          done = std::move(done)](Reply r) mutable {
-          AddInfoHeaders(o, dialect, r);
+          AddOutcomeHeaders(o, dialect, r);
           if (!lease) return done(std::move(r));
           if (r.body_stream != nullptr) {
             r.body_stream =

@@ -5,8 +5,6 @@
 #include <thread>
 #include <vector>
 
-#include "ratelimit/memory_store.h"
-#include "ratelimit/redis_store.h"
 #include "server/admin.h"
 #include "server/concurrency_guard.h"
 #include "server/enforcer.h"
@@ -250,13 +248,13 @@ void Server::Impl::PollDrain() {
   const size_t left = registry.size();
   if (left == 0 || std::chrono::steady_clock::now() >= drain_deadline) {
     if (left > 0) Log(Level::kWarn, "drain timeout: closing", {{"connections", left}});
+    FlushSuppressed();
     if (admin_listener) admin_listener->Stop();
     Log(Level::kInfo, "stopped");
     // A Redis client on this io_context (SharedContext) closes first: its
     // calls in flight fail (and answer their sessions) while it still runs.
-    auto* redis = dynamic_cast<RedisStore*>(store.get());
-    if (redis != nullptr && OneThread()) {
-      redis->Shutdown([this] { ioc.stop(); });
+    if (store != nullptr && OneThread()) {
+      store->Shutdown([this] { ioc.stop(); });
     } else {
       ioc.stop();
     }
@@ -275,10 +273,10 @@ void Server::Impl::ScheduleSweep() {
   sweep_timer.expires_after(options.sweep_interval);
   sweep_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
-    if (auto* m = dynamic_cast<MemoryStore*>(store.get())) m->Sweep();
-    enforcer->local_store().Sweep();
+    enforcer->store().Sweep();  // the store's and its local fallback's
     if (limiter) limiter->Sweep();
-    if (auto* m = dynamic_cast<MemoryConcurrencyStore*>(concurrency_store.get())) m->Sweep();
+    if (concurrency_store) concurrency_store->Sweep();
+    FlushSuppressed();  // sampled-out log lines: their count, without waiting for a next line
     ScheduleSweep();
   });
 }

@@ -3,6 +3,7 @@
 #include "ratelimit/memory_store.h"
 #include "ratelimit/redis_store.h"
 #include "server/json_log.h"
+#include "server/metrics.h"
 
 namespace ratelimit::server {
 
@@ -21,13 +22,10 @@ void LogBreakerChanges(CircuitBreaker::Options& o, std::string_view which) {
 // so neither store misses a setting the other honours).
 template <typename Options>
 void FillRedisOptions(const policy::StoreConfig& config, Options& o) {
-  using TimeSource = decltype(o.time_source);
   o.url = config.url;
   o.deadline = config.deadline;
   o.key_prefix = config.key_prefix;
-  o.time_source = config.time_source == policy::StoreConfig::TimeSource::kRedis
-                      ? TimeSource::kRedis
-                      : TimeSource::kLocal;
+  o.time_source = config.time_source;
   o.max_key_length = config.max_key_length;
   o.max_pending = config.max_pending;
   o.breaker.failure_threshold = config.breaker.failures;
@@ -36,7 +34,34 @@ void FillRedisOptions(const policy::StoreConfig& config, Options& o) {
   o.reconnect_max_backoff = config.reconnect_max_backoff;
 }
 
+FailureObserver Reporter(std::string_view message, std::string_view suppressed_message,
+                         bool with_mode) {
+  auto sampler = std::make_shared<LogSampler>(10, std::string(suppressed_message));
+  return
+      [sampler, message, suppressed_message, with_mode](const Status& failure, FailureMode mode) {
+        Metrics::Global().Degraded(CauseOf(failure)).Inc();
+        int64_t suppressed = 0;
+        if (!sampler->Admit(suppressed)) return;
+        if (suppressed > 0) Log(Level::kWarn, suppressed_message, {{"count", suppressed}});
+        if (with_mode) {
+          Log(Level::kWarn, message,
+              {{"error", failure.ToString()}, {"failure_mode", FailureModeName(mode)}});
+        } else {
+          Log(Level::kWarn, message, {{"error", failure.ToString()}});
+        }
+      };
+}
+
 }  // namespace
+
+FailureObserver RateLimitFailureReporter() {
+  return Reporter("store error: failure mode decides", "store errors suppressed", true);
+}
+
+FailureObserver ConcurrencyFailureReporter() {
+  return Reporter("concurrency store error: failure mode decides",
+                  "concurrency store errors suppressed", false);
+}
 
 StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
     const policy::StoreConfig& config) {
@@ -54,8 +79,10 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
   return std::unique_ptr<ConcurrencyStore>(std::move(*s));
 }
 
-StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
-                                           boost::asio::io_context* io_context) {
+namespace {
+
+StatusOr<std::shared_ptr<Store>> MakePlainStore(const policy::StoreConfig& config,
+                                                boost::asio::io_context* io_context) {
   switch (config.type) {
     case policy::StoreConfig::Type::kMemory: {
       MemoryStore::Options o;
@@ -65,7 +92,7 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
     }
     case policy::StoreConfig::Type::kRedis: {
       // RedisStore has the circuit breaker and the over-limit cache itself;
-      // the failure modes are applied by the server.
+      // the failure modes are the ResilientStore's.
       RedisStore::Options o;
       FillRedisOptions(config, o);
       o.connections = config.connections;
@@ -77,6 +104,17 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
     }
   }
   return InvalidArgument("unknown store type");
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
+                                           boost::asio::io_context* io_context) {
+  StatusOr<std::shared_ptr<Store>> plain = MakePlainStore(config, io_context);
+  if (!plain.ok()) return plain.status();
+  return std::shared_ptr<Store>(std::make_shared<ResilientStore>(
+      *std::move(plain), ResilientStore::Options{.local_max_keys = config.local_max_keys,
+                                                 .on_failure = RateLimitFailureReporter()}));
 }
 
 }  // namespace ratelimit::server

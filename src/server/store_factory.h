@@ -6,7 +6,9 @@
 // redis  -> RedisStore (url, deadline, key_prefix, time_source, max_key_length,
 //           connections, max_pending, breaker); breaker state changes are
 //           logged ("redis circuit breaker", from, to).
-//           HOOK (lead): wrap it in the ResilientStore when that exists.
+// Either is wrapped in a ResilientStore (store/resilient_store.h): the
+// failure modes, a local fallback of local_max_keys, and every store failure
+// counted (ratelimit_degraded_decisions_total by cause) and logged, sampled.
 //
 // Thread-safety: pure function; the store it returns is thread-safe.
 #pragma once
@@ -17,6 +19,7 @@
 #include "ratelimit/concurrency.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
+#include "store/resilient_store.h"
 
 namespace boost::asio {
 class io_context;
@@ -28,6 +31,11 @@ namespace ratelimit::server {
 // caller's; see RedisStore::Options::io_context); nullptr: a thread of its own.
 StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
                                            boost::asio::io_context* io_context = nullptr);
+
+// What the daemon does with each store failure: counts it by cause
+// (Metrics::Degraded) and logs it, at most 10 lines a second per reporter.
+FailureObserver RateLimitFailureReporter();    // "store error: failure mode decides"
+FailureObserver ConcurrencyFailureReporter();  // "concurrency store error: failure mode decides"
 
 // The store of concurrency leases, from the same settings: memory ->
 // MemoryConcurrencyStore; redis -> RedisConcurrencyStore (one connection of

@@ -30,11 +30,7 @@ StatusOr<bool> ConcurrencyStore::ReleaseSync(std::string_view key, std::string_v
 }
 
 Status ValidateAcquire(const AcquireRequest& request, size_t max_key_length) {
-  if (request.key.empty()) return InvalidArgument("key must not be empty");
-  if (request.key.size() > max_key_length) {
-    return InvalidArgument("key is " + std::to_string(request.key.size()) +
-                           " bytes long; the maximum is " + std::to_string(max_key_length));
-  }
+  if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
   if (Status s = ValidateLimitName(request.name); !s.ok()) return s;
   if (request.max_in_flight < 1 || request.max_in_flight > kMaxInFlight) {
     return InvalidArgument("max_in_flight must be in [1, " + std::to_string(kMaxInFlight) +

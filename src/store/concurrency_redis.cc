@@ -82,10 +82,7 @@ void RedisConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallba
 void RedisConcurrencyStore::Release(std::string_view key, std::string_view name,
                                     std::string_view lease_id, ReleaseCallback done) {
   if (Status s = ValidateLeaseId(lease_id); !s.ok()) return done(s);
-  if (key.empty() || key.size() > impl_->opts.max_key_length) {
-    return done(
-        InvalidArgument("key must be 1.." + std::to_string(impl_->opts.max_key_length) + " bytes"));
-  }
+  if (Status s = ValidateKey(key, impl_->opts.max_key_length); !s.ok()) return done(s);
   if (Status s = ValidateLimitName(name); !s.ok()) return done(s);
   const std::string k = impl_->keys.Concurrency(key, name);
   // ZREM reports whether the member was there; an expired lease that no

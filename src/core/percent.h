@@ -1,0 +1,65 @@
+// Percent-decoding (RFC 3986 2.1), the one decoder of request paths
+// (policy/path.cc), Redis URLs (redis/url.cc) and admin queries (admin.cc).
+//
+//   core::PercentDecode("a%2Fb")                     -> "a/b"
+//   core::PercentDecode("a+b", core::kPlusIsSpace)   -> "a b"   (form queries)
+//   core::PercentDecode("%4")                        -> nullopt (malformed)
+//
+// PercentDecodeEach hands each decoded byte to a callback with whether it came
+// from an escape, for callers that refuse some bytes (an encoded '/' in a path).
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace ratelimit::core {
+
+// 0..15 for a hex digit (either case), -1 otherwise.
+inline int HexDigitValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+enum class PercentResult { kOk, kMalformed, kStopped };
+inline constexpr bool kPlusIsSpace = true;
+
+// Calls emit(byte, escaped) for every decoded byte, in order; emit returns
+// false to stop (kStopped). kMalformed at a '%' not followed by two hex digits.
+template <typename Emit>
+PercentResult PercentDecodeEach(std::string_view in, bool plus_is_space, Emit&& emit) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    char c = in[i];
+    bool escaped = false;
+    if (c == '%') {
+      const int hi = i + 2 < in.size() ? HexDigitValue(in[i + 1]) : -1;
+      const int lo = hi >= 0 ? HexDigitValue(in[i + 2]) : -1;
+      if (lo < 0) return PercentResult::kMalformed;
+      c = static_cast<char>(hi * 16 + lo);
+      escaped = true;
+      i += 2;
+    } else if (plus_is_space && c == '+') {
+      c = ' ';
+    }
+    if (!emit(c, escaped)) return PercentResult::kStopped;
+  }
+  return PercentResult::kOk;
+}
+
+// The decoded text, or nullopt when an escape is malformed.
+inline std::optional<std::string> PercentDecode(std::string_view in, bool plus_is_space = false) {
+  std::string out;
+  out.reserve(in.size());
+  const PercentResult r = PercentDecodeEach(in, plus_is_space, [&out](char c, bool) {
+    out.push_back(c);
+    return true;
+  });
+  if (r != PercentResult::kOk) return std::nullopt;
+  return out;
+}
+
+}  // namespace ratelimit::core

@@ -1,0 +1,192 @@
+#include "store/resilient_store.h"
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ratelimit {
+
+bool IsStoreFailure(const Status& s) { return !s.ok() && s.code() != StatusCode::kInvalidArgument; }
+
+// ---- Rate limits -----------------------------------------------------------
+
+ResilientStore::ResilientStore(std::shared_ptr<Store> inner, Options options)
+    : inner_(std::move(inner)),
+      local_(MemoryStore::Options{.max_keys = options.local_max_keys, .clock = options.clock}),
+      on_failure_(std::move(options.on_failure)) {}
+
+ResilientStore::~ResilientStore() = default;
+
+Limit ResilientStore::Scaled(const Limit& limit, int instances) {
+  if (instances <= 1) return limit;
+  const int64_t n = instances;
+  LimitSpec spec = SpecOf(limit);
+  spec.count = std::max<int64_t>(1, (spec.count + n - 1) / n);
+  if (TakesRate(spec.algorithm)) spec.per_second /= static_cast<double>(n);
+  StatusOr<Limit> out = MakeLimit(std::move(spec));
+  return out.ok() ? *out : limit;  // a refill too slow to express: keep the full limit
+}
+
+void ResilientStore::Check(const CheckRequest& request, CheckCallback done) {
+  if ((request.on_failure.mode == FailureMode::kError && !on_failure_) ||
+      request.checks.size() > kMaxChecksPerRequest) {
+    return inner_->Check(request, std::move(done));  // nothing to add, or refused as invalid
+  }
+  // The request's views stay valid only during this call; copy what the
+  // fallback needs (the key, the checks, in place: no allocation of their
+  // own; the limits themselves are the caller's, alive until `done` runs, as
+  // for any store).
+  struct Saved {
+    std::string key;
+    std::array<LimitCheck, kMaxChecksPerRequest> checks;
+    size_t n;
+    OnFailure on_failure;
+  };
+  Saved saved{std::string(request.key), {}, request.checks.size(), request.on_failure};
+  std::copy(request.checks.begin(), request.checks.end(), saved.checks.begin());
+  inner_->Check(request, [this, saved = std::move(saved),
+                          done = std::move(done)](StatusOr<CheckResult> r) mutable {
+    if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
+    Fallback({.key = saved.key,
+              .checks = std::span<const LimitCheck>(saved.checks.data(), saved.n),
+              .on_failure = saved.on_failure},
+             r.status(), done);
+  });
+}
+
+void ResilientStore::Fallback(const CheckRequest& request, const Status& failure,
+                              CheckCallback& done) {
+  if (on_failure_) on_failure_(failure, request.on_failure.mode);
+  const std::span<const LimitCheck> checks = request.checks;
+  CheckResult out;
+  out.degraded = true;
+  switch (request.on_failure.mode) {
+    case FailureMode::kError: return done(failure);
+    case FailureMode::kLocal: {
+      const int instances = request.on_failure.expected_instances;
+      std::vector<Limit> scaled;
+      scaled.reserve(checks.size());
+      for (const LimitCheck& c : checks) scaled.push_back(Scaled(*c.limit, instances));
+      std::vector<LimitCheck> local_checks;
+      local_checks.reserve(checks.size());
+      for (size_t i = 0; i < checks.size(); ++i) {
+        local_checks.push_back({&scaled[i], std::min(checks[i].cost, scaled[i].limit())});
+      }
+      StatusOr<CheckResult> r = local_.Decide({request.key, local_checks});
+      if (r.ok()) {
+        out.overall = r->overall;
+        out.decisions = std::move(r->decisions);
+        return done(std::move(out));
+      }
+      // The local store is full too: nothing left to decide with; let it through.
+      [[fallthrough]];
+    }
+    case FailureMode::kOpen:
+    case FailureMode::kClosed: {
+      out.failed_closed = request.on_failure.mode == FailureMode::kClosed;
+      out.decisions.resize(checks.size());
+      for (size_t i = 0; i < checks.size(); ++i) {
+        Decision& d = out.decisions[i];
+        d.limit = checks[i].limit->limit();
+        d.allowed = !out.failed_closed;
+        d.remaining = out.failed_closed ? 0 : d.limit;  // unknown: the store could not say
+        if (out.failed_closed) d.retry_after = std::chrono::seconds(1);
+      }
+      out.overall = Combine(out.decisions);
+      return done(std::move(out));
+    }
+  }
+}
+
+void ResilientStore::Peek(const CheckRequest& request, CheckCallback done) {
+  inner_->Peek(request, std::move(done));
+}
+
+void ResilientStore::Reset(std::string_view key, std::span<const Limit* const> limits,
+                           ResetCallback done) {
+  // The local fallback's state too (limits scaled or not share a name and
+  // algorithm, so the same key): a reset client starts full everywhere.
+  (void)local_.ResetSync(key, limits);
+  inner_->Reset(key, limits, std::move(done));
+}
+
+size_t ResilientStore::Sweep() { return inner_->Sweep() + local_.Sweep(); }
+
+// ---- Concurrency limits ----------------------------------------------------
+
+ResilientConcurrencyStore::ResilientConcurrencyStore(ConcurrencyStore* inner, Options options)
+    : inner_(inner),
+      local_(MemoryConcurrencyStore::Options{.max_keys = options.local_max_keys,
+                                             .clock = options.clock}),
+      on_failure_(std::move(options.on_failure)) {}
+
+ResilientConcurrencyStore::~ResilientConcurrencyStore() = default;
+
+size_t ResilientConcurrencyStore::Sweep() { return local_.Sweep(); }
+
+void ResilientConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallback done) {
+  ConcurrencyStore* inner = inner_.load();
+  if (inner == nullptr) return OnResult(request, Unavailable("shutting down"), done);
+  struct Copy {
+    std::string key, name;
+    AcquireRequest request;
+  };
+  auto copy =
+      std::make_shared<Copy>(Copy{std::string(request.key), std::string(request.name), request});
+  copy->request.key = copy->key;
+  copy->request.name = copy->name;
+  inner->Acquire(request, [this, copy, done = std::move(done)](StatusOr<AcquireResult> r) mutable {
+    OnResult(copy->request, std::move(r), done);
+  });
+}
+
+void ResilientConcurrencyStore::OnResult(const AcquireRequest& request, StatusOr<AcquireResult> r,
+                                         AcquireCallback& done) {
+  if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
+  const FailureMode mode = request.on_failure.mode;
+  if (on_failure_) on_failure_(r.status(), mode);
+  AcquireResult out;
+  out.degraded = true;
+  switch (mode) {
+    case FailureMode::kError: return done(std::move(r));
+    case FailureMode::kOpen:
+      out.acquired = true;
+      out.max_in_flight = request.max_in_flight;
+      return done(std::move(out));
+    case FailureMode::kClosed:
+      out.failed_closed = true;
+      out.max_in_flight = request.max_in_flight;
+      return done(std::move(out));
+    case FailureMode::kLocal: {
+      const int64_t n = std::max(1, request.on_failure.expected_instances);
+      const int64_t max = std::max<int64_t>(1, (request.max_in_flight + n - 1) / n);
+      StatusOr<AcquireResult> l = local_.AcquireSync({.key = request.key,
+                                                      .name = request.name,
+                                                      .max_in_flight = max,
+                                                      .lease_ttl = request.lease_ttl});
+      if (!l.ok()) {  // the local store is full too: let it through
+        out.acquired = true;
+        out.max_in_flight = max;
+        return done(std::move(out));
+      }
+      out = *std::move(l);
+      out.degraded = true;
+      if (out.acquired) out.lease_id = std::string(kLocalLeasePrefix) + out.lease_id;
+      return done(std::move(out));
+    }
+  }
+}
+
+void ResilientConcurrencyStore::Release(std::string_view key, std::string_view name,
+                                        std::string_view lease_id, ReleaseCallback done) {
+  if (lease_id.starts_with(kLocalLeasePrefix)) {
+    return local_.Release(key, name, lease_id.substr(kLocalLeasePrefix.size()), std::move(done));
+  }
+  ConcurrencyStore* inner = inner_.load();
+  if (inner == nullptr) return done(Unavailable("shutting down"));
+  inner->Release(key, name, lease_id, std::move(done));
+}
+
+}  // namespace ratelimit

@@ -1,0 +1,224 @@
+// The failure policy, on a store that fails on demand (a fake: this tests
+// the policy, not Redis) and a manual clock for the local fallback.
+#include "store/resilient_store.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace ratelimit {
+namespace {
+
+using std::chrono::seconds;
+
+// A store whose every call fails with `status` while it is set, and asks a
+// MemoryStore otherwise.
+class FlakyStore final : public Store {
+ public:
+  explicit FlakyStore(const Clock* clock) : memory_(MemoryStore::Options{.clock = clock}) {}
+  Status status = Status::Ok();
+  int calls = 0;
+
+  void Check(const CheckRequest& r, CheckCallback done) override {
+    ++calls;
+    if (!status.ok()) return done(status);
+    memory_.Check(r, std::move(done));
+  }
+  void Peek(const CheckRequest& r, CheckCallback done) override {
+    if (!status.ok()) return done(status);
+    memory_.Peek(r, std::move(done));
+  }
+  void Reset(std::string_view key, std::span<const Limit* const> limits,
+             ResetCallback done) override {
+    memory_.Reset(key, limits, std::move(done));
+  }
+  bool remote() const override { return true; }
+  CircuitBreaker::State breaker_state() const override { return CircuitBreaker::State::kOpen; }
+
+ private:
+  MemoryStore memory_;
+};
+
+class FlakyConcurrencyStore final : public ConcurrencyStore {
+ public:
+  Status status = Unavailable("redis down");
+  void Acquire(const AcquireRequest&, AcquireCallback done) override { done(status); }
+  void Release(std::string_view, std::string_view, std::string_view,
+               ReleaseCallback done) override {
+    done(status);
+  }
+};
+
+class ResilientStoreTest : public testing::Test {
+ protected:
+  ResilientStoreTest() {
+    auto flaky = std::make_shared<FlakyStore>(&clock_);
+    flaky_ = flaky.get();
+    store_ = std::make_unique<ResilientStore>(
+        flaky, ResilientStore::Options{.local_max_keys = 2,
+                                       .clock = &clock_,
+                                       .on_failure = [this](const Status& s, FailureMode m) {
+                                         failures_.push_back({s.code(), m});
+                                       }});
+  }
+
+  StatusOr<CheckResult> Check(std::string_view key, FailureMode mode, int instances = 1,
+                              int64_t cost = 1) {
+    LimitCheck checks[] = {{&limit_, cost}};
+    return store_->CheckSync({.key = key, .checks = checks, .on_failure = {mode, instances}});
+  }
+
+  ManualClock clock_;
+  FlakyStore* flaky_ = nullptr;
+  std::unique_ptr<ResilientStore> store_;
+  std::vector<std::pair<StatusCode, FailureMode>> failures_;
+  Limit limit_ = *Limit::TokenBucket("burst", 10, 1);
+};
+
+TEST_F(ResilientStoreTest, AHealthyStoreDecidesAlone) {
+  StatusOr<CheckResult> r = Check("a", FailureMode::kClosed);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->overall.allowed);
+  EXPECT_EQ(r->overall.remaining, 9);
+  EXPECT_FALSE(r->degraded);
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(ResilientStoreTest, OpenAllowsDegraded) {
+  flaky_->status = Unavailable("redis down");
+  StatusOr<CheckResult> r = Check("a", FailureMode::kOpen);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->overall.allowed);
+  EXPECT_EQ(r->overall.remaining, 10);  // unknown: the limit
+  EXPECT_TRUE(r->degraded);
+  EXPECT_FALSE(r->failed_closed);
+  ASSERT_EQ(failures_.size(), 1u);
+  EXPECT_EQ(failures_[0].first, StatusCode::kUnavailable);
+  EXPECT_EQ(failures_[0].second, FailureMode::kOpen);
+}
+
+TEST_F(ResilientStoreTest, ClosedDeniesForASecond) {
+  flaky_->status = DeadlineExceeded("late");
+  StatusOr<CheckResult> r = Check("a", FailureMode::kClosed);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_TRUE(r->degraded);
+  EXPECT_TRUE(r->failed_closed);
+  EXPECT_EQ(r->overall.retry_after, seconds(1));
+  EXPECT_EQ(r->overall.remaining, 0);
+}
+
+TEST_F(ResilientStoreTest, ErrorReportsTheFailureToTheCaller) {
+  flaky_->status = ResourceExhausted("overloaded");
+  StatusOr<CheckResult> r = Check("a", FailureMode::kError);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsStoreFailure(r.status()));
+  ASSERT_EQ(failures_.size(), 1u);  // counted all the same
+  EXPECT_EQ(failures_[0].second, FailureMode::kError);
+}
+
+TEST_F(ResilientStoreTest, InvalidArgumentIsNeitherDecidedNorCounted) {
+  flaky_->status = InvalidArgument("key too long");
+  StatusOr<CheckResult> r = Check("a", FailureMode::kOpen);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(IsStoreFailure(r.status()));
+  EXPECT_TRUE(failures_.empty());
+}
+
+TEST_F(ResilientStoreTest, LocalDividesTheLimitAndRefillsOnTheClock) {
+  flaky_->status = Internal("bad reply");
+  int allowed = 0;
+  for (int i = 0; i < 10; ++i) {
+    StatusOr<CheckResult> r = Check("a", FailureMode::kLocal, /*instances=*/4);
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r->degraded);
+    EXPECT_FALSE(r->failed_closed);
+    allowed += r->overall.allowed ? 1 : 0;
+  }
+  EXPECT_EQ(allowed, 3);  // ceil(10 / 4)
+  // The refill is divided too: 1/4 token a second, so one more in 4 s.
+  clock_.Advance(seconds(3));
+  EXPECT_FALSE(Check("a", FailureMode::kLocal, 4)->overall.allowed);
+  clock_.Advance(seconds(1));
+  EXPECT_TRUE(Check("a", FailureMode::kLocal, 4)->overall.allowed);
+}
+
+TEST_F(ResilientStoreTest, LocalIsBoundedAndLetsNewClientsThroughWhenFull) {
+  flaky_->status = Unavailable("redis down");
+  EXPECT_TRUE(Check("a", FailureMode::kLocal)->overall.allowed);
+  EXPECT_TRUE(Check("b", FailureMode::kLocal)->overall.allowed);
+  for (int i = 0; i < 20; ++i) {
+    StatusOr<CheckResult> r = Check("flood" + std::to_string(i), FailureMode::kLocal);
+    EXPECT_TRUE(r->overall.allowed);
+    EXPECT_TRUE(r->degraded);
+  }
+  EXPECT_EQ(store_->local_store().size(), 2u);
+}
+
+TEST_F(ResilientStoreTest, ForwardsWhatTheStoreTells) {
+  EXPECT_TRUE(store_->remote());
+  EXPECT_EQ(store_->breaker_state(), CircuitBreaker::State::kOpen);
+  EXPECT_TRUE(store_->decides_failures());
+  // Peek reports failures as they are, whatever the mode.
+  flaky_->status = Unavailable("redis down");
+  LimitCheck checks[] = {{&limit_, 0}};
+  StatusOr<CheckResult> p =
+      store_->PeekSync({.key = "a", .checks = checks, .on_failure = {FailureMode::kOpen, 1}});
+  EXPECT_FALSE(p.ok());
+}
+
+TEST(ResilientStore, ScaledDividesCountAndRate) {
+  Limit tb = *Limit::TokenBucket("tb", 10, 4);
+  Limit s = ResilientStore::Scaled(tb, 3);
+  EXPECT_EQ(s.limit(), 4);
+  EXPECT_NEAR(s.refill_per_second(), 4.0 / 3, 1e-3);
+  Limit fw = *Limit::FixedWindow("fw", 2, seconds(60));
+  EXPECT_EQ(ResilientStore::Scaled(fw, 5).limit(), 1);
+  EXPECT_EQ(ResilientStore::Scaled(fw, 1), fw);
+}
+
+TEST(ResilientConcurrencyStore, FailureModes) {
+  FlakyConcurrencyStore down;
+  ManualClock clock;
+  std::vector<FailureMode> seen;
+  ResilientConcurrencyStore s(
+      &down,
+      {.clock = &clock, .on_failure = [&](const Status&, FailureMode m) { seen.push_back(m); }});
+  auto acquire = [&](FailureMode m) {
+    return s.AcquireSync({.key = "user:ada",
+                          .name = "upload",
+                          .max_in_flight = 3,
+                          .lease_ttl = seconds(30),
+                          .on_failure = {m, /*expected_instances=*/2}});
+  };
+  StatusOr<AcquireResult> open = acquire(FailureMode::kOpen);
+  ASSERT_TRUE(open.ok());
+  EXPECT_TRUE(open->acquired);
+  EXPECT_TRUE(open->lease_id.empty());
+  EXPECT_TRUE(open->degraded);
+  StatusOr<AcquireResult> closed = acquire(FailureMode::kClosed);
+  EXPECT_FALSE(closed->acquired);
+  EXPECT_TRUE(closed->failed_closed);
+  EXPECT_FALSE(acquire(FailureMode::kError).ok());
+  // local: 3 over 2 instances -> 2 here.
+  StatusOr<AcquireResult> a = acquire(FailureMode::kLocal);
+  StatusOr<AcquireResult> b = acquire(FailureMode::kLocal);
+  StatusOr<AcquireResult> c = acquire(FailureMode::kLocal);
+  EXPECT_TRUE(a->acquired && b->acquired);
+  EXPECT_FALSE(c->acquired);
+  EXPECT_TRUE(c->degraded);
+  EXPECT_TRUE(a->lease_id.starts_with(kLocalLeasePrefix));
+  // Its lease goes back to the local store, and frees a place.
+  EXPECT_TRUE(*s.ReleaseSync("user:ada", "upload", a->lease_id));
+  EXPECT_TRUE(acquire(FailureMode::kLocal)->acquired);
+  EXPECT_EQ(seen.size(), 7u);
+  // Detached (shutdown): acquires fail by the mode, releases are refused.
+  s.Detach();
+  EXPECT_TRUE(acquire(FailureMode::kOpen)->acquired);
+  EXPECT_FALSE(s.ReleaseSync("user:ada", "upload", "abcdef").ok());
+}
+
+}  // namespace
+}  // namespace ratelimit
