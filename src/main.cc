@@ -300,9 +300,9 @@ int main(int argc, char** argv) {
                                         .envoy_config_dir = envoy_section.config_dir,
                                         .store = store_config,
                                         .headers = envoy_section.headers};
-    go.failure_mode = ratelimit::grpcface::FromStoreMode(store_config.failure_mode);
+    go.failure_mode = store_config.failure_mode;
     if (!envoy_section.failure_mode.empty())
-      go.failure_mode = *ratelimit::grpcface::ParseEnvoyFailureMode(envoy_section.failure_mode);
+      go.failure_mode = *ratelimit::ParseFailureMode(envoy_section.failure_mode);
     auto g = ratelimit::grpcface::GrpcFace::Start(std::move(go), shared_store);
     if (!g.ok()) {
       Log(Level::kError, "cannot start the gRPC face", {{"error", g.status().message()}});

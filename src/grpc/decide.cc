@@ -3,43 +3,16 @@
 #include <memory>
 
 #include "server/enforcer.h"
+#include "store/resilient_store.h"
 
 namespace ratelimit::grpcface {
 
-StatusOr<EnvoyFailureMode> ParseEnvoyFailureMode(std::string_view text) {
-  if (text == "open") return EnvoyFailureMode::kOpen;
-  if (text == "closed") return EnvoyFailureMode::kClosed;
-  if (text == "local") return EnvoyFailureMode::kLocal;
-  if (text == "error") return EnvoyFailureMode::kError;
-  return InvalidArgument("failure mode must be open, closed, local or error, got '" +
-                         std::string(text) + "'");
-}
-
-EnvoyFailureMode FromStoreMode(policy::FailureMode mode) {
-  switch (mode) {
-    case policy::FailureMode::kClosed: return EnvoyFailureMode::kClosed;
-    case policy::FailureMode::kLocal: return EnvoyFailureMode::kLocal;
-    case policy::FailureMode::kOpen: break;
-  }
-  return EnvoyFailureMode::kOpen;
-}
-
 namespace {
-
-policy::FailureMode ToEnforcerMode(EnvoyFailureMode mode) {
-  switch (mode) {
-    case EnvoyFailureMode::kClosed: return policy::FailureMode::kClosed;
-    case EnvoyFailureMode::kLocal: return policy::FailureMode::kLocal;
-    case EnvoyFailureMode::kOpen:
-    case EnvoyFailureMode::kError: break;
-  }
-  return policy::FailureMode::kOpen;
-}
 
 struct Op {
   server::Enforcer& enforcer;
   const envoy::RequestPlan& plan;
-  EnvoyFailureMode mode;
+  FailureMode mode;
   const policy::StoreConfig& store_config;
   std::function<void(EnvoyDecided)> done;
   EnvoyDecided out;
@@ -54,17 +27,15 @@ void Step(std::shared_ptr<Op> op, bool shadow) {
     return op->done(std::move(op->out));
   }
   op->enforcer.DecideGroup(
-      op->plan.store_key, checks, ToEnforcerMode(op->mode), op->store_config,
+      op->plan.store_key, checks, op->mode, op->store_config,
       [op, shadow](server::GroupOutcome g) mutable {
         if (!g.error.ok()) {
+          // Mode error: the store's failure, as it is; otherwise the request's fault.
+          op->out.unavailable = IsStoreFailure(g.error);
           op->out.error = g.error;
           return op->done(std::move(op->out));
         }
         op->out.degraded = op->out.degraded || g.degraded;
-        if (g.degraded && op->mode == EnvoyFailureMode::kError) {
-          op->out.unavailable = true;
-          return op->done(std::move(op->out));
-        }
         (shadow ? op->out.shadow : op->out.result) = std::move(g.result);
         if (!shadow) return Step(std::move(op), true);
         op->done(std::move(op->out));
@@ -74,7 +45,7 @@ void Step(std::shared_ptr<Op> op, bool shadow) {
 
 }  // namespace
 
-void DecideEnvoy(server::Enforcer& enforcer, const envoy::RequestPlan& plan, EnvoyFailureMode mode,
+void DecideEnvoy(server::Enforcer& enforcer, const envoy::RequestPlan& plan, FailureMode mode,
                  const policy::StoreConfig& store_config, std::function<void(EnvoyDecided)> done) {
   Step(std::make_shared<Op>(Op{enforcer, plan, mode, store_config, std::move(done), {}}), false);
 }

@@ -2,13 +2,14 @@
 // face knows about failure policy goes through here, so that moving to
 // another enforcer API is a change of this file alone.
 //
-//   DecideEnvoy(enforcer, plan, EnvoyFailureMode::kError, store_config,
+//   DecideEnvoy(enforcer, plan, FailureMode::kError, store_config,
 //               [](EnvoyDecided d) { if (d.unavailable) ...; });
 //
-// The failure modes open, closed and local are the enforcer's. `error` is
-// the face's own: the enforcer decides as `open` would, and an outcome the
-// failure mode decided (the store could not) becomes `unavailable`, which the
-// face answers with gRPC UNAVAILABLE so that Envoy's failure_mode_deny decides.
+// Every failure mode is the store's (ResilientStore, include/ratelimit/
+// failure_mode.h): open, closed and local answer as for every face; with
+// `error` the store's failure comes back as it is and becomes `unavailable`,
+// which the face answers with gRPC UNAVAILABLE so that Envoy's
+// failure_mode_deny decides.
 //
 // Thread-safety: as Enforcer::DecideGroup; `done` runs once, on whatever
 // thread the store completes on. `plan` must outlive the call.
@@ -19,6 +20,7 @@
 
 #include "envoy/plan.h"
 #include "policy/config.h"
+#include "ratelimit/failure_mode.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 
@@ -28,21 +30,15 @@ class Enforcer;
 
 namespace ratelimit::grpcface {
 
-enum class EnvoyFailureMode { kOpen, kClosed, kLocal, kError };
-
-// "open", "closed", "local", "error".
-StatusOr<EnvoyFailureMode> ParseEnvoyFailureMode(std::string_view text);
-EnvoyFailureMode FromStoreMode(policy::FailureMode mode);
-
 struct EnvoyDecided {
-  Status error;                       // InvalidArgument: the request's fault
-  bool unavailable = false;           // mode error and the store could not decide
-  bool degraded = false;              // the failure mode decided
+  Status error;              // InvalidArgument: the request's fault
+  bool unavailable = false;  // mode error and the store could not decide (`error` says why)
+  bool degraded = false;     // the failure mode decided
   std::optional<CheckResult> result;  // answers plan.checks (if any)
   std::optional<CheckResult> shadow;  // answers plan.shadow_checks (if any)
 };
 
-void DecideEnvoy(server::Enforcer& enforcer, const envoy::RequestPlan& plan, EnvoyFailureMode mode,
+void DecideEnvoy(server::Enforcer& enforcer, const envoy::RequestPlan& plan, FailureMode mode,
                  const policy::StoreConfig& store_config, std::function<void(EnvoyDecided)> done);
 
 }  // namespace ratelimit::grpcface

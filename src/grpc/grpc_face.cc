@@ -180,13 +180,14 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     DecideEnvoy(
         *enforcer, call->plan, options.failure_mode, options.store,
         [this, call, reactor, response](EnvoyDecided d) {
-          if (!d.error.ok()) {
-            reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, d.error.message()));
-            return;
-          }
           if (d.unavailable) {
             reactor->Finish(
-                grpc::Status(grpc::StatusCode::UNAVAILABLE, "the rate limit store cannot decide"));
+                grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                             "the rate limit store cannot decide: " + d.error.message()));
+            return;
+          }
+          if (!d.error.ok()) {
+            reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, d.error.message()));
             return;
           }
           const envoy::Response r =

@@ -37,7 +37,7 @@ namespace ratelimit::grpcface {
 struct GrpcOptions {
   std::string listen;            // host:port (port 0: any free port)
   std::string envoy_config_dir;  // "" = no domains: every descriptor is OK without limit
-  EnvoyFailureMode failure_mode = EnvoyFailureMode::kOpen;
+  FailureMode failure_mode = FailureMode::kOpen;
   policy::StoreConfig store;  // deadline and the local failure mode's numbers
   // response_headers_to_add for the descriptor closest to its limit (kNone:
   // off, as in envoyproxy/ratelimit).

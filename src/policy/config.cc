@@ -254,13 +254,13 @@ class Loader {
 
   // `headers:` (server, envoy).
   Status Dialect(const YAML::Node& map, HeaderDialect* out) const {
-    return Enum<HeaderDialect>(map, "headers",
-                               {{HeaderDialectName(HeaderDialect::kDraft06), HeaderDialect::kDraft06},
-                                {HeaderDialectName(HeaderDialect::kStructured),
-                                 HeaderDialect::kStructured},
-                                {HeaderDialectName(HeaderDialect::kLegacy), HeaderDialect::kLegacy},
-                                {HeaderDialectName(HeaderDialect::kNone), HeaderDialect::kNone}},
-                               out);
+    return Enum<HeaderDialect>(
+        map, "headers",
+        {{HeaderDialectName(HeaderDialect::kDraft06), HeaderDialect::kDraft06},
+         {HeaderDialectName(HeaderDialect::kStructured), HeaderDialect::kStructured},
+         {HeaderDialectName(HeaderDialect::kLegacy), HeaderDialect::kLegacy},
+         {HeaderDialectName(HeaderDialect::kNone), HeaderDialect::kNone}},
+        out);
   }
 
   Status Failure(const YAML::Node& map, std::optional<FailureMode>* out) const {
@@ -471,8 +471,8 @@ Status Loader::Envoy(const YAML::Node& n, EnvoySection* e) {
   if (!e->config_dir.empty() && e->config_dir[0] != '/' && !base_dir_.empty())
     e->config_dir = base_dir_ + "/" + e->config_dir;
   RL_RETURN_IF_ERROR(String(n, "failure_mode", &e->failure_mode));
-  const std::string& m = e->failure_mode;
-  if (!m.empty() && m != "open" && m != "closed" && m != "local" && m != "error") {
+  // Every mode, `error` too: the gRPC face answers UNAVAILABLE with it.
+  if (const std::string& m = e->failure_mode; !m.empty() && !ParseFailureMode(m).ok()) {
     return Error(Get(n, "failure_mode"),
                  "'failure_mode' must be open, closed, local or error, got " + Quote(m));
   }

@@ -165,7 +165,7 @@ void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
                      std::function<void(Outcome)> done) {
   DecideGroup(
       key, checks, store_config.failure_mode, store_config,
-      [this, key, checks, path, done = std::move(done)](GroupOutcome g) {
+      [this, key, checks, path, face, done = std::move(done)](GroupOutcome g) {
         Outcome o;
         if (!g.error.ok()) {
           o.verdict = IsStoreFailure(g.error) ? Verdict::kStoreError : Verdict::kBadRequest;

@@ -15,8 +15,6 @@
 namespace ratelimit::server {
 namespace {
 
-}
-
 // A streamed upstream answer keeps its concurrency lease until its body has
 // ended (or the client went away: the guard's destructor releases). The last
 // piece is passed on only once the release is answered, so a client that

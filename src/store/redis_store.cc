@@ -89,7 +89,7 @@ struct RedisStore::Impl {
     p.call.limits.reserve(req.checks.size());
     for (const LimitCheck& c : req.checks) {
       p.call.keys.push_back(keys.Rate(req.key, c.limit->name()));
-      p.call.limits.push_back({.spec = store::lua::SpecOf(*c.limit), .cost = c.cost});
+      p.call.limits.push_back({.spec = store::lua::WireOf(*c.limit), .cost = c.cost});
     }
     if (p.want > 1) p.call.SetPrefetch(p.want);
     p.slot = backend->SlotOf(p.call.keys.front());

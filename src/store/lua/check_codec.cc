@@ -59,7 +59,7 @@ std::string_view CodeText(char code) {
 
 }  // namespace
 
-LimitSpec SpecOf(const Limit& limit) {
+WireLimit WireOf(const Limit& limit) {
   return {.code = AlgorithmCode(limit.algorithm()),
           .limit = limit.limit(),
           .window = limit.window_micros(),
@@ -79,7 +79,7 @@ EncodedCall Encode(std::optional<int64_t> now_us, std::span<const CheckCall* con
   args.emplace_back();  // the number of distinct limits, known below
   // Each distinct limit once. (Only the first 64 are looked for: a batch of
   // many inline limits repeats some rather than search quadratically.)
-  std::vector<LimitSpec> specs;
+  std::vector<WireLimit> specs;
   std::vector<uint32_t> spec_of;  // per limit of each check, in order
   for (const CheckCall* c : checks) {
     for (const LimitCall& l : c->limits) {

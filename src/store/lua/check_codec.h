@@ -9,7 +9,7 @@
 // integers per limit) into Decisions, or into the failed Status of the whole
 // call for every malformed or error reply.
 //
-//   CheckCall call = {.keys = {"rl:{ip:1.2.3.4}burst"}, .limits = {{SpecOf(burst), 1}}};
+//   CheckCall call = {.keys = {"rl:{ip:1.2.3.4}burst"}, .limits = {{WireOf(burst), 1}}};
 //   EncodedCall e = Encode(std::nullopt, {{&call, 1}});   // e.keys, e.args -> EVALSHA
 //   StatusOr<std::vector<CheckAnswer>> a = Decode(reply, {{&call, 1}});
 //
@@ -38,18 +38,18 @@ namespace ratelimit::store::lua {
 // How check.lua evaluates a limit: 't' token bucket, 'k' leaky bucket, 'f'
 // fixed window, 's' sliding window, 'l' sliding log, 'T' a token bucket that
 // takes up to `cost` tokens at once (a token prefetch).
-struct LimitSpec {
+struct WireLimit {
   char code = 't';
   int64_t limit = 0;
   int64_t window = 0;    // us; token and leaky bucket: capacity (depth) x interval
   int64_t interval = 0;  // us; token and leaky bucket only
-  friend bool operator==(const LimitSpec&, const LimitSpec&) = default;
+  friend bool operator==(const WireLimit&, const WireLimit&) = default;
 };
 
-LimitSpec SpecOf(const Limit& limit);
+WireLimit WireOf(const Limit& limit);
 
 struct LimitCall {
-  LimitSpec spec;
+  WireLimit spec;
   int64_t cost = 1;  // 'T': the most tokens to take
   friend bool operator==(const LimitCall&, const LimitCall&) = default;
 };

@@ -33,7 +33,7 @@ Read ReadArgs(const EncodedCall& e) {
   const auto& a = e.args;
   if (!a[0].empty()) out.now = Num(a[0]);
   const auto nspecs = static_cast<size_t>(Num(a[1]));
-  std::vector<LimitSpec> specs;
+  std::vector<WireLimit> specs;
   size_t i = 2;
   for (size_t s = 0; s < nspecs; ++s, i += 4) {
     EXPECT_EQ(a[i].size(), 1u);
@@ -62,7 +62,7 @@ Read ReadArgs(const EncodedCall& e) {
   return out;
 }
 
-LimitSpec Spec(const Limit& l) { return SpecOf(l); }
+WireLimit Spec(const Limit& l) { return WireOf(l); }
 const Limit kBurst = *Limit::TokenBucket("burst", 10, 5);
 const Limit kDaily = *Limit::FixedWindow("daily", 1000, std::chrono::hours(24));
 const Limit kShape = *Limit::LeakyBucket("shape", 5, 10);
