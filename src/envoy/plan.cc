@@ -230,15 +230,10 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
     s.requests_per_unit = rule.requests_per_unit;
     s.unit = rule.unit;
     s.name = rule.name;
-    int64_t remaining = d.remaining;
-    if (!r->overall.allowed && d.allowed) {
-      // Another descriptor denied the request, so nothing was taken from
-      // this one: its count stands where it was.
-      const std::vector<LimitCheck>& checks = p.shadow ? plan.shadow_checks : plan.checks;
-      remaining += checks[p.first_check + which].cost;
-    }
+    // When another descriptor denied the request nothing was taken from this
+    // one, and the store's answer says so already (its standing count).
     s.limit_remaining =
-        over ? 0 : static_cast<uint32_t>(std::clamp<int64_t>(remaining, 0, 4294967295));
+        over ? 0 : static_cast<uint32_t>(std::clamp<int64_t>(d.remaining, 0, 4294967295));
     if (rule.algorithm == Algorithm::kFixedWindow) {
       const int64_t period = rule.period.count();
       s.duration_until_reset = std::chrono::microseconds(period - now_micros % period);

@@ -51,11 +51,7 @@ import time
 
 # (file, first command of the block) -> why it fails today. Such a block still
 # fails (the reason is printed); an entry whose block passes fails too.
-KNOWN_FAILURES = {
-    ("README.md", "build/ratelimitd --config examples/gateway.yaml"):
-        "issue 16: server.admin_token_file /etc/ratelimit/admin.token does not exist on a "
-        "fresh machine (helper cfg)",
-}
+KNOWN_FAILURES = {}
 
 MARKER = re.compile(r"^<!--\s*(runnable|not-runnable|output)\b:?\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(```+|~~~+)\s*([\w+-]*)")
@@ -207,7 +203,7 @@ class Upstream(http.server.BaseHTTPRequestHandler):
 WRAPPER = """#!/bin/bash
 # ratelimitd as the docs show it, on the test's ports (tests/docs/run_doc_blocks.py).
 for a in "$@"; do
-  case $a in --check-config|--check-config=*|--help|-h|--version) exec "$RL_BIN" "$@";; esac
+  case $a in --check-config|--check-config=*|--explain|--explain=*|--help|-h|--version) exec "$RL_BIN" "$@";; esac
 done
 exec "$RL_BIN" "$@" --listen "127.0.0.1:$RL_PORT" --admin-listen "127.0.0.1:$RL_ADMIN_PORT" >"$RL_LOG.$$" 2>&1
 """
@@ -231,7 +227,7 @@ rl_serve() {  # a server started in the foreground: it listens, then exits 0 on 
 trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT
 """
 
-SERVER_LINE = r"^([ \t]*)((?:build/)?ratelimitd\b(?!.*--check-config|.*--help|.*--version)[^&|;#\n]*?)"
+SERVER_LINE = r"^([ \t]*)((?:build/)?ratelimitd\b(?!.*--check-config|.*--explain|.*--help|.*--version)[^&|;#\n]*?)"
 BACKGROUND = re.compile(SERVER_LINE + r"[ \t]*&[ \t]*$", re.M)
 FOREGROUND = re.compile(SERVER_LINE + r"([ \t]+#.*)?$", re.M)
 

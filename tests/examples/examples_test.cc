@@ -36,6 +36,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -68,17 +69,7 @@ const std::string kExamples = RL_EXAMPLES_DIR;
 const std::string kToken = "examples-test-admin-token";
 
 // Case (file under examples/) -> why it fails today. Keep it empty.
-const std::map<std::string, std::string> kKnownFailures = {
-    {"gateway.yaml",
-     "issue 16: server.admin_token_file /etc/ratelimit/admin.token is not marked "
-     "`# user-supplied:` (helper cfg marks it), so it does not start"},
-    {"nginx-auth-request.conf",
-     "issue 16: the yaml sets headers: structured, the conf copies RateLimit-Limit/-Remaining/"
-     "-Reset: no RateLimit header reaches the client (helper cfg)"},
-    {"systemd/ratelimitd.service",
-     "issue 16: ExecStart's --config /etc/ratelimit/ratelimit.yaml is not marked "
-     "`# user-supplied:` (helper cfg marks it)"},
-};
+const std::map<std::string, std::string> kKnownFailures = {};
 
 bool EndsWith(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -215,6 +206,7 @@ struct Servers {
   std::unique_ptr<RedisServer> redis;
   std::unique_ptr<RedisCluster> cluster;
   std::unique_ptr<TestUpstream> upstream;
+  int grpc_port = 0;  // server.grpc_listen rewritten to it (0: none)
 };
 
 // config[section][key], or an undefined node when either is missing (yaml-cpp
@@ -304,6 +296,11 @@ std::string Prepare(const std::string& rel, const std::string& dir, Servers& s,
   if (Str(Get(config, "store", "type")) == "redis") {
     if (*error = RewriteRedis(text, config, s); !error->empty()) return "";
   }
+  if (const std::string grpc = Str(Get(config, "server", "grpc_listen")); !grpc.empty()) {
+    s.grpc_port = FreePort();
+    text = Replace(text, "grpc_listen: " + grpc,
+                   "grpc_listen: 127.0.0.1:" + std::to_string(s.grpc_port));
+  }
   const std::string path = dir + "/examples/" + rel;
   WriteFile(path, text);
   return path;
@@ -315,9 +312,15 @@ std::string Describe(const HttpResponse& r) {
   return std::to_string(r.status) + "\n" + r.raw_head + r.body;
 }
 
+// The token of the file the config names (Start made its path absolute):
+// the test's own where the example marks it user-supplied, else the
+// example's (examples/admin-token.sample).
 Headers AdminAuth(const YAML::Node& config) {
-  if (Str(Get(config, "server", "admin_token_file")).empty()) return {};
-  return {{"Authorization", "Bearer " + kToken}};
+  const std::string file = Str(Get(config, "server", "admin_token_file"));
+  if (file.empty()) return {};
+  std::string token = ReadFile(file);
+  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  return {{"Authorization", "Bearer " + token}};
 }
 
 void CheckAdmin(const Daemon& d, const YAML::Node& config) {
@@ -477,11 +480,42 @@ struct Started {
   std::unique_ptr<Daemon> daemon;
 };
 
+// The gRPC face (Envoy's rate limit service): health, and one ShouldRateLimit
+// per domain of its config directory, asked by the client built from Envoy's
+// own rls.proto (tests/envoy/client; npm packages from scripts/install-deps.sh).
+void CheckGrpc(int port, const YAML::Node& config) {
+  const std::string client = std::string(RL_ENVOY_CLIENT_DIR) + "/scenario.cjs";
+  std::string out;
+  EXPECT_EQ(RunCommand({"node", client, "health", std::to_string(port)}, &out), 0) << out;
+  EXPECT_NE(out.find("SERVING"), std::string::npos) << out;
+  const std::string dir = Str(Get(config, "envoy", "config_dir"));
+  ASSERT_FALSE(dir.empty()) << "server.grpc_listen without envoy.config_dir";
+  for (const auto& entry : fs::directory_iterator(kExamples + "/envoy/" + dir)) {
+    const YAML::Node domain = YAML::LoadFile(entry.path().string());
+    const YAML::Node first = domain["descriptors"][0];
+    nlohmann::json req = {{"domain", domain["domain"].as<std::string>()},
+                          {"descriptors",
+                           {{{"entries",
+                              {{{"key", first["key"].as<std::string>()},
+                                {"value", first["value"] ? first["value"].as<std::string>()
+                                                         : std::string("v")}}}}}}}};
+    EXPECT_EQ(RunCommand({"node", client, "call", std::to_string(port), req.dump()}, &out), 0)
+        << out;
+    const auto answer = nlohmann::json::parse(out, nullptr, false);
+    EXPECT_EQ(answer.value("overall_code", ""), "OK") << req.dump() << " -> " << out;
+  }
+}
+
 void Start(const std::string& rel, Started& s) {
   std::string error;
   const std::string path = Prepare(rel, s.dir.path, s.servers, &error);
   ASSERT_TRUE(error.empty()) << rel << ": " << error;
   s.config = YAML::LoadFile(path);
+  // As the daemon reads it: relative to the config file's folder.
+  if (const std::string token = Str(Get(s.config, "server", "admin_token_file"));
+      !token.empty() && token[0] != '/') {
+    s.config["server"]["admin_token_file"] = (fs::path(path).parent_path() / token).string();
+  }
   s.daemon = std::make_unique<Daemon>(std::vector<std::string>{"--config", path});
   ASSERT_TRUE(s.daemon->started()) << "ratelimitd --config " << rel << " did not start:\n"
                                    << ReadFile(path) << "\n"
@@ -498,6 +532,7 @@ void RunYaml(const std::string& rel) {
   CheckAuth(d, s.config);
   if (s.servers.upstream) CheckGateway(d, s.config, *s.servers.upstream);
   CheckDemo(d, s.config);
+  if (s.servers.grpc_port > 0) CheckGrpc(s.servers.grpc_port, s.config);
   Stop(d);
 }
 
@@ -613,13 +648,31 @@ void RunSystemdUnit(const std::string& rel) {
   Stop(d);
 }
 
+// A YAML file that is not a ratelimitd config: envoyproxy/ratelimit's domain
+// file (`domain:`) or Envoy's own config (`static_resources:`).
+bool IsEnvoysOwnYaml(const std::string& rel) {
+  const YAML::Node n = YAML::LoadFile(kExamples + "/" + rel);
+  return n.IsMap() && (n["domain"] || n["static_resources"]);
+}
+
 // Any other file must be one an example names (a keys file, a certificate):
 // it is tested with that example. Otherwise no case starts it: a failure.
 void RunDataFile(const std::string& rel) {
   const std::string name = fs::path(rel).filename().string();
+  const fs::path folder = fs::path(kExamples + "/" + rel).parent_path();
   for (const std::string& other : ListExamples()) {
-    if (other != rel && ReadFile(kExamples + "/" + other).find(name) != std::string::npos) {
+    if (other == rel) continue;
+    if (ReadFile(kExamples + "/" + other).find(name) != std::string::npos) {
       std::cout << "examples/" << rel << ": named by examples/" << other << ", tested with it\n";
+      return;
+    }
+    // An Envoy domain file: in the envoy.config_dir of a ratelimitd example.
+    if (!EndsWith(other, ".yaml") || IsEnvoysOwnYaml(other)) continue;
+    const std::string dir =
+        Str(Get(YAML::LoadFile(kExamples + "/" + other), "envoy", "config_dir"));
+    if (!dir.empty() &&
+        fs::equivalent(fs::path(kExamples + "/" + other).parent_path() / dir, folder)) {
+      std::cout << "examples/" << rel << ": a domain of examples/" << other << ", tested with it\n";
       return;
     }
   }
@@ -643,7 +696,7 @@ class ExampleTest : public ::testing::TestWithParam<std::string> {
 
 TEST_P(ExampleTest, Starts) {
   const std::string& rel = GetParam();
-  if (EndsWith(rel, ".yaml")) {
+  if (EndsWith(rel, ".yaml") && !IsEnvoysOwnYaml(rel)) {
     RunYaml(rel);
   } else if (EndsWith(rel, ".conf")) {
     RunNginx(rel);
