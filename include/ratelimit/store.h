@@ -60,11 +60,11 @@ struct CheckResult {
 
 // Counters since start that a store keeps (0 for those it has not).
 struct StoreStats {
-  uint64_t checks = 0;        // Check() calls that reached the store
-  uint64_t script_calls = 0;  // remote calls sent (Redis: EVALSHA)
-  uint64_t cache_hits = 0;    // checks answered by the over-limit cache
+  uint64_t checks = 0;         // Check() calls that reached the store
+  uint64_t script_calls = 0;   // remote calls sent (Redis: EVALSHA)
+  uint64_t cache_hits = 0;     // checks answered by the over-limit cache
   uint64_t prefetch_hits = 0;  // checks answered with a prefetched token (Limit::prefetch)
-  uint64_t failures = 0;      // checks that completed with an error
+  uint64_t failures = 0;       // checks that completed with an error
 };
 
 using CheckCallback = std::function<void(StatusOr<CheckResult>)>;

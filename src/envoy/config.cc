@@ -10,18 +10,13 @@
 #include <set>
 #include <sstream>
 
+#include "core/return_if_error.h"
+
 namespace ratelimit::envoy {
 
 namespace {
 
 using namespace std::chrono_literals;
-
-#define RL_RETURN_IF_ERROR(expr)        \
-  do {                                  \
-    if (Status _s = (expr); !_s.ok()) { \
-      return _s;                        \
-    }                                   \
-  } while (false)
 
 std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 

@@ -18,18 +18,12 @@
 #include <sstream>
 #include <utility>
 
+#include "core/return_if_error.h"
 #include "policy/policy.h"
 #include "ratelimit/concurrency.h"
 
 namespace ratelimit::policy {
 namespace {
-
-#define RL_RETURN_IF_ERROR(expr)        \
-  do {                                  \
-    if (Status _s = (expr); !_s.ok()) { \
-      return _s;                        \
-    }                                   \
-  } while (false)
 
 std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
@@ -954,11 +948,13 @@ StatusOr<std::string> ReadTextFile(const std::string& path) {
   // open(2) and fstat(2) directly: a directory opens fine but is no file, and
   // errno says why a file cannot be read ("Permission denied").
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): read at start and on reload, one thread at a time.
   if (fd < 0) return NotFound(std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     ::close(fd);
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): as above.
     return NotFound(S_ISDIR(st.st_mode) ? "it is a directory"
                     : e                 ? std::strerror(e)
                                         : "not a file");
@@ -972,7 +968,7 @@ StatusOr<std::string> ReadTextFile(const std::string& path) {
       if (errno == EINTR) continue;
       const int e = errno;
       ::close(fd);
-      return NotFound(std::strerror(e));
+      return NotFound(std::strerror(e));  // NOLINT(concurrency-mt-unsafe): as above.
     }
     out.append(buf, static_cast<size_t>(n));
   }

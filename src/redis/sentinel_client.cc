@@ -182,7 +182,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   }
 
   // Asks sentinel (first + i) % n, and the next ones while they fail.
-  void Ask(size_t first, size_t i, std::string errors) {
+  void Ask(size_t first, size_t i, const std::string& errors) {
     const size_t n = options.sentinels.size();
     if (i == n) {
       return Finish(Unavailable("redis sentinel: no sentinel named a master of '" +

@@ -556,7 +556,7 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
     return op->done(JsonReply(200, {{"client", op->client}, {"reset", op->names}}));
   }
   const size_t i = op->next++;
-  store().Reset(op->groups[i].key, op->limits[i], [this, op](Status s) {
+  store().Reset(op->groups[i].key, op->limits[i], [this, op](const Status& s) {
     if (!s.ok()) {
       Reply r =
           ProblemReply(503, "the rate limit store could not reset: " + s.message(), op->instance);

@@ -21,7 +21,6 @@ namespace ratelimit::server {
 
 namespace net = boost::asio;
 using policy::ConcurrencyConfig;
-using policy::FailureMode;
 using std::chrono::milliseconds;
 
 namespace {

@@ -549,7 +549,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed)});
   const policy::StoreConfig& store_config = op->policy->config().store;
   enforcer_.Check(op->check.key, op->check.checks, store_config, path, Face::kDecisionApi,
-                  [op, path, done = std::move(done)](Outcome o) {
+                  [op, path, done = std::move(done)](const Outcome& o) {
                     const policy::Config& config = op->policy->config();
                     const HttpFace face{
                         .dialect = config.server.headers,
@@ -641,16 +641,17 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     }
     op->checks[i] = std::move(*parsed);
     const ParsedCheck& c = op->checks[i];
-    enforcer_.Check(c.key, c.checks, store_config, path, Face::kDecisionApi, [op, i](Outcome o) {
-      std::string& out = op->results[i];
-      if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {
-        out = ErrorEntry(o.verdict == Verdict::kBadRequest ? 400 : 503,
-                         "checks[" + std::to_string(i) + "]: " + o.error);
-      } else {
-        AppendOutcomeBody(o, out);
-      }
-      op->CompleteOne();
-    });
+    enforcer_.Check(c.key, c.checks, store_config, path, Face::kDecisionApi,
+                    [op, i](const Outcome& o) {
+                      std::string& out = op->results[i];
+                      if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {
+                        out = ErrorEntry(o.verdict == Verdict::kBadRequest ? 400 : 503,
+                                         "checks[" + std::to_string(i) + "]: " + o.error);
+                      } else {
+                        AppendOutcomeBody(o, out);
+                      }
+                      op->CompleteOne();
+                    });
   }
   op->CompleteOne();
 }

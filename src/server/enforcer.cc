@@ -203,7 +203,7 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
   const policy::CheckGroup& group = op->plan.groups[op->next++];
   DecideGroup(
       group.key, group.checks, group.failure_mode, op->policy->config().store,
-      [this, op, &group](GroupOutcome g) {
+      [this, op, &group](const GroupOutcome& g) {
         if (!g.error.ok()) {
           if (IsStoreFailure(g.error)) {
             return op->Finish(Verdict::kStoreError,

@@ -1,4 +1,4 @@
-// compile-as: src/store/lease_table.cc
+// compile-as: src/store/token_prefetch.cc
 // expect: reading variable 'total_' requires holding mutex 'mu_'
 // Clang's thread-safety analysis is on (-Wthread-safety -Werror): a guarded
 // member read without its mutex does not compile.

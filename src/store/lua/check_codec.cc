@@ -84,7 +84,8 @@ EncodedCall Encode(std::optional<int64_t> now_us, std::span<const CheckCall* con
   for (const CheckCall* c : checks) {
     for (const LimitCall& l : c->limits) {
       const size_t searched = std::min<size_t>(specs.size(), 64);
-      const auto found = std::find(specs.begin(), specs.begin() + searched, l.spec);
+      const auto found =
+          std::find(specs.begin(), specs.begin() + static_cast<std::ptrdiff_t>(searched), l.spec);
       size_t j = static_cast<size_t>(found - specs.begin());
       if (j == searched) {
         j = specs.size();
