@@ -954,10 +954,8 @@ StatusOr<std::string> ReadTextFile(const std::string& path) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     const int e = errno;
     ::close(fd);
-    // NOLINTNEXTLINE(concurrency-mt-unsafe): as above.
-    return NotFound(S_ISDIR(st.st_mode) ? "it is a directory"
-                    : e                 ? std::strerror(e)
-                                        : "not a file");
+    if (S_ISDIR(st.st_mode)) return NotFound("it is a directory");
+    return NotFound(e != 0 ? std::strerror(e) : "not a file");  // NOLINT(concurrency-mt-unsafe)
   }
   std::string out;
   char buf[8192];
