@@ -67,6 +67,7 @@ const Limit kBurst = *Limit::TokenBucket("burst", 10, 5);
 const Limit kDaily = *Limit::FixedWindow("daily", 1000, std::chrono::hours(24));
 const Limit kShape = *Limit::LeakyBucket("shape", 5, 10);
 
+// The result views the checks' keys: `checks` must outlive it (no temporary).
 EncodedCall EncodeAll(std::optional<int64_t> now, const std::vector<CheckCall>& checks) {
   std::vector<const CheckCall*> p;
   for (const CheckCall& c : checks) p.push_back(&c);
@@ -101,7 +102,8 @@ TEST(CheckCodec, RoundTrip) {
 }
 
 TEST(CheckCodec, EachDistinctLimitOnceAndOneArgumentPerSimpleCheck) {
-  const EncodedCall e = EncodeAll(std::nullopt, Sample());
+  const std::vector<CheckCall> sample = Sample();
+  const EncodedCall e = EncodeAll(std::nullopt, sample);
   // burst, daily, shape and the prefetching burst ('T'): four specs.
   EXPECT_EQ(e.args[1], "4");
   const size_t checks_at = 2 + 4 * 4;
@@ -116,7 +118,8 @@ TEST(CheckCodec, EachDistinctLimitOnceAndOneArgumentPerSimpleCheck) {
 
 TEST(CheckCodec, CostsTooLargeForLuaAreNotPacked) {
   CheckCall big{.keys = {"rl:{a}x"}, .limits = {{{'t', 1, 1, 1}, (int64_t{1} << 32) + 1}}};
-  const EncodedCall e = EncodeAll(std::nullopt, {big});
+  const std::vector<CheckCall> calls = {big};
+  const EncodedCall e = EncodeAll(std::nullopt, calls);
   EXPECT_EQ(e.args[7], "c1");
   EXPECT_EQ(ReadArgs(e).checks[0].limits, big.limits);
 }
