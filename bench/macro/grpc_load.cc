@@ -26,6 +26,8 @@
 
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 
+#include "flags.h"
+
 namespace {
 
 namespace pb = ::envoy::service::ratelimit::v3;
@@ -34,11 +36,11 @@ using Clock = std::chrono::steady_clock;
 struct Options {
   std::string target = "127.0.0.1:8081";
   std::string mode = "closed";
-  int inflight = 64;
+  int64_t inflight = 64;
   double rate = 1000;
-  int duration_ms = 3000;
-  int warmup_ms = 500;
-  int keys = 10000;
+  int64_t duration_ms = 3000;
+  int64_t warmup_ms = 500;
+  int64_t keys = 10000;
 };
 
 struct Call {
@@ -100,7 +102,7 @@ class Driver {
     measure_until_ = measure_from_ + std::chrono::milliseconds(o_.duration_ms);
     std::thread poller;
     if (o_.mode == "closed") {
-      for (int i = 0; i < o_.inflight; ++i) Issue(Clock::now());
+      for (int64_t i = 0; i < o_.inflight; ++i) Issue(Clock::now());
       poller = std::thread([this] {
         while (outstanding_.load() > 0 && Complete(true)) {
         }
@@ -158,29 +160,17 @@ class Driver {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const size_t eq = a.find('=');
-    const std::string k = a.substr(0, eq), v = eq == std::string::npos ? "" : a.substr(eq + 1);
-    if (k == "--target")
-      o.target = v;
-    else if (k == "--mode")
-      o.mode = v;
-    else if (k == "--inflight")
-      o.inflight = std::atoi(v.c_str());
-    else if (k == "--rate")
-      o.rate = std::atof(v.c_str());
-    else if (k == "--duration-ms")
-      o.duration_ms = std::atoi(v.c_str());
-    else if (k == "--warmup-ms")
-      o.warmup_ms = std::atoi(v.c_str());
-    else if (k == "--keys")
-      o.keys = std::max(1, std::atoi(v.c_str()));
-    else {
-      std::fprintf(stderr, "grpc_load: unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
+  const bench::Usage usage{"grpc_load",
+                           "--target --mode --inflight --rate --duration-ms --warmup-ms --keys"};
+  bench::ParseFlags(argc, argv, usage,
+                    {{"target", &o.target},
+                     {"mode", &o.mode},
+                     {"inflight", &o.inflight},
+                     {"rate", &o.rate},
+                     {"duration-ms", &o.duration_ms},
+                     {"warmup-ms", &o.warmup_ms},
+                     {"keys", &o.keys}});
+  o.keys = std::max<int64_t>(1, o.keys);
   if ((o.mode != "closed" && o.mode != "open") || o.rate <= 0 || o.inflight < 1) {
     std::fprintf(stderr, "grpc_load: --mode closed|open, --rate > 0, --inflight >= 1\n");
     return 2;

@@ -1037,6 +1037,7 @@ std::string Text(std::chrono::milliseconds d) {
 std::string Text(StoreConfig::Type t) {
   return t == StoreConfig::Type::kRedis ? "redis" : "memory";
 }
+std::string Text(HeaderDialect d) { return std::string(HeaderDialectName(d)); }
 std::string Text(StoreConfig::TimeSource t) {
   return t == StoreConfig::TimeSource::kRedis ? "redis" : "local";
 }
@@ -1086,6 +1087,13 @@ void KeepRestartBound(const Config& running, Config* loaded) {
   keep("server.idle_timeout", l.idle_timeout, r.idle_timeout);
   keep("server.user", l.user, r.user);
   keep("server.group", l.group, r.group);
+  // The gRPC face takes its listener and envoy section once, at start.
+  keep("server.grpc_listen", l.grpc_listen, r.grpc_listen);
+  const EnvoySection& re = running.envoy;
+  EnvoySection& le = loaded->envoy;
+  keep("envoy.config_dir", le.config_dir, re.config_dir);
+  keep("envoy.failure_mode", le.failure_mode, re.failure_mode);
+  keep("envoy.headers", le.headers, re.headers);
 }
 
 }  // namespace ratelimit::policy

@@ -384,6 +384,14 @@ store: {type: redis, url: "redis://:pw@h2:6379", failure_mode: closed}
   KeepRestartBound(*running, &*same);
   EXPECT_TRUE(same->pending_restart.empty());
   EXPECT_EQ(DumpRedacted(*same).find("waiting"), std::string::npos);
+  // The gRPC face's settings are taken once, at start, too.
+  StatusOr<Config> grpc =
+      ParseConfig("server: {threads: 2, grpc_listen: \"127.0.0.1:8081\"}\n", "a.yaml");
+  ASSERT_TRUE(grpc.ok()) << grpc.status().message();
+  KeepRestartBound(*running, &*grpc);
+  EXPECT_EQ(grpc->server.grpc_listen, "");
+  ASSERT_EQ(grpc->pending_restart.size(), 1u);
+  EXPECT_EQ(grpc->pending_restart[0].name, "server.grpc_listen");
 }
 
 // ---- the dump ----
