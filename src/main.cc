@@ -309,6 +309,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     grpc = std::move(*g);
+    server.AddAdminView("/v1/envoy/domains", [face = grpc.get()] { return face->Describe(); });
   }
   shared_store.reset();
   if (run_as) {

@@ -18,6 +18,7 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include "envoy/config.h"
+#include "envoy/describe.h"
 #include "envoy/plan.h"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "ratelimit/clock.h"
@@ -112,6 +113,9 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
   int port = 0;
   mutable std::mutex config_mu;
   std::shared_ptr<const envoy::Config> current;
+  // Why the last reload failed ("" when it did not), and when (Unix ms).
+  std::string reload_error;
+  int64_t reload_error_at_ms = 0;
   std::once_flag shutdown_once;
 
   // Signals and inotify, on a thread of their own.
@@ -146,6 +150,11 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     if (!c.ok()) {
       Log(Level::kError, "envoy config not reloaded: the old one stays",
           {{"error", c.status().message()}});
+      std::lock_guard lock(config_mu);
+      reload_error = c.status().message();
+      reload_error_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
       return c.status();
     }
     const size_t domains = (*c)->domains.size();
@@ -153,6 +162,8 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     {
       std::lock_guard lock(config_mu);
       current = std::move(*c);
+      reload_error.clear();
+      reload_error_at_ms = 0;
     }
     Log(Level::kInfo, "envoy config loaded",
         {{"dir", options.envoy_config_dir}, {"domains", static_cast<int64_t>(domains)}});
@@ -311,6 +322,25 @@ int GrpcFace::port() const { return impl_->port; }
 Status GrpcFace::Reload() { return impl_->Reload(); }
 
 std::shared_ptr<const envoy::Config> GrpcFace::config() const { return impl_->Config(); }
+
+nlohmann::json GrpcFace::Describe() const {
+  std::shared_ptr<const envoy::Config> c;
+  nlohmann::json reload = {{"ok", true}};
+  {
+    std::lock_guard lock(impl_->config_mu);
+    c = impl_->current;
+    if (!impl_->reload_error.empty()) {
+      reload = {{"ok", false},
+                {"error", impl_->reload_error},
+                {"at_unix_ms", impl_->reload_error_at_ms},
+                {"note", "the domains below are the last config that loaded"}};
+    }
+  }
+  nlohmann::json j = envoy::Describe(*c);
+  j["config_dir"] = impl_->options.envoy_config_dir;
+  j["last_reload"] = std::move(reload);
+  return j;
+}
 
 void GrpcFace::Shutdown() {
   if (!impl_) return;

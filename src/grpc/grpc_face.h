@@ -21,6 +21,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "grpc/decide.h"
@@ -55,6 +56,9 @@ class GrpcFace {
   // Reloads the config directory now (what SIGHUP and inotify do).
   Status Reload();
   std::shared_ptr<const envoy::Config> config() const;
+  // The loaded domains and the last reload's result, for the admin API's
+  // GET /v1/envoy/domains (docs/admin.md).
+  nlohmann::json Describe() const;
   // Stops accepting, lets in-flight calls finish (at most 5 s). Idempotent.
   void Shutdown();
 

@@ -260,6 +260,11 @@ bool AdminApi::Authorized(const Request& req) const {
   return CRYPTO_memcmp(a, b, sizeof a) == 0;
 }
 
+void AdminApi::AddView(std::string path, std::function<json()> view) {
+  LockGuard lock(views_mu_);
+  views_[std::move(path)] = std::move(view);
+}
+
 void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> policy,
                       std::function<void(Reply)> done) {
   const std::string_view target = req.target();
@@ -352,6 +357,17 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     StatusOr<json> answer = Explain(*policy, *r);
     if (!answer.ok()) return done(ProblemReply(400, answer.status().message(), path));
     return done(JsonReply(200, *answer));
+  }
+  {
+    std::function<json()> view;
+    {
+      LockGuard lock(views_mu_);
+      if (auto it = views_.find(path); it != views_.end()) view = it->second;
+    }
+    if (view) {
+      if (!get) return done(MethodNotAllowed(path, "GET"));
+      return done(JsonReply(200, view()));
+    }
   }
   constexpr std::string_view kClients = "/v1/clients/";
   if (path.starts_with(kClients)) {

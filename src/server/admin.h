@@ -11,6 +11,8 @@
 //   POST   /v1/clients/{client}/reset        forget the client's state (also DELETE .../state)
 //   GET    /v1/top-denied?n=10&window=5m     the clients denied most lately
 //   POST   /v1/explain                       what the rules would do with a request (explain.h)
+//   GET    <view>                            views other faces add (AddView): the gRPC
+//                                            face's /v1/envoy/domains
 //
 // {client} is the identity the policy forms ("k:<api key>", "u:<user>",
 // "ip:<address>", percent-encoded in the path), an API key as answers show it
@@ -32,12 +34,15 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "policy/policy.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 #include "server/enforcer.h"
 #include "server/http.h"
 #include "server/reply.h"
@@ -60,6 +65,11 @@ class AdminApi {
   // SIGTERM: from now on /readyz answers 503 {"ready":false,"draining":true}
   // and /healthz 200 {"status":"draining"}, until the process exits.
   void StartDraining() { draining_.store(true, std::memory_order_relaxed); }
+
+  // A read-only JSON view another face adds (GET `path`, behind the token
+  // like the rest): the gRPC face's loaded Envoy domains. `view` runs on an
+  // I/O thread for each request; a second view on one path replaces the first.
+  void AddView(std::string path, std::function<nlohmann::json()> view);
 
   // The token in `path` (surrounding white space dropped). An empty or
   // unreadable file is an error (kInvalidArgument naming the path, never the content).
@@ -85,6 +95,9 @@ class AdminApi {
   Enforcer& enforcer_;
   const std::string token_;
   std::atomic<bool> draining_{false};
+  mutable Mutex views_mu_;
+  std::map<std::string, std::function<nlohmann::json()>, std::less<>> views_
+      RL_GUARDED_BY(views_mu_);
 };
 
 }  // namespace ratelimit::server

@@ -281,6 +281,10 @@ void Server::Impl::ScheduleSweep() {
   });
 }
 
+void Server::AddAdminView(std::string path, std::function<nlohmann::json()> view) {
+  if (impl_->admin) impl_->admin->AddView(std::move(path), std::move(view));
+}
+
 int Server::Run() {
   Impl& s = *impl_;
   s.listener->Run();

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "policy/config.h"
@@ -58,6 +59,8 @@ class Server {
   // Binds the listener and prepares the faces, deciding with `store`. Logs
   // "listening".
   Status Start(std::shared_ptr<Store> store);
+  // A read-only JSON view on the admin API (AdminApi::AddView), after Start.
+  void AddAdminView(std::string path, std::function<nlohmann::json()> view);
   // Runs until SIGTERM/SIGINT and the drain; returns the exit code.
   int Run();
 

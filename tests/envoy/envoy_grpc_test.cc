@@ -193,6 +193,15 @@ TEST(EnvoyGrpc, ReloadsOnChangeAndSighupAndKeepsTheOldConfigOnError) {
   ASSERT_TRUE(d.daemon->WaitForLog("r.yaml:4: invalid rate limit unit 'fortnight'", 5s))
       << d.daemon->Log();
   EXPECT_NE(Limit(d.grpc_port).find("\"requests_per_unit\":7,"), std::string::npos);
+  // The admin API shows the domains in use and why the last reload failed.
+  HttpResponse domains = Http(d.daemon->admin_port(), "GET", "/v1/envoy/domains");
+  EXPECT_EQ(domains.status, 200);
+  EXPECT_NE(domains.body.find("\"domain\":\"r\""), std::string::npos) << domains.body;
+  EXPECT_NE(domains.body.find("\"requests_per_unit\":7"), std::string::npos) << domains.body;
+  EXPECT_NE(domains.body.find("\"ok\":false"), std::string::npos) << domains.body;
+  EXPECT_NE(domains.body.find("r.yaml:4: invalid rate limit unit 'fortnight'"), std::string::npos)
+      << domains.body;
+  EXPECT_EQ(Http(d.daemon->admin_port(), "POST", "/v1/envoy/domains").status, 405);
 
   // SIGHUP after a fix; the inotify reload may come first, either is fine.
   write(
@@ -203,6 +212,9 @@ TEST(EnvoyGrpc, ReloadsOnChangeAndSighupAndKeepsTheOldConfigOnError) {
        i < 50 && Limit(d.grpc_port).find("\"requests_per_unit\":3,") == std::string::npos; ++i)
     std::this_thread::sleep_for(100ms);
   EXPECT_NE(Limit(d.grpc_port).find("\"requests_per_unit\":3,"), std::string::npos);
+  domains = Http(d.daemon->admin_port(), "GET", "/v1/envoy/domains");
+  EXPECT_NE(domains.body.find("\"requests_per_unit\":3"), std::string::npos) << domains.body;
+  EXPECT_NE(domains.body.find("\"last_reload\":{\"ok\":true}"), std::string::npos) << domains.body;
   // The daemon's own SIGHUP handling carries on beside the face's.
   EXPECT_TRUE(d.daemon->started());
 }
