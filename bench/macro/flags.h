@@ -5,9 +5,8 @@
 // or unknown flag prints the usage and exits 2 (Fail).
 //
 //   const bench::Usage usage{"http_load", "--host --port --rate"};
-//   std::vector<bench::Flag> flags = bench::LoadFlags(f);   // --duration-ms, --rate, ...
-//   flags.insert(flags.end(), {{"host", &f.host}, {"port", &f.port}});
-//   bench::ParseFlags(argc, argv, usage, std::move(flags));
+//   // LoadFlags(f) (--duration-ms, --rate, ...) and the driver's own:
+//   bench::ParseLoadFlags(argc, argv, usage, f, {{"host", &f.host}, {"port", &f.port}});
 //   if (f.port == 0) usage.Fail("--port");
 //
 // Thread-safety: for main() only.
@@ -88,6 +87,15 @@ inline void ParseFlags(int argc, char** argv, const Usage& usage, std::vector<Fl
     }
     if (!ok) usage.Fail(argv[i]);
   }
+}
+
+// ParseFlags over LoadFlags(f) followed by the driver's `own` flags.
+template <typename Flags>
+void ParseLoadFlags(int argc, char** argv, const Usage& usage, Flags& f,
+                    std::initializer_list<Flag> own) {
+  std::vector<Flag> flags = LoadFlags(f);
+  flags.insert(flags.end(), own);
+  ParseFlags(argc, argv, usage, std::move(flags));
 }
 
 }  // namespace bench

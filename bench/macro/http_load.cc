@@ -63,13 +63,12 @@ Flags ParseFlags(int argc, char** argv) {
   const bench::Usage usage{"http_load",
                            "--host --port --kind=get|check|gateway --connections --duration-ms "
                            "--warmup-ms --rate --keys --key-prefix --path"};
-  std::vector<bench::Flag> flags = bench::LoadFlags(f);
-  flags.insert(flags.end(), {{"host", &f.host},
-                             {"port", &f.port},
-                             {"kind", &f.kind},
-                             {"key-prefix", &f.key_prefix},
-                             {"path", &f.path}});
-  bench::ParseFlags(argc, argv, usage, std::move(flags));
+  bench::ParseLoadFlags(argc, argv, usage, f,
+                        {{"host", &f.host},
+                         {"port", &f.port},
+                         {"kind", &f.kind},
+                         {"key-prefix", &f.key_prefix},
+                         {"path", &f.path}});
   if (f.connections < 1 || f.keys < 1) usage.Fail("(zero)");
   if (f.kind != "get" && f.kind != "check" && f.kind != "gateway") usage.Fail("--kind");
   return f;

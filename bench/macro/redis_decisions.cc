@@ -87,21 +87,20 @@ Flags ParseFlags(int argc, char** argv) {
       "--store=redis|memory --url=URL --duration-ms --warmup-ms --inflight --keys\n"
       "       --stores --connections --max-batch --max-calls-in-flight --deadline-ms\n"
       "       --capacity --refill --prefetch (--lease) --rate --sequential --run-id=ID"};
-  std::vector<bench::Flag> flags = bench::LoadFlags(f);
-  flags.insert(flags.end(), {{"store", &f.store},
-                             {"url", &f.url},
-                             {"inflight", &f.inflight},
-                             {"stores", &f.stores},
-                             {"max-batch", &f.max_batch},
-                             {"max-calls-in-flight", &f.max_calls_in_flight},
-                             {"deadline-ms", &f.deadline_ms},
-                             {"capacity", &f.capacity},
-                             {"refill", &f.refill},
-                             {"prefetch", &f.prefetch},
-                             {"lease", &f.prefetch},  // the old name (scripts/bench.sh)
-                             {"sequential", &f.sequential},
-                             {"run-id", &f.run_id}});
-  bench::ParseFlags(argc, argv, usage, std::move(flags));
+  bench::ParseLoadFlags(argc, argv, usage, f,
+                        {{"store", &f.store},
+                         {"url", &f.url},
+                         {"inflight", &f.inflight},
+                         {"stores", &f.stores},
+                         {"max-batch", &f.max_batch},
+                         {"max-calls-in-flight", &f.max_calls_in_flight},
+                         {"deadline-ms", &f.deadline_ms},
+                         {"capacity", &f.capacity},
+                         {"refill", &f.refill},
+                         {"prefetch", &f.prefetch},
+                         {"lease", &f.prefetch},  // the old name (scripts/bench.sh)
+                         {"sequential", &f.sequential},
+                         {"run-id", &f.run_id}});
   if (f.inflight < 1 || f.keys < 1 || f.stores < 1 || f.capacity < 1) usage.Fail("(zero)");
   return f;
 }

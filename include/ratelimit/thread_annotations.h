@@ -8,8 +8,9 @@
 // `ratelimit::Mutex` (std::mutex), `ratelimit::SharedMutex`
 // (std::shared_mutex) or another class marked RL_CAPABILITY (e.g.
 // store::ShardMutex), and it is taken with `ratelimit::LockGuard` /
-// `ratelimit::SharedLockGuard` rather than std::lock_guard, whose constructor
-// the analysis cannot see into.
+// `ratelimit::SharedLockGuard` (or `ratelimit::UniqueLock` where the lock is
+// let go early) rather than std::lock_guard, whose constructor the analysis
+// cannot see into.
 //
 //   class Counter {
 //    public:
@@ -99,6 +100,35 @@ class RL_SCOPED_CAPABILITY LockGuard {
 
  private:
   M& m_;
+};
+
+// Holds M exclusively like LockGuard, but may let go before its scope ends
+// (unlock()) and take it again (lock()): the analysis follows both. For code
+// that must not call out (a callback, another lock) with the mutex held.
+// Meets BasicLockable, so std::condition_variable_any can wait on it.
+template <class M>
+class RL_SCOPED_CAPABILITY UniqueLock {
+ public:
+  explicit UniqueLock(M& m) RL_ACQUIRE(m) : m_(m) { m_.lock(); }
+  ~UniqueLock() RL_RELEASE() {
+    if (owns_) m_.unlock();
+  }
+  UniqueLock(const UniqueLock&) = delete;
+  UniqueLock& operator=(const UniqueLock&) = delete;
+
+  void lock() RL_ACQUIRE() {
+    m_.lock();
+    owns_ = true;
+  }
+  void unlock() RL_RELEASE() {
+    owns_ = false;
+    m_.unlock();
+  }
+  bool owns_lock() const { return owns_; }
+
+ private:
+  M& m_;
+  bool owns_ = true;
 };
 
 // Holds M shared (readers) for its scope.

@@ -22,6 +22,7 @@
 #include "envoy/plan.h"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "ratelimit/clock.h"
+#include "ratelimit/thread_annotations.h"
 #include "server/enforcer.h"
 #include "server/headers.h"
 #include "server/json_log.h"
@@ -111,11 +112,11 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
   std::unique_ptr<server::Enforcer> enforcer;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
-  mutable std::mutex config_mu;
-  std::shared_ptr<const envoy::Config> current;
+  mutable Mutex config_mu;
+  std::shared_ptr<const envoy::Config> current RL_GUARDED_BY(config_mu);
   // Why the last reload failed ("" when it did not), and when (Unix ms).
-  std::string reload_error;
-  int64_t reload_error_at_ms = 0;
+  std::string reload_error RL_GUARDED_BY(config_mu);
+  int64_t reload_error_at_ms RL_GUARDED_BY(config_mu) = 0;
   std::once_flag shutdown_once;
 
   // Signals and inotify, on a thread of their own.
@@ -127,8 +128,14 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
   std::thread thread;
 
   std::shared_ptr<const envoy::Config> Config() const {
-    std::lock_guard lock(config_mu);
+    LockGuard lock(config_mu);
     return current;
+  }
+  void SetConfig(std::shared_ptr<const envoy::Config> c) {
+    LockGuard lock(config_mu);
+    current = std::move(c);
+    reload_error.clear();
+    reload_error_at_ms = 0;
   }
 
   // The loaded domains, for /metrics (the admin listener).
@@ -150,7 +157,7 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     if (!c.ok()) {
       Log(Level::kError, "envoy config not reloaded: the old one stays",
           {{"error", c.status().message()}});
-      std::lock_guard lock(config_mu);
+      LockGuard lock(config_mu);
       reload_error = c.status().message();
       reload_error_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
@@ -159,12 +166,7 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     }
     const size_t domains = (*c)->domains.size();
     Publish(**c);
-    {
-      std::lock_guard lock(config_mu);
-      current = std::move(*c);
-      reload_error.clear();
-      reload_error_at_ms = 0;
-    }
+    SetConfig(std::move(*c));
     Log(Level::kInfo, "envoy config loaded",
         {{"dir", options.envoy_config_dir}, {"domains", static_cast<int64_t>(domains)}});
     return Status::Ok();
@@ -280,13 +282,13 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
   impl->options = std::move(options);
   impl->store = store;
   impl->enforcer = std::make_unique<server::Enforcer>(store, impl->options.store.local_max_keys);
-  impl->current = std::make_shared<envoy::Config>();
+  std::shared_ptr<const envoy::Config> initial = std::make_shared<envoy::Config>();
   if (!impl->options.envoy_config_dir.empty()) {
     StatusOr<std::shared_ptr<const envoy::Config>> c =
         envoy::LoadDirectory(impl->options.envoy_config_dir);
     if (!c.ok()) return c.status();
-    impl->current = std::move(*c);
-    Impl::Publish(*impl->current);
+    initial = std::move(*c);
+    Impl::Publish(*initial);
     const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd >= 0) {
       inotify_add_watch(fd, impl->options.envoy_config_dir.c_str(),
@@ -295,6 +297,7 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
       impl->Watch();
     }
   }
+  impl->SetConfig(initial);  // before the server and the watch thread start
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(impl->options.listen, grpc::InsecureServerCredentials(), &impl->port);
@@ -311,7 +314,7 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
       {{"addr", impl->options.listen},
        {"port", static_cast<int64_t>(impl->port)},
        {"envoy_config", impl->options.envoy_config_dir},
-       {"domains", static_cast<int64_t>(impl->current->domains.size())}});
+       {"domains", static_cast<int64_t>(initial->domains.size())}});
   return std::unique_ptr<GrpcFace>(new GrpcFace(std::move(impl)));
 }
 
@@ -327,7 +330,7 @@ nlohmann::json GrpcFace::Describe() const {
   std::shared_ptr<const envoy::Config> c;
   nlohmann::json reload = {{"ok", true}};
   {
-    std::lock_guard lock(impl_->config_mu);
+    LockGuard lock(impl_->config_mu);
     c = impl_->current;
     if (!impl_->reload_error.empty()) {
       reload = {{"ok", false},

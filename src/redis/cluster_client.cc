@@ -1,14 +1,15 @@
 #include "redis/cluster_client.h"
 
 #include <algorithm>
-#include <mutex>
 
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include "ratelimit/thread_annotations.h"
 #include "redis/cluster_slots.h"
+#include "redis/earliest_timer.h"
 #include "redis/slot.h"
 
 namespace ratelimit::redis {
@@ -41,7 +42,9 @@ milliseconds Remaining(Clock::time_point deadline, Clock::time_point now) {
 struct ClusterClient::State : std::enable_shared_from_this<State> {
   struct Node {
     NodeAddress address;
-    std::unique_ptr<Client> client;  // created on first use, GUARDED_BY(mu)
+    // Created on first use. Guarded by State::mu, which the analysis cannot
+    // name from here: every Node is reached through `nodes` (RL_GUARDED_BY).
+    std::unique_ptr<Client> client;
   };
 
   State(asio::any_io_executor ex, ClusterOptions o)
@@ -56,29 +59,27 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
   asio::any_io_executor executor;
   asio::strand<asio::any_io_executor> strand;
 
-  mutable std::mutex mu;
-  bool closed = false;                       // GUARDED_BY(mu)
-  std::vector<std::unique_ptr<Node>> nodes;  // GUARDED_BY(mu); append-only, ids are indexes
-  std::vector<int> slot_node = std::vector<int>(kClusterSlots, -1);  // GUARDED_BY(mu)
-  bool has_map = false;                                              // GUARDED_BY(mu)
-  bool refreshing = false;                                           // GUARDED_BY(mu)
-  bool refresh_again = false;                                        // GUARDED_BY(mu)
-  bool refresh_pending = false;    // GUARDED_BY(mu) a requested refresh is scheduled
-  Clock::time_point last_refresh;  // GUARDED_BY(mu)
-  uint64_t refresh_count = 0;      // GUARDED_BY(mu)
-  uint32_t refresh_rotation = 0;   // GUARDED_BY(mu)
-  std::vector<CallPtr> parked;     // GUARDED_BY(mu) calls waiting for the first map
+  mutable Mutex mu;
+  bool closed RL_GUARDED_BY(mu) = false;
+  // Append-only, ids are indexes.
+  std::vector<std::unique_ptr<Node>> nodes RL_GUARDED_BY(mu);
+  std::vector<int> slot_node RL_GUARDED_BY(mu) = std::vector<int>(kClusterSlots, -1);
+  bool has_map RL_GUARDED_BY(mu) = false;
+  bool refreshing RL_GUARDED_BY(mu) = false;
+  bool refresh_again RL_GUARDED_BY(mu) = false;
+  bool refresh_pending RL_GUARDED_BY(mu) = false;  // a requested refresh is scheduled
+  Clock::time_point last_refresh RL_GUARDED_BY(mu);
+  uint64_t refresh_count RL_GUARDED_BY(mu) = 0;
+  uint32_t refresh_rotation RL_GUARDED_BY(mu) = 0;
+  std::vector<CallPtr> parked RL_GUARDED_BY(mu);  // calls waiting for the first map
 
   // Strand-only.
-  asio::steady_timer refresh_timer;
-  Clock::time_point refresh_at = Clock::time_point::max();
-  asio::steady_timer park_timer;
-  Clock::time_point park_at = Clock::time_point::max();
+  EarliestTimer refresh_timer;
+  EarliestTimer park_timer;
 
   // ---- nodes ----
 
-  // REQUIRES: mu held.
-  int NodeIndexLocked(const NodeAddress& a) {
+  int NodeIndexLocked(const NodeAddress& a) RL_REQUIRES(mu) {
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (nodes[i]->address == a) return static_cast<int>(i);
     }
@@ -86,8 +87,8 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     return static_cast<int>(nodes.size() - 1);
   }
 
-  // REQUIRES: mu held; 0 <= id < nodes.size().
-  Client* ClientLocked(int id) {
+  // 0 <= id < nodes.size().
+  Client* ClientLocked(int id) RL_REQUIRES(mu) {
     Node& n = *nodes[static_cast<size_t>(id)];
     if (!n.client) {
       Options o = options.node;
@@ -118,7 +119,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     Client* client = nullptr;
     std::string node_name;
     {
-      std::unique_lock lock(mu);
+      UniqueLock lock(mu);
       if (closed) {
         lock.unlock();
         return FailSoon(std::move(call), Unavailable("redis cluster client closed"));
@@ -177,7 +178,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     if (e.starts_with("MOVED ") || e.starts_with("ASK ")) {
       std::string asked_host;
       {
-        std::lock_guard lock(mu);
+        LockGuard lock(mu);
         asked_host = nodes[static_cast<size_t>(node)]->address.host;
       }
       StatusOr<Redirect> redirect = ParseRedirect(e, asked_host);
@@ -189,7 +190,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
       }
       int to = 0;
       {
-        std::lock_guard lock(mu);
+        LockGuard lock(mu);
         to = NodeIndexLocked(redirect->to);
         if (redirect->kind == Redirect::kMoved) slot_node[redirect->slot] = to;
       }
@@ -220,14 +221,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
 
   void WatchParked(Clock::time_point deadline) {
     asio::post(strand, [self = shared_from_this(), deadline] {
-      if (deadline >= self->park_at) return;
-      self->park_at = deadline;
-      self->park_timer.expires_at(deadline);
-      self->park_timer.async_wait([self, deadline](boost::system::error_code ec) {
-        if (ec || self->park_at != deadline) return;
-        self->park_at = Clock::time_point::max();
-        self->ExpireParked();
-      });
+      self->park_timer.ArmBy(deadline, [self] { self->ExpireParked(); });
     });
   }
 
@@ -237,7 +231,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     std::vector<CallPtr> expired;
     Clock::time_point next = Clock::time_point::max();
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       auto keep = std::partition(parked.begin(), parked.end(),
                                  [&](const CallPtr& c) { return c->deadline > now; });
       for (auto it = keep; it != parked.end(); ++it) expired.push_back(std::move(*it));
@@ -255,7 +249,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
   void RequestRefresh() {
     Clock::duration delay{0};
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       if (refreshing) {
         refresh_again = true;
@@ -274,21 +268,14 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
   void ScheduleRefresh(Clock::duration delay) {
     const Clock::time_point at = Clock::now() + delay;
     asio::post(strand, [self = shared_from_this(), at] {
-      if (at >= self->refresh_at) return;
-      self->refresh_at = at;
-      self->refresh_timer.expires_at(at);
-      self->refresh_timer.async_wait([self, at](boost::system::error_code ec) {
-        if (ec || self->refresh_at != at) return;
-        self->refresh_at = Clock::time_point::max();
-        self->StartRefresh();
-      });
+      self->refresh_timer.ArmBy(at, [self] { self->StartRefresh(); });
     });
   }
 
   void StartRefresh() {
     auto candidates = std::make_shared<std::vector<int>>();
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       refresh_pending = false;
       if (refreshing) {
@@ -326,7 +313,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     Client* client;
     NodeAddress address;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return FinishRefresh(Unavailable("redis cluster client closed"));
       client = ClientLocked((*candidates)[i]);
       address = nodes[static_cast<size_t>((*candidates)[i])]->address;
@@ -378,7 +365,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     std::vector<CallPtr> waiting;
     bool again = false;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       refreshing = false;
       last_refresh = Clock::now();
       again = refresh_again || !map.ok();
@@ -410,7 +397,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
   void Close() {
     std::vector<CallPtr> waiting;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       closed = true;
       waiting.swap(parked);
@@ -420,10 +407,8 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     }
     for (CallPtr& c : waiting) FailSoon(std::move(c), Unavailable("redis cluster client closed"));
     asio::post(strand, [self = shared_from_this()] {
-      self->refresh_at = Clock::time_point::min();  // no timer is armed again
-      self->park_at = Clock::time_point::min();
-      self->refresh_timer.cancel();
-      self->park_timer.cancel();
+      self->refresh_timer.Stop();
+      self->park_timer.Stop();
     });
   }
 };
@@ -443,7 +428,7 @@ ClusterClient::ClusterClient(asio::any_io_executor executor, ClusterOptions opti
     return;
   }
   {
-    std::lock_guard lock(s.mu);
+    LockGuard lock(s.mu);
     for (const NodeAddress& seed : s.options.seeds) s.ClientLocked(s.NodeIndexLocked(seed));
     s.init_status = s.nodes.front()->client->init_status();
   }
@@ -495,12 +480,12 @@ void ClusterClient::EvalScript(const Script& script, std::span<const std::string
 }
 
 int ClusterClient::NodeForSlot(uint16_t slot) const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->has_map ? state_->slot_node[slot % kClusterSlots] : -1;
 }
 
 std::string ClusterClient::NodeName(int node) const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->nodes.at(static_cast<size_t>(node))->address.ToString();
 }
 
@@ -511,19 +496,19 @@ std::string ClusterClient::Describe(int node) const {
 std::string ClusterClient::RedactedUrl() const { return redis::RedactedUrl(state_->options); }
 
 int ClusterClient::node_count() const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return static_cast<int>(state_->nodes.size());
 }
 
 bool ClusterClient::has_slot_map() const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->has_map;
 }
 
 void ClusterClient::RequestRefresh() { state_->RequestRefresh(); }
 
 uint64_t ClusterClient::refreshes() const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->refresh_count;
 }
 

@@ -124,7 +124,7 @@ void Connection::Enqueue(size_t size, AppendFn&& append, Callback cb,
   bool post_flush = false;
   bool post_timer = false;
   {
-    std::unique_lock lock(mu_);
+    UniqueLock lock(mu_);
     if (state_ != State::kConnected && !(state_ == State::kConnecting && first_connect_)) {
       std::string why =
           state_ == State::kClosed ? "client closed" : "not connected (" + last_error_ + ")";
@@ -157,7 +157,7 @@ void Connection::Enqueue(size_t size, AppendFn&& append, Callback cb,
 }
 
 void Connection::OnPush(PushHandler on_push) {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   on_push_ = std::make_shared<const PushHandler>(std::move(on_push));
 }
 
@@ -168,7 +168,7 @@ void Connection::FailSoon(Callback cb, Status status) {
 
 void Connection::Close() {
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (state_ == State::kClosed) return;
     state_ = State::kClosed;
   }
@@ -180,7 +180,7 @@ void Connection::Close() {
 
 void Connection::StartConnect() {
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (state_ == State::kClosed) return;
     state_ = State::kConnecting;
   }
@@ -280,7 +280,7 @@ void Connection::OnConnected(const std::shared_ptr<Session>& session) {
   const Clock::time_point deadline = Clock::now() + handshake_timeout;
   bool arm = false;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (state_ == State::kClosed) return;  // the posted close finishes the job
     state_ = State::kConnected;
     first_connect_ = false;
@@ -332,7 +332,7 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
   Status failure;
   std::shared_ptr<const PushHandler> on_push;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     on_push = on_push_;
     for (Reply& reply : replies_) {
       if (on_push && reply.IsArray() && !reply.elements.empty() &&
@@ -377,7 +377,7 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
 void Connection::Flush() {
   std::shared_ptr<Session> session = session_;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     flush_posted_ = false;
     if (state_ != State::kConnected || writing_ || out_.empty() || !session) return;
     session->write_buf.swap(out_);
@@ -395,7 +395,7 @@ void Connection::Flush() {
           }
           session->write_buf.clear();
           {
-            std::lock_guard lock(self->mu_);
+            LockGuard lock(self->mu_);
             self->writing_ = false;
           }
           self->Flush();
@@ -406,7 +406,7 @@ void Connection::Flush() {
 void Connection::ArmDeadlineTimer() {
   Clock::time_point at;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     at = timer_at_;
   }
   if (at == Clock::time_point::max()) return;
@@ -423,7 +423,7 @@ void Connection::OnDeadlineTimer() {
   bool frozen = false;
   std::chrono::milliseconds frozen_for{0};
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     const size_t sent = pending_.size() - unsent_;
     bool drop_unsent = false;
     for (size_t i = 0; i < pending_.size(); ++i) {
@@ -517,7 +517,7 @@ void Connection::FailConnection(const Status& status) {
   bool closed = false;
   std::shared_ptr<const PushHandler> on_push;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     on_push = on_push_;
     failed.swap(pending_);
     out_.clear();
@@ -551,7 +551,7 @@ void Connection::ScheduleReconnect() {
   connect_timer_.async_wait([self = shared_from_this()](error_code ec) {
     if (ec) return;
     {
-      std::lock_guard lock(self->mu_);
+      LockGuard lock(self->mu_);
       if (self->state_ != State::kDisconnected) return;
     }
     self->StartConnect();

@@ -37,7 +37,6 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,7 +49,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include "core/budget.h"
 #include "ratelimit/status.h"
+#include "ratelimit/thread_annotations.h"
 #include "redis/callback.h"
 #include "redis/reply.h"
 #include "redis/url.h"
@@ -59,24 +60,7 @@ namespace ratelimit::redis {
 
 // Bound on the calls queued or in flight over a group of connections.
 // Thread-safety: thread-safe (atomic).
-class PendingBudget {
- public:
-  explicit PendingBudget(int64_t max) : max_(max) {}
-  bool TryAcquire() {
-    if (used_.fetch_add(1, std::memory_order_relaxed) >= max_) {
-      used_.fetch_sub(1, std::memory_order_relaxed);
-      return false;
-    }
-    return true;
-  }
-  void Release() { used_.fetch_sub(1, std::memory_order_relaxed); }
-  int64_t used() const { return used_.load(std::memory_order_relaxed); }
-  int64_t max() const { return max_; }
-
- private:
-  const int64_t max_;
-  std::atomic<int64_t> used_{0};
-};
+using PendingBudget = core::Budget;
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -164,17 +148,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   std::atomic<bool> connected_{false};
 
-  std::mutex mu_;
-  State state_ = State::kConnecting;  // GUARDED_BY(mu_)
-  bool first_connect_ = true;         // GUARDED_BY(mu_)
-  std::string out_;                   // GUARDED_BY(mu_) bytes of the unsent calls
-  std::deque<Call> pending_;          // GUARDED_BY(mu_) sent calls, then unsent calls
-  size_t unsent_ = 0;                 // GUARDED_BY(mu_) calls at the back of pending_ in out_
-  bool flush_posted_ = false;         // GUARDED_BY(mu_)
-  bool writing_ = false;              // GUARDED_BY(mu_)
-  Clock::time_point timer_at_ = Clock::time_point::max();  // GUARDED_BY(mu_)
-  std::string last_error_ = "not connected yet";           // GUARDED_BY(mu_)
-  std::shared_ptr<const PushHandler> on_push_;             // GUARDED_BY(mu_)
+  Mutex mu_;
+  State state_ RL_GUARDED_BY(mu_) = State::kConnecting;
+  bool first_connect_ RL_GUARDED_BY(mu_) = true;
+  std::string out_ RL_GUARDED_BY(mu_);           // bytes of the unsent calls
+  std::deque<Call> pending_ RL_GUARDED_BY(mu_);  // sent calls, then unsent calls
+  size_t unsent_ RL_GUARDED_BY(mu_) = 0;         // calls at the back of pending_ in out_
+  bool flush_posted_ RL_GUARDED_BY(mu_) = false;
+  bool writing_ RL_GUARDED_BY(mu_) = false;
+  Clock::time_point timer_at_ RL_GUARDED_BY(mu_) = Clock::time_point::max();
+  std::string last_error_ RL_GUARDED_BY(mu_) = "not connected yet";
+  std::shared_ptr<const PushHandler> on_push_ RL_GUARDED_BY(mu_);
 
   // Strand-only state.
   std::shared_ptr<Session> session_;

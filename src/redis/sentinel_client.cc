@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -11,6 +10,9 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+
+#include "ratelimit/thread_annotations.h"
+#include "redis/earliest_timer.h"
 
 namespace ratelimit::redis {
 
@@ -60,25 +62,24 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   asio::any_io_executor executor;
   asio::strand<asio::any_io_executor> strand;
 
-  mutable std::mutex mu;
-  bool closed = false;                             // GUARDED_BY(mu)
-  std::shared_ptr<Client> data;                    // GUARDED_BY(mu) the master's, or null
-  int node = -1;                                   // GUARDED_BY(mu) its id
-  std::atomic<int> current_node{-1};               // `node`, read without the lock
-  std::vector<NodeAddress> nodes;                  // GUARDED_BY(mu) address of each id
-  std::vector<std::shared_ptr<Client>> sentinels;  // GUARDED_BY(mu) one per sentinel
-  size_t preferred = 0;                            // GUARDED_BY(mu) the sentinel asked first
-  bool discovering = false;                        // GUARDED_BY(mu)
-  bool again = false;                              // GUARDED_BY(mu)
-  bool discovery_pending = false;                  // GUARDED_BY(mu) one is scheduled
-  Clock::time_point last_discovery;                // GUARDED_BY(mu)
-  uint64_t discovery_count = 0;                    // GUARDED_BY(mu)
-  std::shared_ptr<Client> subscription;            // GUARDED_BY(mu) on one sentinel
-  size_t next_subscription = 0;                    // GUARDED_BY(mu)
+  mutable Mutex mu;
+  bool closed RL_GUARDED_BY(mu) = false;
+  std::shared_ptr<Client> data RL_GUARDED_BY(mu);    // the master's, or null
+  int node RL_GUARDED_BY(mu) = -1;                   // its id
+  std::atomic<int> current_node{-1};                 // `node`, read without the lock
+  std::vector<NodeAddress> nodes RL_GUARDED_BY(mu);  // address of each id
+  std::vector<std::shared_ptr<Client>> sentinels RL_GUARDED_BY(mu);  // one per sentinel
+  size_t preferred RL_GUARDED_BY(mu) = 0;                            // the sentinel asked first
+  bool discovering RL_GUARDED_BY(mu) = false;
+  bool again RL_GUARDED_BY(mu) = false;
+  bool discovery_pending RL_GUARDED_BY(mu) = false;  // one is scheduled
+  Clock::time_point last_discovery RL_GUARDED_BY(mu);
+  uint64_t discovery_count RL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<Client> subscription RL_GUARDED_BY(mu);  // on one sentinel
+  size_t next_subscription RL_GUARDED_BY(mu) = 0;
 
   // Strand-only.
-  asio::steady_timer discover_timer;
-  Clock::time_point discover_at = Clock::time_point::max();
+  EarliestTimer discover_timer;
   asio::steady_timer check_timer;
 
   void FailSoon(Callback cb, Status status) {
@@ -87,7 +88,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     });
   }
 
-  std::string DescribeLocked(int id) const {
+  std::string DescribeLocked(int id) const RL_REQUIRES(mu) {
     if (id < 0 || static_cast<size_t>(id) >= nodes.size())
       return "redis " + redis::RedactedUrl(options);
     return "redis master " + options.master_name + " at " +
@@ -98,7 +99,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
 
   // The master's Client (null while none is known) and its node id.
   std::shared_ptr<Client> Current(int* id) {
-    std::lock_guard lock(mu);
+    LockGuard lock(mu);
     *id = node;
     return closed ? nullptr : data;
   }
@@ -121,7 +122,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
         self->RequestDiscovery(false);
         std::string what;
         {
-          std::lock_guard lock(self->mu);
+          LockGuard lock(self->mu);
           what = self->DescribeLocked(id);
         }
         return cb(Unavailable(what + " is a replica now (READONLY); asking the sentinels"));
@@ -139,7 +140,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void RequestDiscovery(bool now) {
     Clock::duration delay{0};
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       if (discovering) {
         again = true;
@@ -153,21 +154,14 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     }
     const Clock::time_point at = Clock::now() + delay;
     asio::post(strand, [self = shared_from_this(), at] {
-      if (at >= self->discover_at) return;
-      self->discover_at = at;
-      self->discover_timer.expires_at(at);
-      self->discover_timer.async_wait([self, at](boost::system::error_code ec) {
-        if (ec || self->discover_at != at) return;
-        self->discover_at = Clock::time_point::max();
-        self->StartDiscovery();
-      });
+      self->discover_timer.ArmBy(at, [self] { self->StartDiscovery(); });
     });
   }
 
   void StartDiscovery() {
     size_t first = 0;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       discovery_pending = false;
       if (discovering) {
@@ -192,7 +186,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     const size_t at = (first + i) % n;
     std::shared_ptr<Client> sentinel;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       sentinel = sentinels[at];
     }
@@ -221,7 +215,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void Verify(const NodeAddress& address, int hops, FoundFn done) {
     std::shared_ptr<Client> client;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       if (data && nodes[static_cast<size_t>(node)] == address) client = data;
     }
@@ -263,7 +257,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     std::shared_ptr<Client> old;
     bool retry = false;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       discovering = false;
       last_discovery = Clock::now();
       retry = again || node < 0;
@@ -290,7 +284,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void Subscribe() {
     std::shared_ptr<Client> sub;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed || subscription) return;
       const NodeAddress& a = options.sentinels[next_subscription++ % options.sentinels.size()];
       Options o = options.sentinel;
@@ -331,7 +325,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void DropSubscription(const Client* from) {
     std::shared_ptr<Client> gone;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (subscription.get() != from) return;
       gone = std::move(subscription);
     }
@@ -345,7 +339,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     std::shared_ptr<Client> sub;
     bool known = false;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       sub = subscription;
       known = node >= 0;
@@ -373,7 +367,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
 
   void Start() {
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       for (const NodeAddress& a : options.sentinels) {
         Options o = options.sentinel;
         o.host = a.host;
@@ -392,7 +386,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void Close() {
     std::vector<std::shared_ptr<Client>> clients;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (closed) return;
       closed = true;
       clients = std::move(sentinels);
@@ -401,8 +395,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     }
     for (auto& c : clients) c->Close();
     asio::post(strand, [self = shared_from_this()] {
-      self->discover_at = Clock::time_point::min();  // no timer is armed again
-      self->discover_timer.cancel();
+      self->discover_timer.Stop();
       self->check_timer.cancel();
     });
   }
@@ -447,7 +440,7 @@ int SentinelClient::NodeForSlot(uint16_t) const {
 }
 
 std::string SentinelClient::Describe(int node) const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->DescribeLocked(node);
 }
 
@@ -456,12 +449,12 @@ std::string SentinelClient::RedactedUrl() const { return redis::RedactedUrl(stat
 void SentinelClient::RequestRefresh() { state_->RequestDiscovery(false); }
 
 std::string SentinelClient::master() const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->node < 0 ? "" : state_->nodes[static_cast<size_t>(state_->node)].ToString();
 }
 
 uint64_t SentinelClient::discoveries() const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   return state_->discovery_count;
 }
 

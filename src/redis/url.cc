@@ -3,6 +3,8 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <string>
+#include <utility>
 
 #include "core/percent.h"
 
@@ -177,23 +179,36 @@ std::string NodeAddress::ToString() const {
          std::to_string(port);
 }
 
-bool IsClusterUrl(std::string_view url) {
-  return url.starts_with("redis+cluster://") || url.starts_with("rediss+cluster://");
+namespace {
+
+// The node scheme of a "redis+<kind>://" or "rediss+<kind>://" url
+// ("redis://" or "rediss://") and what follows the scheme; nullopt for
+// another scheme.
+std::optional<std::pair<std::string_view, std::string_view>> SplitPlusScheme(
+    std::string_view url, std::string_view kind) {
+  for (std::string_view node : {"redis", "rediss"}) {
+    const std::string prefix = std::string(node) + "+" + std::string(kind) + "://";
+    if (url.starts_with(prefix)) {
+      return std::pair(node == "redis" ? std::string_view("redis://") : "rediss://",
+                       url.substr(prefix.size()));
+    }
+  }
+  return std::nullopt;
 }
 
+Status PlusSchemeError(std::string_view url, std::string_view kind) {
+  return UrlError("'" + std::string(url.substr(0, url.find("://"))) + "': scheme must be redis+" +
+                  std::string(kind) + ":// or rediss+" + std::string(kind) + "://");
+}
+
+}  // namespace
+
+bool IsClusterUrl(std::string_view url) { return SplitPlusScheme(url, "cluster").has_value(); }
+
 StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url) {
-  std::string_view scheme;
-  std::string_view rest;
-  if (url.starts_with("redis+cluster://")) {
-    scheme = "redis://";
-    rest = url.substr(16);
-  } else if (url.starts_with("rediss+cluster://")) {
-    scheme = "rediss://";
-    rest = url.substr(17);
-  } else {
-    return UrlError("'" + std::string(url.substr(0, url.find("://"))) +
-                    "': scheme must be redis+cluster:// or rediss+cluster://");
-  }
+  const auto split = SplitPlusScheme(url, "cluster");
+  if (!split) return PlusSchemeError(url, "cluster");
+  auto [scheme, rest] = *split;
   // Split like ParseRedisUrl: ?query, /path, userinfo@ (last '@'), then the host list.
   std::string_view query;
   if (size_t q = rest.find('?'); q != std::string_view::npos) {
@@ -231,23 +246,12 @@ StatusOr<ClusterOptions> ParseClusterUrl(std::string_view url) {
   return out;
 }
 
-bool IsSentinelUrl(std::string_view url) {
-  return url.starts_with("redis+sentinel://") || url.starts_with("rediss+sentinel://");
-}
+bool IsSentinelUrl(std::string_view url) { return SplitPlusScheme(url, "sentinel").has_value(); }
 
 StatusOr<SentinelOptions> ParseSentinelUrl(std::string_view url) {
-  std::string_view scheme;
-  std::string_view rest;
-  if (url.starts_with("redis+sentinel://")) {
-    scheme = "redis://";
-    rest = url.substr(17);
-  } else if (url.starts_with("rediss+sentinel://")) {
-    scheme = "rediss://";
-    rest = url.substr(18);
-  } else {
-    return UrlError("'" + std::string(url.substr(0, url.find("://"))) +
-                    "': scheme must be redis+sentinel:// or rediss+sentinel://");
-  }
+  const auto split = SplitPlusScheme(url, "sentinel");
+  if (!split) return PlusSchemeError(url, "sentinel");
+  auto [scheme, rest] = *split;
   // ?query: sentinel_user, sentinel_password and db are ours; the rest is every node's.
   SentinelOptions out;
   std::string sentinel_user, sentinel_password;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "ratelimit/thread_annotations.h"
 #include "server/headers.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
@@ -61,17 +62,17 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   int expected_instances = 1;
   int closed_status = 503;
   LogSampler error_log{10, "concurrency store errors suppressed"};
-  std::mutex mu;
-  bool stopped = false;  // GUARDED_BY(mu)
+  Mutex mu;
+  bool stopped RL_GUARDED_BY(mu) = false;
   // (key, name) -> requests waiting for one of its leases, oldest first.
-  std::unordered_map<std::string, std::deque<std::weak_ptr<ConcurrencyLimiter::Waiter>>>
-      waiters;  // GUARDED_BY(mu)
+  std::unordered_map<std::string, std::deque<std::weak_ptr<ConcurrencyLimiter::Waiter>>> waiters
+      RL_GUARDED_BY(mu);
 
   // A lease of (key, name) was given back here: the oldest waiter asks again now.
   void Wake(const std::string& key, const std::string& name) {
     std::shared_ptr<ConcurrencyLimiter::Waiter> w;
     {
-      std::lock_guard lock(mu);
+      LockGuard lock(mu);
       if (stopped) return;
       auto it = waiters.find(WaitKey(key, name));
       if (it == waiters.end()) return;
@@ -155,7 +156,7 @@ ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, Concurrenc
 ConcurrencyLimiter::~ConcurrencyLimiter() { Stop(); }
 
 void ConcurrencyLimiter::Stop() {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   state_->stopped = true;
   state_->waiters.clear();
 }
@@ -225,7 +226,7 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
     return Finish(std::move(w), std::move(o));
   }
   if (!w->queued) {
-    std::lock_guard lock(mu);
+    LockGuard lock(mu);
     if (stopped || w->cells->waiting.value() >= static_cast<int64_t>(w->req.config.max_waiting)) {
       o.denial = ConcurrencyOutcome::Denial::kQueueFull;
     } else {
@@ -250,7 +251,7 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
 void LeaseGuard::State::Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o) {
   if (w->queued) {
     w->cells->waiting.Add(-1);
-    std::lock_guard lock(mu);
+    LockGuard lock(mu);
     auto it = waiters.find(WaitKey(w->req.key, w->req.name));
     if (it != waiters.end()) {
       std::erase_if(it->second, [&w](const std::weak_ptr<Waiter>& x) {

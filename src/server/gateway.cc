@@ -79,23 +79,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Create(net::io_context& ioc, const s
   return std::unique_ptr<Gateway>(new Gateway(ioc, url, std::move(endpoints), options));
 }
 
-std::unique_ptr<beast::tcp_stream> Gateway::TakeIdle() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (idle_.empty()) return nullptr;
-  auto s = std::move(idle_.back());
-  idle_.pop_back();
-  return s;
-}
-
-void Gateway::CloseIdle() {
-  std::lock_guard<std::mutex> lock(mu_);
-  idle_.clear();
-}
-
-void Gateway::GiveBack(std::unique_ptr<beast::tcp_stream> stream) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (idle_.size() < options_.max_idle) idle_.push_back(std::move(stream));
-}
+void Gateway::CloseIdle() { pool_.CloseIdle(); }
 
 // One exchange with the upstream. After the response header arrives, the Op
 // becomes the Reply's BodyStream: the session pulls the body piece by piece,
@@ -119,10 +103,10 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   Op(Gateway& g, Request r, std::function<void(Reply)> d)
       : gw(g), up(std::move(r)), done(std::move(d)) {}
-  ~Op() override { gw.active_.fetch_sub(1, std::memory_order_relaxed); }
+  ~Op() override { gw.pool_.Finish(); }
 
   void Start() {
-    stream = gw.TakeIdle();
+    stream = gw.pool_.TakeIdle();
     reused = stream != nullptr;
     if (reused) return Send();
     Connect();
@@ -271,7 +255,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   void ReleaseConnection() {
     if (!keep || stream == nullptr) return;
     stream->expires_never();
-    gw.GiveBack(std::move(stream));
+    gw.pool_.GiveBack(std::move(stream));
   }
 
   void Fail(unsigned status, std::string detail) {
@@ -289,8 +273,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
 void Gateway::Forward(const Request& request, std::string_view peer_ip,
                       std::function<void(Reply)> done) {
-  if (active_.fetch_add(1, std::memory_order_relaxed) >= options_.max_active) {
-    active_.fetch_sub(1, std::memory_order_relaxed);
+  if (!pool_.TryStart()) {
     return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
   }
   Request up;

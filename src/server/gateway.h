@@ -27,13 +27,13 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "ratelimit/status.h"
 #include "server/http.h"
 #include "server/reply.h"
+#include "server/upstream_pool.h"
 
 namespace ratelimit::server {
 
@@ -66,18 +66,17 @@ class Gateway {
   struct Op;
   Gateway(net::io_context& ioc, std::string url, tcp::resolver::results_type endpoints,
           GatewayOptions options)
-      : ioc_(ioc), url_(std::move(url)), endpoints_(std::move(endpoints)), options_(options) {}
-
-  std::unique_ptr<beast::tcp_stream> TakeIdle();
-  void GiveBack(std::unique_ptr<beast::tcp_stream> stream);
+      : ioc_(ioc),
+        url_(std::move(url)),
+        endpoints_(std::move(endpoints)),
+        options_(options),
+        pool_(options.max_idle, options.max_active) {}
 
   net::io_context& ioc_;
   const std::string url_;
   const tcp::resolver::results_type endpoints_;
   const GatewayOptions options_;
-  std::atomic<size_t> active_{0};
-  std::mutex mu_;
-  std::vector<std::unique_ptr<beast::tcp_stream>> idle_;  // GUARDED_BY(mu_)
+  UpstreamPool<beast::tcp_stream> pool_;  // max_active and the idle connections
 };
 
 }  // namespace ratelimit::server

@@ -1,4 +1,5 @@
 #include "server/json_log.h"
+#include "ratelimit/thread_annotations.h"
 
 #include <openssl/sha.h>
 
@@ -112,8 +113,8 @@ namespace {
 // The samplers with a report line, and how many of them dropped lines that
 // are not reported yet (Log's cheap test).
 struct Samplers {
-  std::mutex mu;
-  std::vector<LogSampler*> all;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::vector<LogSampler*> all RL_GUARDED_BY(mu);
   std::atomic<int> dropping{0};
 };
 
@@ -131,7 +132,7 @@ void Log(Level level, std::string_view msg, std::initializer_list<LogField> fiel
 
 void FlushSuppressed() {
   Samplers& r = Registry();
-  std::lock_guard lock(r.mu);
+  LockGuard lock(r.mu);
   for (LogSampler* s : r.all) {
     const int64_t n = s->TakeDue();
     if (n > 0) {
@@ -145,14 +146,14 @@ LogSampler::LogSampler(int per_second, std::string suppressed_message, const Clo
       message_(std::move(suppressed_message)),
       clock_(clock != nullptr ? clock : &Clock::System()) {
   if (message_.empty()) return;
-  std::lock_guard lock(Registry().mu);
+  LockGuard lock(Registry().mu);
   Registry().all.push_back(this);
 }
 
 LogSampler::~LogSampler() {
   if (message_.empty()) return;
   Samplers& r = Registry();
-  std::lock_guard lock(r.mu);
+  LockGuard lock(r.mu);
   std::erase(r.all, this);
   LockGuard mine(mu_);
   if (suppressed_ > 0) r.dropping.fetch_sub(1, std::memory_order_relaxed);

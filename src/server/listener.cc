@@ -66,7 +66,7 @@ ConnectionCounts::Slot::~Slot() {
   if (--it->second == 0) counts->by_peer_.erase(it);
 }
 
-Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router,
+Listener::Listener(net::io_context& ioc, tcp::endpoint endpoint, RequestHandler& router,
                    SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps,
                    bool one_thread)
     : ioc_(ioc),

@@ -71,8 +71,9 @@ class Listener : public std::enable_shared_from_this<Listener> {
   // `one_thread`: the io_context is run by one thread only, so its executor
   // already runs every handler in turn and connections need no strand (a
   // strand per connection costs an allocation, a shared count and a queue).
-  Listener(net::io_context& ioc, tcp::endpoint endpoint, Router& router, SessionLimits limits,
-           SessionRegistry& registry, ConnectionCaps caps, bool one_thread = false);
+  Listener(net::io_context& ioc, tcp::endpoint endpoint, RequestHandler& router,
+           SessionLimits limits, SessionRegistry& registry, ConnectionCaps caps,
+           bool one_thread = false);
 
   Status Open();
   // The bound address (after Open; the real port when 0 was asked).
@@ -87,7 +88,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   tcp::endpoint endpoint_;
   net::strand<net::io_context::executor_type> strand_;
   tcp::acceptor acceptor_;
-  Router& router_;
+  RequestHandler& router_;
   SessionLimits limits_;
   SessionRegistry& registry_;
   std::shared_ptr<ConnectionCounts> counts_;

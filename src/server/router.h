@@ -42,6 +42,7 @@
 #include "server/http.h"
 #include "server/policy_holder.h"
 #include "server/reply.h"
+#include "server/request_handler.h"
 
 namespace ratelimit::server {
 
@@ -62,7 +63,7 @@ bool IsOwnPath(std::string_view canonical_path);
 policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
                              const policy::IpAddress& peer, std::string& xff);
 
-class Router {
+class Router final : public RequestHandler {
  public:
   // The public listener's router. `gateway` may be null (no upstream).
   // `demo`: serve the demo page, /api/ping and (with `admin`) /demo/state.
@@ -75,7 +76,7 @@ class Router {
 
   // `holder` (may be null) holds shaped requests; it must outlive `done`.
   void Handle(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
-              std::function<void(Reply)> done, Holder* holder = nullptr);
+              std::function<void(Reply)> done, Holder* holder = nullptr) override;
 
  private:
   void Rules(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,

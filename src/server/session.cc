@@ -10,13 +10,12 @@
 
 #include "server/metrics.h"
 #include "server/problem.h"
-#include "server/router.h"
 
 namespace ratelimit::server {
 
 std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {
   std::vector<std::shared_ptr<Session>> out;
-  std::lock_guard<std::mutex> lock(mu_);
+  LockGuard lock(mu_);
   out.reserve(sessions_.size());
   for (const auto& [ptr, weak] : sessions_) {
     if (auto s = weak.lock()) out.push_back(std::move(s));
@@ -41,11 +40,11 @@ policy::IpAddress ToIp(const net::ip::address& a) {
 
 }  // namespace
 
-Session::Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
+Session::Session(tcp::socket&& socket, RequestHandler& handler, const SessionLimits& limits,
                  SessionRegistry& registry)
     : socket_(std::move(socket)),
       deadline_timer_(socket_.get_executor()),
-      router_(router),
+      handler_(handler),
       limits_(limits),
       registry_(registry),
       pace_timer_(socket_.get_executor()),
@@ -231,7 +230,7 @@ void Session::Handle() {
   busy_ = true;
   ClearDeadline();  // the handler bounds its own waits (store deadline, upstream timeout)
   Metrics::Global().in_flight.Add(1);
-  router_.Handle(
+  handler_.Handle(
       parser_->get(), peer_, peer_text_,
       [self = shared_from_this()](Reply r) {
         Metrics::Global().in_flight.Add(-1);

@@ -1,5 +1,6 @@
-// Session: one client connection. Reads a request, hands it to the Router,
-// writes the Reply, and loops while keep-alive. Reads top to bottom:
+// Session: one client connection. Reads a request, hands it to its
+// RequestHandler (the Router), writes the Reply, and loops while keep-alive.
+// Reads top to bottom:
 //
 //   WaitForRequest (idle_timeout) -> ReadHeader (read_timeout) -> ReadHead
 //   (piece by piece, max_header_bytes in all) -> [100 Continue]
@@ -18,7 +19,7 @@
 // max_requests_per_second set, a connection that sends requests faster has
 // its next request read later (pipelined requests wait; none is dropped).
 //
-// The Router may answer on any thread; the answer is posted back to the
+// The handler may answer on any thread; the answer is posted back to the
 // session's executor before writing. Sessions register with the
 // SessionRegistry so the server can count them (max connections) and drain
 // them.
@@ -31,19 +32,19 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "policy/ip.h"
+#include "ratelimit/thread_annotations.h"
 #include "server/hold.h"
 #include "server/http.h"
 #include "server/reply.h"
+#include "server/request_handler.h"
 
 namespace ratelimit::server {
 
-class Router;
 class Session;
 
 struct SessionLimits {
@@ -58,15 +59,15 @@ struct SessionLimits {
 class SessionRegistry {
  public:
   size_t size() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     return sessions_.size();
   }
   void Add(Session* s, std::weak_ptr<Session> w) {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     sessions_.emplace(s, std::move(w));
   }
   void Remove(Session* s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    LockGuard lock(mu_);
     sessions_.erase(s);
   }
   std::vector<std::shared_ptr<Session>> Snapshot() const;
@@ -74,13 +75,13 @@ class SessionRegistry {
   std::atomic<bool> draining{false};
 
  private:
-  mutable std::mutex mu_;
-  std::unordered_map<Session*, std::weak_ptr<Session>> sessions_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::unordered_map<Session*, std::weak_ptr<Session>> sessions_ RL_GUARDED_BY(mu_);
 };
 
 class Session : public std::enable_shared_from_this<Session>, public Holder {
  public:
-  Session(tcp::socket&& socket, Router& router, const SessionLimits& limits,
+  Session(tcp::socket&& socket, RequestHandler& handler, const SessionLimits& limits,
           SessionRegistry& registry);
   ~Session() override;
 
@@ -138,7 +139,7 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   std::optional<http::response_serializer<http::buffer_body>> serializer_;
   std::shared_ptr<BodyStream> body_stream_;
   http::response<http::empty_body> continue_;
-  Router& router_;
+  RequestHandler& handler_;
   const SessionLimits limits_;
   SessionRegistry& registry_;
   policy::IpAddress peer_;

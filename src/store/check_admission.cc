@@ -47,7 +47,7 @@ CheckAdmission::Turn CheckAdmission::Join(PendingCheck& p, int64_t now,
                                           StatusOr<CheckResult>* answer) {
   if (!p.cache_fp) return Turn::kLead;
   WaiterShard& shard = WaitersOf(*p.cache_fp);
-  std::lock_guard lock(shard.mu);
+  LockGuard lock(shard.mu);
   auto [it, first_of_key] = shard.by_fp.try_emplace(*p.cache_fp);
   if (!first_of_key) {
     // Same key and limits already in flight: its answer may serve this one.
@@ -77,7 +77,7 @@ void CheckAdmission::Release(PendingCheck& leader, const CheckResult* denial,
   std::vector<PendingCheck> released;
   {
     WaiterShard& shard = WaitersOf(*leader.cache_fp);
-    std::lock_guard lock(shard.mu);
+    LockGuard lock(shard.mu);
     auto it = shard.by_fp.find(*leader.cache_fp);
     if (it == shard.by_fp.end()) return;
     released = std::move(it->second);

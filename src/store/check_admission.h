@@ -19,13 +19,13 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "ratelimit/clock.h"
 #include "ratelimit/store.h"
+#include "ratelimit/thread_annotations.h"
 #include "store/lua/check_codec.h"
 #include "store/over_limit_cache.h"
 #include "store/pending_check.h"
@@ -76,8 +76,8 @@ class CheckAdmission {
 
  private:
   struct WaiterShard {
-    std::mutex mu;
-    std::unordered_map<uint64_t, std::vector<PendingCheck>> by_fp;  // GUARDED_BY(mu)
+    Mutex mu;
+    std::unordered_map<uint64_t, std::vector<PendingCheck>> by_fp RL_GUARDED_BY(mu);
   };
   WaiterShard& WaitersOf(uint64_t fp) { return waiters_[fp % std::size(waiters_)]; }
 

@@ -29,7 +29,7 @@ bool CheckBatcher::ReadyToSend(std::chrono::steady_clock::time_point now) const 
 void CheckBatcher::Add(PendingCheck check) {
   bool schedule = false;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     queue_.push_back(std::move(check));
     if (!flush_scheduled_ && ReadyToSend(std::chrono::steady_clock::now())) {
       schedule = flush_scheduled_ = true;
@@ -41,7 +41,7 @@ void CheckBatcher::Add(PendingCheck check) {
 void CheckBatcher::Returned() {
   bool more;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     --calls_in_flight_;
     more = !queue_.empty();
     if (more) flush_scheduled_ = true;
@@ -50,7 +50,7 @@ void CheckBatcher::Returned() {
 }
 
 bool CheckBatcher::Idle() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   return !flush_scheduled_ && queue_.empty();
 }
 
@@ -61,7 +61,7 @@ void CheckBatcher::Flush() {
   const size_t per_call = opts_.max_batch;
   const auto now = std::chrono::steady_clock::now();
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     flush_scheduled_ = false;
     if (!ReadyToSend(now)) return;
     if (PartialMayLeave(now)) {
@@ -86,7 +86,7 @@ void CheckBatcher::Flush() {
     const auto timeout = std::max(std::chrono::milliseconds(1),
                                   std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
     {
-      std::lock_guard lock(mu_);
+      LockGuard lock(mu_);
       ++calls_in_flight_;
       last_send_ = now;
     }

@@ -25,11 +25,11 @@
 
 #include <chrono>
 #include <functional>
-#include <mutex>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 
+#include "ratelimit/thread_annotations.h"
 #include "store/pending_check.h"
 
 namespace ratelimit::store {
@@ -59,19 +59,19 @@ class CheckBatcher {
   bool Idle() const;
 
  private:
-  bool PartialMayLeave(std::chrono::steady_clock::time_point now) const;  // with mu_ held
-  bool ReadyToSend(std::chrono::steady_clock::time_point now) const;      // with mu_ held
+  bool PartialMayLeave(std::chrono::steady_clock::time_point now) const RL_REQUIRES(mu_);
+  bool ReadyToSend(std::chrono::steady_clock::time_point now) const RL_REQUIRES(mu_);
   void Flush();
 
   const Options opts_;
   const boost::asio::any_io_executor exec_;
   const Send send_;
   const Expire expire_;
-  mutable std::mutex mu_;
-  std::vector<PendingCheck> queue_;                  // GUARDED_BY(mu_)
-  bool flush_scheduled_ = false;                     // GUARDED_BY(mu_)
-  size_t calls_in_flight_ = 0;                       // GUARDED_BY(mu_)
-  std::chrono::steady_clock::time_point last_send_;  // GUARDED_BY(mu_) the newest call's
+  mutable Mutex mu_;
+  std::vector<PendingCheck> queue_ RL_GUARDED_BY(mu_);
+  bool flush_scheduled_ RL_GUARDED_BY(mu_) = false;
+  size_t calls_in_flight_ RL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point last_send_ RL_GUARDED_BY(mu_);  // the newest call's
 };
 
 }  // namespace ratelimit::store

@@ -51,7 +51,7 @@ CircuitBreaker* RedisBackend::BreakerFor(uint16_t slot) {
   if (at < std::size(known_)) {  // the common case: no lock
     if (CircuitBreaker* b = known_[at].load(std::memory_order_acquire)) return b;
   }
-  std::lock_guard lock(breakers_mu_);
+  LockGuard lock(breakers_mu_);
   if (node_breakers_.size() <= at) node_breakers_.resize(at + 1);
   auto& b = node_breakers_[at];
   if (!b) {
@@ -122,7 +122,7 @@ CircuitBreaker::State RedisBackend::breaker_state() const {
   auto rank = [](CircuitBreaker::State s) {
     return s == CircuitBreaker::State::kOpen ? 2 : s == CircuitBreaker::State::kHalfOpen ? 1 : 0;
   };
-  std::lock_guard lock(breakers_mu_);
+  LockGuard lock(breakers_mu_);
   for (const auto& b : node_breakers_) {
     if (b && rank(b->state()) > rank(worst)) worst = b->state();
   }

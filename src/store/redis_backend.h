@@ -27,7 +27,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,6 +37,7 @@
 #include "ratelimit/circuit_breaker.h"
 #include "ratelimit/redis_store.h"
 #include "ratelimit/status.h"
+#include "ratelimit/thread_annotations.h"
 #include "redis/callback.h"
 #include "redis/client.h"
 #include "redis/endpoint.h"
@@ -109,8 +109,8 @@ class RedisBackend {
   std::atomic<int64_t> calls_out_{0};
   // Unknown nodes' stand-in, then one per node id.
   std::unique_ptr<CircuitBreaker> unknown_node_breaker_;
-  mutable std::mutex breakers_mu_;
-  std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_;  // GUARDED_BY(breakers_mu_)
+  mutable Mutex breakers_mu_;
+  std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_ RL_GUARDED_BY(breakers_mu_);
   std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock
   // Declared before the endpoint: destroyed after it.
   std::unique_ptr<redis::IoThread> own_io_;

@@ -1,0 +1,263 @@
+// The gateway's upstream connections: which exchange gets a pooled
+// connection, which gets a new one, and what a client sees when the pool's
+// bounds are reached. The pool's own arithmetic is upstream_pool_test.cc
+// (no sockets); here Gateway::Forward talks to a loopback upstream, as the
+// thing under test is when a real connection may be reused. The upstream is
+// a few blocking threads that count the connections they accepted.
+#include "server/gateway.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/thread_annotations.h"
+#include "server/http.h"
+#include "server/reply.h"
+
+namespace ratelimit::server {
+namespace {
+
+// A loopback HTTP/1.1 upstream; every answer's body is the request target.
+class FakeUpstream {
+ public:
+  enum class Mode {
+    kKeepAlive,        // answers and keeps the connection
+    kClose,            // answers with Connection: close, then closes
+    kDropAfterAnswer,  // answers as keep-alive, then closes anyway (an idle timeout)
+    kHang,             // reads the request, never answers
+  };
+
+  explicit FakeUpstream(Mode mode)
+      : mode_(mode), acceptor_(ioc_, tcp::endpoint(net::ip::address_v4::loopback(), 0)) {
+    accept_thread_ = std::thread([this] { AcceptLoop(); });
+  }
+  ~FakeUpstream() {
+    stopping_ = true;
+    {
+      tcp::socket wake(ioc_);  // unblocks accept()
+      beast::error_code ec;
+      wake.connect(acceptor_.local_endpoint(), ec);
+    }
+    accept_thread_.join();
+    {
+      LockGuard lock(mu_);
+      for (const auto& s : open_) ::shutdown(s->native_handle(), SHUT_RDWR);  // unblocks reads
+    }
+    for (auto& t : conn_threads_) t.join();
+  }
+
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+  }
+  int connections() const { return connections_.load(); }
+  int closed_by_client() const { return closed_by_client_.load(); }
+
+ private:
+  void AcceptLoop() {
+    for (;;) {
+      beast::error_code ec;
+      tcp::socket s = acceptor_.accept(ec);
+      if (stopping_ || ec) return;
+      connections_.fetch_add(1);
+      auto sock = std::make_shared<tcp::socket>(std::move(s));
+      {
+        LockGuard lock(mu_);
+        open_.push_back(sock);  // closed (destroyed) only at the end: no fd is reused meanwhile
+      }
+      conn_threads_.emplace_back([this, sock] { Serve(*sock); });
+    }
+  }
+
+  void Serve(tcp::socket& s) {
+    beast::flat_buffer buf;
+    for (;;) {
+      Request req;
+      beast::error_code ec;
+      http::read(s, buf, req, ec);
+      if (ec) {
+        if (!stopping_ && ec == http::error::end_of_stream) closed_by_client_.fetch_add(1);
+        return;
+      }
+      if (mode_ == Mode::kHang) continue;  // the next read blocks until the end
+      const std::string body(req.target());
+      std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
+                        "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
+                        body;
+      net::write(s, net::buffer(out), ec);
+      if (ec || mode_ == Mode::kClose || mode_ == Mode::kDropAfterAnswer) {
+        s.shutdown(tcp::socket::shutdown_both, ec);
+        return;
+      }
+    }
+  }
+
+  const Mode mode_;
+  net::io_context ioc_;  // for the blocking sockets only: never run
+  tcp::acceptor acceptor_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int> connections_{0};
+  std::atomic<int> closed_by_client_{0};
+  std::thread accept_thread_;
+  std::vector<std::thread> conn_threads_;  // the accept thread's; joined after it
+  Mutex mu_;
+  std::vector<std::shared_ptr<tcp::socket>> open_ RL_GUARDED_BY(mu_);
+};
+
+struct Got {
+  unsigned status = 0;
+  std::string body;
+  bool body_ok = true;
+};
+
+// Pulls a streamed body to its end (the connection goes back to the pool
+// only then), then hands over what arrived.
+class Drainer : public std::enable_shared_from_this<Drainer> {
+ public:
+  Drainer(Reply r, std::promise<Got>* out) : stream_(std::move(r.body_stream)), out_(out) {
+    got_.status = r.status;
+  }
+  void Pull() {
+    stream_->Next([self = shared_from_this()](bool ok, std::string_view piece, bool last) {
+      self->got_.body.append(piece);
+      if (!ok || last) {
+        self->got_.body_ok = ok;
+        return self->out_->set_value(self->got_);
+      }
+      self->Pull();
+    });
+  }
+
+ private:
+  std::shared_ptr<BodyStream> stream_;
+  std::promise<Got>* out_;
+  Got got_;
+};
+
+class GatewayTest : public ::testing::Test {
+ protected:
+  GatewayTest() : work_(net::make_work_guard(ioc_)) {
+    io_ = std::thread([this] { ioc_.run(); });
+  }
+  ~GatewayTest() override {
+    Sync();  // the last exchange's handler has returned: no handler refers to the gateway
+    if (gateway_ != nullptr) gateway_->CloseIdle();
+    gateway_.reset();
+    work_.reset();
+    ioc_.stop();
+    io_.join();
+  }
+
+  void Open(const FakeUpstream& upstream, GatewayOptions options) {
+    StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(ioc_, upstream.url(), options);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    gateway_ = *std::move(g);
+  }
+
+  // Forwards GET `target`; the future is ready once the answer has ended.
+  std::future<Got> Start(std::string_view target, std::promise<Got>& promise) {
+    Request req{http::verb::get, target, 11};
+    req.set(http::field::host, "upstream.test");
+    gateway_->Forward(req, "192.0.2.1", [&promise](Reply r) {
+      if (r.body_stream == nullptr) return promise.set_value(Got{r.status, r.body});
+      std::make_shared<Drainer>(std::move(r), &promise)->Pull();
+    });
+    return promise.get_future();
+  }
+  // Waits until the io thread has finished what it is running now (an
+  // exchange that just answered ends, and gives its place back, after).
+  void Sync() {
+    std::promise<void> done;
+    net::post(ioc_, [&done] { done.set_value(); });
+    done.get_future().wait();
+  }
+  Got Forward(std::string_view target) {
+    std::promise<Got> promise;
+    std::future<Got> f = Start(target, promise);
+    if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "no answer for " << target;
+      return {};
+    }
+    return f.get();
+  }
+
+  net::io_context ioc_;
+  net::executor_work_guard<net::io_context::executor_type> work_;
+  std::thread io_;
+  std::unique_ptr<Gateway> gateway_;
+};
+
+TEST_F(GatewayTest, AKeepAliveConnectionIsReusedForTheNextRequests) {
+  FakeUpstream up(FakeUpstream::Mode::kKeepAlive);
+  Open(up, {});
+  for (std::string_view t : {"/a", "/b", "/c"}) {
+    Got g = Forward(t);
+    EXPECT_EQ(g.status, 200u) << t;
+    EXPECT_EQ(g.body, t);
+  }
+  EXPECT_EQ(up.connections(), 1);
+}
+
+TEST_F(GatewayTest, AConnectionTheUpstreamClosesIsNotReused) {
+  FakeUpstream up(FakeUpstream::Mode::kClose);
+  Open(up, {});
+  EXPECT_EQ(Forward("/a").status, 200u);
+  EXPECT_EQ(Forward("/b").status, 200u);
+  EXPECT_EQ(up.connections(), 2);
+}
+
+TEST_F(GatewayTest, MaxIdleZeroOpensAConnectionPerRequest) {
+  FakeUpstream up(FakeUpstream::Mode::kKeepAlive);
+  Open(up, {.max_idle = 0});
+  EXPECT_EQ(Forward("/a").status, 200u);
+  EXPECT_EQ(Forward("/b").status, 200u);
+  EXPECT_EQ(up.connections(), 2);
+}
+
+// The upstream closed the pooled connection while it was idle: the request
+// that finds it dead before any byte of an answer is retried once, on a new
+// connection, and the client never sees the failure.
+TEST_F(GatewayTest, AStalePooledConnectionIsRetriedOnANewOne) {
+  FakeUpstream up(FakeUpstream::Mode::kDropAfterAnswer);
+  Open(up, {});
+  EXPECT_EQ(Forward("/a").status, 200u);
+  Got g = Forward("/b");
+  EXPECT_EQ(g.status, 200u) << g.body;
+  EXPECT_EQ(g.body, "/b");
+  EXPECT_EQ(up.connections(), 2);
+}
+
+TEST_F(GatewayTest, CloseIdleClosesThePooledConnections) {
+  FakeUpstream up(FakeUpstream::Mode::kKeepAlive);
+  Open(up, {});
+  EXPECT_EQ(Forward("/a").status, 200u);
+  gateway_->CloseIdle();
+  EXPECT_EQ(Forward("/b").status, 200u);
+  EXPECT_EQ(up.connections(), 2);  // /b could not reuse the closed one
+}
+
+TEST_F(GatewayTest, BeyondMaxActiveTheAnswerIs503AndAPlaceFreesWhenAnExchangeEnds) {
+  FakeUpstream up(FakeUpstream::Mode::kHang);
+  Open(up, {.timeout = std::chrono::milliseconds(300), .max_active = 1});
+  std::promise<Got> first;
+  std::future<Got> f = Start("/slow", first);
+  Got second = Forward("/second");  // answered at once, without the upstream
+  EXPECT_EQ(second.status, 503u);
+  EXPECT_NE(second.body.find("too many concurrent upstream requests"), std::string::npos);
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().status, 504u);  // the upstream never answered
+  Sync();
+  // The timed-out exchange gave its place back.
+  Got third = Forward("/third");
+  EXPECT_EQ(third.status, 504u);
+  EXPECT_EQ(up.connections(), 2);
+}
+
+}  // namespace
+}  // namespace ratelimit::server

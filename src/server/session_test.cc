@@ -1,0 +1,378 @@
+// Session framing: how a connection's bytes become requests and answers.
+// A Session on a loopback socket (the thing under test is socket framing)
+// hands each request to a fake RequestHandler that records it; the client
+// side is a plain blocking socket with a receive timeout, so a test that
+// waits for an answer that never comes fails instead of hanging. Covers
+// keep-alive, pipelining, HTTP/1.0, Connection: close, 100-continue, a body
+// that arrives after its head, and the 431/413/400 answers (each of which
+// closes the connection without calling the handler).
+#include "server/session.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ratelimit/thread_annotations.h"
+#include "server/http.h"
+#include "server/reply.h"
+#include "server/request_handler.h"
+
+namespace ratelimit::server {
+namespace {
+
+// Answers every request at once: 200, body "<method> <target> <body>";
+// `close_after` makes the reply ask for the connection to close.
+class RecordingHandler : public RequestHandler {
+ public:
+  struct Seen {
+    std::string method, target, body;
+  };
+
+  void Handle(const Request& request, const policy::IpAddress&, std::string_view,
+              std::function<void(Reply)> done, Holder*) override {
+    Seen s{std::string(request.method_string()), std::string(request.target()), request.body()};
+    Reply r;
+    r.content_type = "text/plain";
+    r.body = s.method + " " + s.target + " " + s.body;
+    {
+      LockGuard lock(mu_);
+      seen_.push_back(std::move(s));
+      r.close = close_after_;
+    }
+    done(std::move(r));
+  }
+
+  std::vector<Seen> seen() const {
+    LockGuard lock(mu_);
+    return seen_;
+  }
+  void set_close_after(bool c) {
+    LockGuard lock(mu_);
+    close_after_ = c;
+  }
+
+ private:
+  mutable Mutex mu_;
+  std::vector<Seen> seen_ RL_GUARDED_BY(mu_);
+  bool close_after_ RL_GUARDED_BY(mu_) = false;
+};
+
+using Answer = http::response<http::string_body>;
+
+// A blocking client socket; every read gives up after 5 s.
+class Client {
+ public:
+  explicit Client(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{.tv_sec = 5, .tv_usec = 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = ::connect(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~Client() { ::close(fd_); }
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  bool connected() const { return connected_; }
+
+  void Send(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+      if (n <= 0) return;
+      bytes.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+  // The next answer (an interim 100 Continue counts as one), or nullopt when
+  // the connection ended or nothing came within the timeout.
+  std::optional<Answer> Read() {
+    http::response_parser<http::string_body> parser;
+    parser.eager(true);
+    for (;;) {
+      if (!buf_.empty()) {
+        beast::error_code ec;
+        const size_t used = parser.put(net::buffer(buf_), ec);
+        buf_.erase(0, used);
+        if (ec && ec != http::error::need_more) return std::nullopt;
+        if (parser.is_done()) return parser.release();
+        if (!ec && used > 0) continue;
+      }
+      if (!Fill()) return std::nullopt;
+    }
+  }
+
+  // The next answer; a test failure and an answer with status 0 when none came.
+  Answer Next() {
+    std::optional<Answer> a = Read();
+    if (a.has_value()) return *std::move(a);
+    ADD_FAILURE() << "no answer";
+    Answer none;
+    none.result(0u);
+    return none;
+  }
+
+  // True when the server closed the connection (EOF before any more bytes).
+  bool ClosedByServer() { return buf_.empty() && !Fill(); }
+
+ private:
+  // Reads what has arrived; false on EOF, error or timeout.
+  bool Fill() {
+    char chunk[4096];
+    const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+    if (n <= 0) {
+      eof_ = n == 0;
+      return false;
+    }
+    buf_.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+
+ public:
+  bool eof() const { return eof_; }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  bool eof_ = false;
+  std::string buf_;
+};
+
+class SessionTest : public ::testing::Test {
+ protected:
+  SessionTest() : work_(net::make_work_guard(ioc_)), acceptor_(ioc_) {
+    acceptor_.open(tcp::v4());
+    acceptor_.bind(tcp::endpoint(net::ip::address_v4::loopback(), 0));
+    acceptor_.listen();
+  }
+  ~SessionTest() override {
+    work_.reset();
+    ioc_.stop();
+    if (io_.joinable()) io_.join();
+  }
+
+  // A client connected to a new Session with `limits`.
+  std::unique_ptr<Client> Connect(SessionLimits limits = {}) {
+    limits_ = limits;
+    auto client = std::make_unique<Client>(acceptor_.local_endpoint().port());
+    EXPECT_TRUE(client->connected());
+    tcp::socket socket = acceptor_.accept();  // the connection is in the backlog already
+    auto session = std::make_shared<Session>(std::move(socket), handler_, limits_, registry_);
+    session->Start(nullptr, /*paced=*/false);
+    if (!io_.joinable()) io_ = std::thread([this] { ioc_.run(); });
+    return client;
+  }
+
+  // A refused request's answer: `status` as problem+json, then the
+  // connection closes, and the handler never saw the request. Its body.
+  std::string ExpectRefused(Client& c, unsigned status) {
+    std::optional<Answer> a = c.Read();
+    if (!a.has_value()) {
+      ADD_FAILURE() << "no answer, expected " << status;
+      return "";
+    }
+    EXPECT_EQ(a->result_int(), status);
+    EXPECT_EQ((*a)[http::field::content_type], "application/problem+json");
+    EXPECT_EQ((*a)[http::field::connection], "close");
+    EXPECT_TRUE(c.ClosedByServer());
+    EXPECT_TRUE(handler_.seen().empty());
+    return a->body();
+  }
+
+  static std::string Get(std::string_view target, std::string_view extra = "") {
+    return "GET " + std::string(target) + " HTTP/1.1\r\nHost: t\r\n" + std::string(extra) + "\r\n";
+  }
+  static std::string Post(std::string_view target, std::string_view body) {
+    return "POST " + std::string(target) +
+           " HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+           std::string(body);
+  }
+
+  // Declared before the io_context: sessions it still owns refer to them.
+  RecordingHandler handler_;
+  SessionRegistry registry_;
+  SessionLimits limits_;
+  net::io_context ioc_;
+  net::executor_work_guard<net::io_context::executor_type> work_;
+  tcp::acceptor acceptor_;
+  std::thread io_;
+};
+
+TEST_F(SessionTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  auto c = Connect();
+  c->Send(Get("/a"));
+  Answer a = c->Next();
+  EXPECT_EQ(a.result_int(), 200);
+  EXPECT_EQ(a.body(), "GET /a ");
+  EXPECT_EQ(a[http::field::content_length], "7");
+  EXPECT_TRUE(a.keep_alive());
+  c->Send(Post("/b", "xyz"));
+  Answer b = c->Next();
+  EXPECT_EQ(b.body(), "POST /b xyz");
+  ASSERT_EQ(handler_.seen().size(), 2u);
+}
+
+TEST_F(SessionTest, PipelinedRequestsAreAnsweredInOrder) {
+  auto c = Connect();
+  // Three requests in one write: the second and third wait in the session's
+  // buffer while the first is answered.
+  c->Send(Get("/1") + Post("/2", "body") + Get("/3"));
+  for (std::string_view want : {"GET /1 ", "POST /2 body", "GET /3 "}) {
+    Answer a = c->Next();
+    EXPECT_EQ(a.body(), want);
+  }
+  EXPECT_EQ(handler_.seen().size(), 3u);
+}
+
+TEST_F(SessionTest, BodyArrivingAfterItsHeadIsReadWhole) {
+  auto c = Connect();
+  c->Send("POST /late HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\n01234");
+  c->Send("56789");
+  Answer a = c->Next();
+  EXPECT_EQ(a.body(), "POST /late 0123456789");
+}
+
+TEST_F(SessionTest, ExpectContinueGetsAnInterimAnswerBeforeTheBody) {
+  auto c = Connect();
+  c->Send("PUT /up HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+  Answer interim = c->Next();
+  EXPECT_EQ(interim.result_int(), 100);
+  EXPECT_TRUE(handler_.seen().empty());
+  c->Send("hello");
+  Answer a = c->Next();
+  EXPECT_EQ(a.result_int(), 200);
+  EXPECT_EQ(a.body(), "PUT /up hello");
+}
+
+TEST_F(SessionTest, Http10ClosesAfterTheAnswerUnlessAskedToKeepAlive) {
+  auto c = Connect();
+  c->Send("GET /old HTTP/1.0\r\n\r\n");
+  Answer a = c->Next();
+  EXPECT_EQ(a.version(), 10);
+  EXPECT_FALSE(a.keep_alive());
+  EXPECT_TRUE(c->ClosedByServer());
+
+  auto k = Connect();
+  k->Send("GET /one HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  Answer one = k->Next();
+  EXPECT_EQ(one[http::field::connection], "keep-alive");
+  k->Send("GET /two HTTP/1.0\r\n\r\n");
+  Answer two = k->Next();
+  EXPECT_EQ(two.body(), "GET /two ");
+  EXPECT_TRUE(k->ClosedByServer());
+}
+
+TEST_F(SessionTest, ConnectionCloseIsHonouredAfterTheAnswer) {
+  auto c = Connect();
+  c->Send(Get("/bye", "Connection: close\r\n") + Get("/never"));
+  Answer a = c->Next();
+  EXPECT_EQ(a[http::field::connection], "close");
+  EXPECT_TRUE(c->ClosedByServer());
+  EXPECT_EQ(handler_.seen().size(), 1u);  // the pipelined /never is not read
+}
+
+TEST_F(SessionTest, AReplyThatAsksToCloseClosesTheConnection) {
+  handler_.set_close_after(true);
+  auto c = Connect();
+  c->Send(Get("/x"));
+  Answer a = c->Next();
+  EXPECT_EQ(a[http::field::connection], "close");
+  EXPECT_TRUE(c->ClosedByServer());
+}
+
+TEST_F(SessionTest, HeadersOverTheLimitAnswer431AndClose) {
+  auto c = Connect({.max_header_bytes = 256});
+  c->Send(Get("/big", "X-Big: " + std::string(1000, 'a') + "\r\n"));
+  const std::string body = ExpectRefused(*c, 431);
+  EXPECT_NE(body.find("256 bytes"), std::string::npos) << body;
+  EXPECT_NE(body.find("/big"), std::string::npos) << body;  // the instance
+}
+
+// Beast 1.74 applies header_limit only to what its parser has not taken yet,
+// and it takes every complete field at once when fewer than 3 bytes of the
+// next one have arrived: a head sent in such pieces (each ends one byte into
+// the next field) would pass any limit unless the session counts what the
+// parser took. The pauses let each piece arrive in a read of its own.
+TEST_F(SessionTest, HeadersSentInPiecesCannotPassTheLimit) {
+  auto c = Connect({.max_header_bytes = 512});
+  c->Send("GET /trickle HTTP/1.1\r\nHost: t\r\nX");
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    c->Send("-Field-" + std::to_string(i) + ": " + std::string(60, 'v') + "\r\nX");
+  }
+  c->Send("-End: 1\r\n\r\n");
+  ExpectRefused(*c, 431);
+}
+
+TEST_F(SessionTest, HeadersJustUnderTheLimitAreServed) {
+  auto c = Connect({.max_header_bytes = 512});
+  std::string head = "GET /fits HTTP/1.1\r\nHost: t\r\nX-Pad: ";
+  head += std::string(500 - head.size() - 4, 'p') + "\r\n\r\n";  // 500 bytes in all
+  c->Send(head);
+  Answer a = c->Next();
+  EXPECT_EQ(a.result_int(), 200);
+}
+
+TEST_F(SessionTest, BodyOverTheLimitAnswers413AndCloses) {
+  auto c = Connect({.max_body_bytes = 16});
+  c->Send(Post("/upload", std::string(100, 'b')));
+  const std::string body = ExpectRefused(*c, 413);
+  EXPECT_NE(body.find("16 bytes"), std::string::npos) << body;
+}
+
+TEST_F(SessionTest, ChunkedBodyOverTheLimitAnswers413) {
+  auto c = Connect({.max_body_bytes = 16});
+  c->Send(
+      "POST /chunks HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "10\r\n0123456789abcdef\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n");
+  ExpectRefused(*c, 413);
+}
+
+TEST_F(SessionTest, BodyAtTheLimitIsServed) {
+  auto c = Connect({.max_body_bytes = 16});
+  c->Send(Post("/upload", std::string(16, 'b')));
+  Answer a = c->Next();
+  EXPECT_EQ(a.result_int(), 200);
+  EXPECT_EQ(a.body(), "POST /upload " + std::string(16, 'b'));
+}
+
+TEST_F(SessionTest, MalformedRequestAnswers400AndCloses) {
+  auto c = Connect();
+  c->Send("NOT HTTP AT ALL\r\n\r\n");
+  const std::string body = ExpectRefused(*c, 400);
+  EXPECT_NE(body.find("malformed HTTP request"), std::string::npos) << body;
+}
+
+TEST_F(SessionTest, MalformedRequestAfterAGoodOneStillGetsTheFirstAnswer) {
+  auto c = Connect();
+  c->Send(Get("/good") + "GET /bad HTTP/1.1\r\nBad Header\r\n\r\n");
+  Answer good = c->Next();
+  EXPECT_EQ(good.result_int(), 200);
+  Answer bad = c->Next();
+  EXPECT_EQ(bad.result_int(), 400);
+  EXPECT_TRUE(c->ClosedByServer());
+  EXPECT_EQ(handler_.seen().size(), 1u);
+}
+
+TEST_F(SessionTest, AClientSilentPastTheIdleTimeoutIsDisconnected) {
+  auto c = Connect({.idle_timeout = std::chrono::milliseconds(50)});
+  c->Send(Get("/first"));
+  ASSERT_TRUE(c->Read().has_value());
+  // Nothing more is sent: the session closes the connection by itself.
+  EXPECT_TRUE(c->ClosedByServer());
+  EXPECT_TRUE(c->eof());  // closed, not the client's own 5 s timeout
+}
+
+}  // namespace
+}  // namespace ratelimit::server
