@@ -97,9 +97,11 @@ class Client {
 
   // The next answer (an interim 100 Continue counts as one), or nullopt when
   // the connection ended or nothing came within the timeout.
-  std::optional<Answer> Read() {
+  // `head`: the answer to a HEAD request (its Content-Length has no body).
+  std::optional<Answer> Read(bool head = false) {
     http::response_parser<http::string_body> parser;
     parser.eager(true);
+    parser.skip(head);
     for (;;) {
       if (!buf_.empty()) {
         beast::error_code ec;
@@ -114,8 +116,8 @@ class Client {
   }
 
   // The next answer; a test failure and an answer with status 0 when none came.
-  Answer Next() {
-    std::optional<Answer> a = Read();
+  Answer Next(bool head = false) {
+    std::optional<Answer> a = Read(head);
     if (a.has_value()) return *std::move(a);
     ADD_FAILURE() << "no answer";
     Answer none;
@@ -289,6 +291,26 @@ TEST_F(SessionTest, AReplyThatAsksToCloseClosesTheConnection) {
   Answer a = c->Next();
   EXPECT_EQ(a[http::field::connection], "close");
   EXPECT_TRUE(c->ClosedByServer());
+}
+
+TEST_F(SessionTest, HeadAnswerHasTheLengthButNoBody) {
+  auto c = Connect();
+  // The HEAD answer's body would be read as the start of the next answer.
+  c->Send("HEAD /h HTTP/1.1\r\nHost: t\r\n\r\n" + Get("/after"));
+  Answer h = c->Next(/*head=*/true);
+  EXPECT_EQ(h.result_int(), 200);
+  EXPECT_EQ(h[http::field::content_length], "8");  // "HEAD /h "
+  EXPECT_EQ(h.body(), "");
+  Answer after = c->Next();
+  EXPECT_EQ(after.body(), "GET /after ");
+}
+
+TEST_F(SessionTest, ARequestSlowerThanTheReadTimeoutIsDisconnected) {
+  auto c = Connect({.read_timeout = std::chrono::milliseconds(50)});
+  c->Send("GET /slow HTTP/1.1\r\nHo");  // and nothing more
+  EXPECT_TRUE(c->ClosedByServer());
+  EXPECT_TRUE(c->eof());  // closed without an answer, well before the client's 5 s
+  EXPECT_TRUE(handler_.seen().empty());
 }
 
 TEST_F(SessionTest, HeadersOverTheLimitAnswer431AndClose) {
