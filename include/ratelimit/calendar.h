@@ -40,6 +40,11 @@ std::string_view CalendarUnitName(CalendarUnit unit);
 // The inverse; nullopt for anything else (multiples such as "2mo" included).
 std::optional<CalendarUnit> ParseCalendarUnit(std::string_view window);
 
+// Days since 1970-01-01 of a date of the proleptic Gregorian calendar
+// (month 1..12, day 1..31): DaysFromCivil(2028, 2, 29) * 86400 is the Unix
+// time of that day's 00:00 UTC.
+int64_t DaysFromCivil(int64_t year, int64_t month, int64_t day);
+
 class TimeZone {
  public:
   // The zone `name` (an IANA name: "Europe/Berlin", "America/New_York",
@@ -108,6 +113,9 @@ class Calendar {
   // window computed, and computes (a time zone lookup) only when `now_us`
   // is outside it: once a window in the common case.
   Span At(int64_t now_us) const;
+  // The window after `w` (a window of this calendar), cached the same way
+  // in a second word: the Redis store sends both (docs/architecture.md).
+  Span Next(const Span& w) const;
   // The same, computed afresh.
   Span Compute(int64_t now_us) const;
   // The nominal length (1d 24h, 1w 7d, 1mo 30d, 1y 365d): what the
@@ -117,9 +125,10 @@ class Calendar {
  private:
   CalendarUnit unit_;
   std::shared_ptr<const TimeZone> zone_;
-  // The last window: start in seconds (high 39 bits) and length in seconds
-  // (low 25 bits); 0 when empty.
-  mutable std::atomic<uint64_t> cache_{0};
+  // A window, start in seconds (high 39 bits) and length in seconds (low 25
+  // bits), or 0: the last one At() computed, and the last one Next() did.
+  static Span Cached(std::atomic<uint64_t>& slot, int64_t t, const Calendar& c);
+  mutable std::atomic<uint64_t> cache_{0}, next_cache_{0};
 };
 
 }  // namespace ratelimit

@@ -14,21 +14,12 @@ namespace {
 
 constexpr int64_t kDay = 86'400;
 
-// Days since 1970-01-01 of a proleptic Gregorian date, and back (the
-// algorithms of H. Hinnant's "chrono-Compatible Low-Level Date Algorithms").
-int64_t DaysFromCivil(int64_t y, int64_t m, int64_t d) {
-  y -= m <= 2 ? 1 : 0;
-  const int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const int64_t yoe = y - era * 400;
-  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
-  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + doe - 719468;
-}
-
 struct Civil {
   int64_t y, m, d;
 };
 
+// The inverse of DaysFromCivil (the algorithms of H. Hinnant's
+// "chrono-Compatible Low-Level Date Algorithms").
 Civil CivilFromDays(int64_t z) {
   z += 719468;
   const int64_t era = (z >= 0 ? z : z - 146096) / 146097;
@@ -171,6 +162,15 @@ Registry& TheRegistry() {
 }
 
 }  // namespace
+
+int64_t DaysFromCivil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2 ? 1 : 0;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m + (m > 2 ? -3 : 9)) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
 
 std::string_view CalendarUnitName(CalendarUnit unit) {
   switch (unit) {
@@ -400,21 +400,25 @@ Calendar::Span Calendar::Compute(int64_t now_us) const {
   return {.start = start * 1'000'000, .end = end * 1'000'000};
 }
 
-Calendar::Span Calendar::At(int64_t now_us) const {
+Calendar::Span Calendar::At(int64_t now_us) const { return Cached(cache_, now_us, *this); }
+
+Calendar::Span Calendar::Next(const Span& w) const { return Cached(next_cache_, w.end, *this); }
+
+Calendar::Span Calendar::Cached(std::atomic<uint64_t>& slot, int64_t now_us, const Calendar& cal) {
   constexpr int kLengthBits = 25;
-  const uint64_t c = cache_.load(std::memory_order_relaxed);
+  const uint64_t c = slot.load(std::memory_order_relaxed);
   if (c != 0) {
     const auto start = static_cast<int64_t>(c >> kLengthBits) * 1'000'000;
     const auto end =
         start + static_cast<int64_t>(c & ((uint64_t{1} << kLengthBits) - 1)) * 1'000'000;
     if (now_us >= start && now_us < end) return {.start = start, .end = end};
   }
-  const Span s = Compute(now_us);
+  const Span s = cal.Compute(now_us);
   const int64_t start_s = s.start / 1'000'000, length_s = (s.end - s.start) / 1'000'000;
   if (start_s >= 0 && start_s < (int64_t{1} << (64 - kLengthBits)) && length_s > 0 &&
       length_s < (int64_t{1} << kLengthBits) && s.start % 1'000'000 == 0) {
-    cache_.store((static_cast<uint64_t>(start_s) << kLengthBits) | static_cast<uint64_t>(length_s),
-                 std::memory_order_relaxed);
+    slot.store((static_cast<uint64_t>(start_s) << kLengthBits) | static_cast<uint64_t>(length_s),
+               std::memory_order_relaxed);
   }
   return s;
 }

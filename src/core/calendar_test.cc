@@ -23,14 +23,7 @@ constexpr int64_t kH = 3600 * kS;
 
 // Microseconds since the epoch of a UTC date and time.
 int64_t Utc(int y, int mo, int d, int h = 0, int mi = 0, int s = 0) {
-  std::tm tm{};
-  tm.tm_year = y - 1900;
-  tm.tm_mon = mo - 1;
-  tm.tm_mday = d;
-  tm.tm_hour = h;
-  tm.tm_min = mi;
-  tm.tm_sec = s;
-  return static_cast<int64_t>(timegm(&tm)) * kS;
+  return ((DaysFromCivil(y, mo, d) * 24 + h) * 3600 + mi * 60 + s) * kS;
 }
 
 Limit MakeQuota(int64_t n, CalendarUnit unit, std::string_view zone) {
@@ -196,6 +189,7 @@ TEST(CalendarQuota, CachedWindowAgreesWithComputedOneWhereverTheClockJumps) {
     ASSERT_EQ((*c)->At(t), (*c)->Compute(t)) << t;
     const Calendar::Span s = (*c)->At(t);
     ASSERT_TRUE(s.start <= t && t < s.end);
+    ASSERT_EQ((*c)->Next(s), (*c)->Compute(s.end)) << t;
   }
 }
 
