@@ -114,6 +114,10 @@ class Limit {
   // "" is UTC): `limit` per day, week, month or year (see calendar.h).
   static StatusOr<Limit> CalendarQuota(std::string name, int64_t limit, CalendarUnit unit,
                                        std::string_view timezone);
+  // The same on a Calendar from Calendar::Get (no lookup: for limits built
+  // per request).
+  static StatusOr<Limit> CalendarQuota(std::string name, int64_t limit,
+                                       std::shared_ptr<const Calendar> calendar);
   static StatusOr<Limit> SlidingWindow(std::string name, int64_t limit,
                                        std::chrono::microseconds window);
   static StatusOr<Limit> SlidingLog(std::string name, int64_t limit,

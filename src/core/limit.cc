@@ -190,10 +190,15 @@ StatusOr<Limit> Limit::CalendarQuota(std::string name, int64_t limit, CalendarUn
   }
   StatusOr<std::shared_ptr<const Calendar>> cal = Calendar::Get(unit, timezone);
   if (!cal.ok()) return InvalidArgument("limit " + Quote(name) + ": " + cal.status().message());
+  return CalendarQuota(std::move(name), limit, *std::move(cal));
+}
+
+StatusOr<Limit> Limit::CalendarQuota(std::string name, int64_t limit,
+                                     std::shared_ptr<const Calendar> calendar) {
   StatusOr<Limit> l = Window(std::move(name), Algorithm::kFixedWindow, limit,
-                             std::chrono::microseconds((*cal)->nominal_micros()));
+                             std::chrono::microseconds(calendar->nominal_micros()));
   if (!l.ok()) return l;
-  l->calendar_ = *std::move(cal);
+  l->calendar_ = std::move(calendar);
   return l;
 }
 StatusOr<Limit> Limit::SlidingWindow(std::string name, int64_t limit,

@@ -164,6 +164,10 @@ HttpResponse ParseResponse(const std::string& raw) {
   return r;
 }
 
+HttpResponse PostJson(int port, const std::string& target, const std::string& body) {
+  return Http(port, "POST", target, {{"Content-Type", "application/json"}}, body);
+}
+
 HttpResponse Http(int port, const std::string& method, const std::string& target,
                   const Headers& headers, const std::string& body, const std::string& source_ip) {
   std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +

@@ -40,6 +40,8 @@ struct HttpResponse {
 HttpResponse Http(int port, const std::string& method, const std::string& target,
                   const Headers& headers = {}, const std::string& body = "",
                   const std::string& source_ip = "");
+// A POST of a JSON body (the decision API's /v1/check, ...).
+HttpResponse PostJson(int port, const std::string& target, const std::string& body);
 // Sends raw bytes and reads the answer until the server closes (or timeout).
 HttpResponse RawHttp(int port, const std::string& bytes,
                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
