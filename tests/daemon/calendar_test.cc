@@ -1,8 +1,8 @@
 // Calendar quotas through the running daemon, on the real clock: the
-// decision API's reset_after_ms / retry_after_ms and the RateLimit and
-// Retry-After headers point at the calendar boundary of the limit's time
-// zone, which the test computes with the C library (mktime under TZ), not
-// with the daemon's code. On the memory store and on Redis.
+// decision API's reset_after_ms / retry_after_ms, and its and /v1/auth's
+// RateLimit and Retry-After headers, point at the calendar boundary of the
+// limit's time zone, which the test computes with the C library (mktime
+// under TZ), not with the daemon's code. On the memory store and on Redis.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -22,33 +22,6 @@ using nlohmann::json;
 HttpResponse Check(int port, const std::string& body) { return PostJson(port, "/v1/check", body); }
 json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
 
-// The next local midnight after `now` in `zone` that starts a day (or, with
-// `month`, the 1st of a month), in Unix seconds, by glibc's reading of tzdata.
-int64_t NextBoundary(const char* zone, time_t now, bool month) {
-  const char* old = std::getenv("TZ");  // NOLINT(concurrency-mt-unsafe): test set-up only
-  const std::string saved = old != nullptr ? old : "";
-  setenv("TZ", zone, 1);  // NOLINT(concurrency-mt-unsafe)
-  tzset();
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  if (month) {
-    tm.tm_mon += 1;
-    tm.tm_mday = 1;
-  } else {
-    tm.tm_mday += 1;
-  }
-  tm.tm_hour = tm.tm_min = tm.tm_sec = 0;
-  tm.tm_isdst = -1;
-  const time_t boundary = mktime(&tm);
-  if (old != nullptr) {
-    setenv("TZ", saved.c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
-  } else {
-    unsetenv("TZ");  // NOLINT(concurrency-mt-unsafe)
-  }
-  tzset();
-  return boundary;
-}
-
 // Within 3 s (the test's and the daemon's clocks read a moment apart,
 // headers round up to whole seconds).
 void ExpectNear(int64_t got_s, int64_t want_s, const std::string& what) {
@@ -59,12 +32,14 @@ const char* kConfig = R"(server:
   headers: structured
 limits:
   monthly: {algorithm: fixed_window, limit: 2, window: 1mo, align: calendar, timezone: Europe/Berlin}
+routes:
+  - {name: api, path: /api, limits: [monthly]}
 )";
 
 void ChecksPointAtTheBoundary(Daemon& d) {
   const time_t now = time(nullptr);
-  const int64_t month_end = NextBoundary("Europe/Berlin", now, true);
-  const int64_t day_end = NextBoundary("America/New_York", now, false);
+  const int64_t month_end = NextLocalMidnight("Europe/Berlin", now, true);
+  const int64_t day_end = NextLocalMidnight("America/New_York", now, false);
 
   // A configured monthly quota in Berlin: to local midnight on the 1st.
   HttpResponse r = Check(d.port(), R"({"key": "acme", "limits": ["monthly"]})");
@@ -82,6 +57,19 @@ void ChecksPointAtTheBoundary(Daemon& d) {
   ExpectNear(std::stoll(r.Header("Retry-After")), month_end - now, "Retry-After");
   ExpectNear(Body(r)["retry_after_ms"].get<int64_t>() / 1000, month_end - now, "retry_after_ms");
 
+  // The same configured limit on a route, through nginx's auth_request face
+  // (per client IP: a state of its own).
+  const Headers auth = {{"X-Original-Method", "GET"}, {"X-Original-URI", "/api/x"}};
+  r = Http(d.port(), "GET", "/v1/auth", auth);
+  ASSERT_EQ(r.status, 204) << r.body;  // allowed
+  const std::string auth_rl = r.Header("RateLimit");
+  ASSERT_EQ(auth_rl.rfind("\"monthly\";r=1;t=", 0), 0u) << auth_rl;
+  ExpectNear(std::stoll(auth_rl.substr(auth_rl.find("t=") + 2)), month_end - now, "auth t=");
+  Http(d.port(), "GET", "/v1/auth", auth);
+  r = Http(d.port(), "GET", "/v1/auth", auth);
+  ASSERT_EQ(r.status, 429) << r.body;
+  ExpectNear(std::stoll(r.Header("Retry-After")), month_end - now, "auth Retry-After");
+
   // An inline daily quota in New York: to local midnight there.
   const std::string daily =
       R"({"key": "acme", "limit": {"name": "daily_ny", "algorithm": "fixed_window", "limit": 1,
@@ -94,7 +82,7 @@ void ChecksPointAtTheBoundary(Daemon& d) {
   ExpectNear(std::stoll(r.Header("Retry-After")), day_end - now, "daily Retry-After");
 }
 
-TEST(CalendarQuota, DecisionApiPointsAtTheBoundaryOnTheMemoryStore) {
+TEST(CalendarQuota, DecisionApiAndAuthRequestPointAtTheBoundaryOnMemory) {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/c.yaml", kConfig);
   Daemon d({"--config", dir + "/c.yaml"});
@@ -102,7 +90,7 @@ TEST(CalendarQuota, DecisionApiPointsAtTheBoundaryOnTheMemoryStore) {
   ChecksPointAtTheBoundary(d);
 }
 
-TEST(CalendarQuota, DecisionApiPointsAtTheBoundaryOnRedis) {
+TEST(CalendarQuota, DecisionApiAndAuthRequestPointAtTheBoundaryOnRedis) {
   ratelimit::testing::RedisServer redis;
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/c.yaml", kConfig);
@@ -113,7 +101,7 @@ TEST(CalendarQuota, DecisionApiPointsAtTheBoundaryOnRedis) {
   const std::string keys = redis.Cli("KEYS", "*monthly@*");
   ASSERT_NE(keys.find("monthly@"), std::string::npos) << keys;
   const long long pttl = std::stoll(redis.Cli("PTTL", keys.substr(0, keys.find('\n'))));
-  const int64_t month_end = NextBoundary("Europe/Berlin", time(nullptr), true);
+  const int64_t month_end = NextLocalMidnight("Europe/Berlin", time(nullptr), true);
   ExpectNear(pttl / 1000, month_end - time(nullptr) + 1, "PTTL");
 }
 
