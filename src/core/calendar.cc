@@ -1,10 +1,10 @@
 #include "ratelimit/calendar.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <utility>
 
 #include "ratelimit/thread_annotations.h"
@@ -149,10 +149,12 @@ bool ValidZoneName(std::string_view name) {
   });
 }
 
+// Zones and calendars by zone name (and unit), read under a shared lock:
+// an inline limit of the decision API looks its calendar up per request.
 struct Registry {
-  Mutex mu;
+  SharedMutex mu;
   std::map<std::string, std::shared_ptr<const TimeZone>, std::less<>> zones RL_GUARDED_BY(mu);
-  std::map<std::pair<int, std::string>, std::shared_ptr<const Calendar>, std::less<>> calendars
+  std::map<std::string, std::array<std::shared_ptr<const Calendar>, 5>, std::less<>> calendars
       RL_GUARDED_BY(mu);
 };
 
@@ -274,7 +276,7 @@ std::string TimeZone::Directory() {
 StatusOr<std::shared_ptr<const TimeZone>> TimeZone::Find(std::string_view name) {
   Registry& r = TheRegistry();
   {
-    LockGuard lock(r.mu);
+    SharedLockGuard lock(r.mu);
     if (auto it = r.zones.find(name); it != r.zones.end()) return it->second;
   }
   std::shared_ptr<const TimeZone> zone;
@@ -288,14 +290,17 @@ StatusOr<std::shared_ptr<const TimeZone>> TimeZone::Find(std::string_view name) 
         Directory() + ")";
     if (!ValidZoneName(name))
       return InvalidArgument("unknown time zone '" + std::string(name) + "'" + hint);
+    // A TZif file is a few KB; reading stops at 256 KB (a name is a
+    // client's choice in the decision API, and the directory holds other files).
     std::ifstream in(Directory() + "/" + std::string(name), std::ios::binary);
-    std::ostringstream data;
-    data << in.rdbuf();
-    if (!in) return InvalidArgument("unknown time zone '" + std::string(name) + "'" + hint);
-    StatusOr<std::shared_ptr<const TimeZone>> z = FromTzif(std::string(name), data.str());
-    if (!z.ok())
-      return InvalidArgument("unknown time zone '" + std::string(name) +
-                             "': " + z.status().message());
+    std::string data(256 * 1024, '\0');
+    in.read(data.data(), static_cast<std::streamsize>(data.size()));
+    data.resize(static_cast<size_t>(in.gcount()));
+    if (data.empty())
+      return InvalidArgument("unknown time zone '" + std::string(name) + "'" + hint);
+    StatusOr<std::shared_ptr<const TimeZone>> z = FromTzif(std::string(name), data);
+    // Not a zone (zone.tab, a directory, a corrupt file): the same answer.
+    if (!z.ok()) return InvalidArgument("unknown time zone '" + std::string(name) + "'" + hint);
     zone = *std::move(z);
   }
   LockGuard lock(r.mu);
@@ -356,16 +361,19 @@ StatusOr<std::shared_ptr<const Calendar>> Calendar::Get(CalendarUnit unit, std::
   if (unit == CalendarUnit::kNone) return InvalidArgument("no calendar unit");
   if (zone.empty()) zone = "UTC";
   Registry& r = TheRegistry();
-  const std::pair<int, std::string> key{static_cast<int>(unit), std::string(zone)};
+  const auto u = static_cast<size_t>(unit);
   {
-    LockGuard lock(r.mu);
-    if (auto it = r.calendars.find(key); it != r.calendars.end()) return it->second;
+    SharedLockGuard lock(r.mu);
+    if (auto it = r.calendars.find(zone); it != r.calendars.end() && it->second[u] != nullptr)
+      return it->second[u];
   }
   StatusOr<std::shared_ptr<const TimeZone>> z = TimeZone::Find(zone);
   if (!z.ok()) return z.status();
   auto made = std::make_shared<const Calendar>(unit, *std::move(z));
   LockGuard lock(r.mu);
-  return r.calendars.try_emplace(key, std::move(made)).first->second;
+  std::shared_ptr<const Calendar>& slot = r.calendars[std::string(zone)][u];
+  if (slot == nullptr) slot = std::move(made);
+  return slot;
 }
 
 Calendar::Span Calendar::Compute(int64_t now_us) const {

@@ -247,6 +247,10 @@ TEST(CalendarQuota, SpecRoundTripAndWindowFields) {
             std::string::npos);
   EXPECT_NE(error(fw, "1d", "calendar", "zone.tab").find("unknown time zone 'zone.tab'"),
             std::string::npos);
+  EXPECT_NE(error(fw, "1d", "calendar", "Europe").find("unknown time zone 'Europe'"),
+            std::string::npos);  // a directory
+  EXPECT_NE(error(fw, "1d", "calendar", "tzdata.zi").find("unknown time zone 'tzdata.zi'"),
+            std::string::npos);  // a big text file
 }
 
 TEST(TimeZoneRule, ParsesPosixRules) {
