@@ -30,6 +30,9 @@ test_pkgs=(
   procps psmisc iproute2
   python3 systemd            # tests/docs' runner; systemd-analyze verify of examples/systemd
 )
+# Calendar quotas read time zones from the system's tzdata at run time
+# (src/core/calendar.cc), so it is needed to run, not only to test.
+build_pkgs+=(tzdata)
 
 pkgs=("${build_pkgs[@]}")
 [[ "${1:-}" == "--build" ]] || pkgs+=("${test_pkgs[@]}")

@@ -38,6 +38,32 @@ void BM_TokenBucketArithmetic(benchmark::State& state) {
 }
 BENCHMARK(BM_TokenBucketArithmetic);
 
+// A fixed window's step: Arg 0 epoch-aligned (1d), Arg 1 a calendar quota
+// (1mo, Europe/Berlin), whose window comes from Calendar's one-word cache.
+void BM_FixedWindowArithmetic(benchmark::State& state) {
+  const Limit epoch = *Limit::FixedWindow("f", 1'000'000'000, std::chrono::hours(24));
+  const Limit calendar =
+      *Limit::CalendarQuota("f", 1'000'000'000, CalendarUnit::kMonth, "Europe/Berlin");
+  const Limit& l = state.range(0) == 0 ? epoch : calendar;
+  core::CompactState s;
+  int64_t now = 1'700'000'000'000'000;
+  for (auto _ : state) {
+    core::Evaluation e = core::Evaluate(l, s, now++, 1);
+    s = e.next;
+    benchmark::DoNotOptimize(e);
+  }
+}
+BENCHMARK(BM_FixedWindowArithmetic)->Arg(0)->Arg(1);
+
+// What the cache saves: a calendar window computed afresh (time zone lookups,
+// civil date arithmetic), as at each boundary.
+void BM_CalendarWindowUncached(benchmark::State& state) {
+  const std::shared_ptr<const Calendar> c = *Calendar::Get(CalendarUnit::kMonth, "Europe/Berlin");
+  int64_t now = 1'700'000'000'000'000;
+  for (auto _ : state) benchmark::DoNotOptimize(c->Compute(now += 1'000'003));
+}
+BENCHMARK(BM_CalendarWindowUncached);
+
 void BM_SystemClockRead(benchmark::State& state) {
   const Clock& c = Clock::System();
   for (auto _ : state) benchmark::DoNotOptimize(c.NowMicros());

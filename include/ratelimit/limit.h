@@ -9,7 +9,11 @@
 //   token bucket      capacity, refill per second; integer cost. Kept as one
 //                     integer (GCRA theoretical arrival time, microseconds).
 //                     The refill interval (1/rate) is kept in whole microseconds.
-//   fixed window      `limit` per window, windows aligned to the Unix epoch.
+//   fixed window      `limit` per window, windows aligned to the Unix epoch;
+//                     or, a calendar quota (CalendarQuota), windows of the
+//                     calendar of a time zone: a day, a week from Monday, a
+//                     month, a year, each starting at local midnight
+//                     (include/ratelimit/calendar.h).
 //   sliding window    two fixed-window counters, the previous one weighted by
 //                     how much of it still overlaps the sliding window
 //                     (weights in whole milliseconds).
@@ -28,10 +32,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 
+#include "ratelimit/calendar.h"
 #include "ratelimit/status.h"
 
 namespace ratelimit {
@@ -63,8 +70,23 @@ struct LimitSpec {
   int64_t count = 0;                    // capacity | depth | limit
   double per_second = 0;                // token_bucket, leaky_bucket
   std::chrono::microseconds window{0};  // fixed_window, sliding_window, sliding_log
+  // fixed_window with `align: calendar`: the calendar unit (then `window` is
+  // unused) and the IANA time zone ("" is UTC).
+  CalendarUnit calendar = CalendarUnit::kNone;
+  std::string timezone;
 };
 StatusOr<Limit> MakeLimit(LimitSpec spec);
+// Fills `spec`'s window from the window fields as written in a config or an
+// inline limit: `window` ("60s", or with align: calendar "1d", "1w", "1mo",
+// "1y"), `align` (nullopt when absent; "epoch", the default, or "calendar")
+// and `timezone` (nullopt when absent; UTC by default with align: calendar).
+// The errors name the field ("window", "align" or "timezone") but not the
+// limit. REQUIRES: spec.algorithm is set.
+Status ApplyWindowFields(LimitSpec& spec, std::string_view window,
+                         std::optional<std::string_view> align,
+                         std::optional<std::string_view> timezone);
+// The window as the config spells it: "60s", or a calendar unit ("1mo").
+std::string WindowText(const Limit& limit);
 // The spec of `limit` (MakeLimit(SpecOf(l)) == l, leases aside).
 LimitSpec SpecOf(const Limit& limit);
 // True for the buckets (a rate), false for the window algorithms (a window).
@@ -88,6 +110,14 @@ class Limit {
   static StatusOr<Limit> LeakyBucket(std::string name, int64_t depth, double rate_per_second);
   static StatusOr<Limit> FixedWindow(std::string name, int64_t limit,
                                      std::chrono::microseconds window);
+  // A fixed window that follows the calendar of `timezone` (an IANA name;
+  // "" is UTC): `limit` per day, week, month or year (see calendar.h).
+  static StatusOr<Limit> CalendarQuota(std::string name, int64_t limit, CalendarUnit unit,
+                                       std::string_view timezone);
+  // The same on a Calendar from Calendar::Get (no lookup: for limits built
+  // per request).
+  static StatusOr<Limit> CalendarQuota(std::string name, int64_t limit,
+                                       std::shared_ptr<const Calendar> calendar);
   static StatusOr<Limit> SlidingWindow(std::string name, int64_t limit,
                                        std::chrono::microseconds window);
   static StatusOr<Limit> SlidingLog(std::string name, int64_t limit,
@@ -98,7 +128,8 @@ class Limit {
   // Capacity (token bucket), depth (leaky bucket) or count per window.
   int64_t limit() const { return limit_; }
   // Token bucket: time to refill completely (capacity * interval); leaky
-  // bucket: time to drain a full queue (depth * interval). Others: the window.
+  // bucket: time to drain a full queue (depth * interval). Others: the window
+  // (a calendar quota: its nominal length, Calendar::nominal_micros).
   std::chrono::microseconds window() const { return std::chrono::microseconds(window_us_); }
   int64_t window_micros() const { return window_us_; }
   // Token and leaky bucket only: microseconds per token (per request leaving).
@@ -108,6 +139,9 @@ class Limit {
     return algorithm_ == Algorithm::kTokenBucket || algorithm_ == Algorithm::kLeakyBucket;
   }
   double refill_per_second() const { return 1e6 / static_cast<double>(interval_us_); }
+  // A calendar quota's windows (shared and interned: equal limits share
+  // one), else null.
+  const Calendar* calendar() const { return calendar_.get(); }
 
   // Token bucket only: token prefetch. With n >= 2, a RedisStore that sees
   // the limit's key hot takes up to n tokens from Redis in one call and
@@ -149,6 +183,7 @@ class Limit {
   int64_t interval_us_;
   uint64_t identity_hash_;
   int64_t prefetch_ = 0;
+  std::shared_ptr<const Calendar> calendar_;
 };
 
 // Names are 1..64 characters of [A-Za-z0-9_.-]; they become part of store keys.

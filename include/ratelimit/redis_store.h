@@ -137,7 +137,8 @@ class RedisStore final : public Store {
   // io_context (Options::io_context); the destructor does it otherwise.
   void Shutdown(std::function<void()> done) override;
 
-  // The Redis key holding `limit`'s state for `client_key`.
+  // The Redis key holding `limit`'s state for `client_key` (a calendar quota: its
+  // current window's, by the store's clock).
   std::string KeyFor(std::string_view client_key, const Limit& limit) const;
   // Checks queued or in flight now.
   size_t pending() const override;

@@ -44,11 +44,11 @@ Evaluation LeakyBucket(const Limit& l, const CompactState& s, int64_t now, int64
   return e;
 }
 
-// Fixed window: windows [k*W, (k+1)*W) aligned to the epoch.
-Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
-  const int64_t w = l.window_micros();
-  const int64_t idx = now / w;
-  const int64_t end = (idx + 1) * w;
+// A fixed window's admission, whatever its windows: `idx` names the window
+// holding `now`, which ends at `end`; `n0` is what the state keeps beside the
+// count (0, or a calendar window's length).
+Evaluation WindowCount(const Limit& l, const CompactState& s, int64_t now, int64_t cost,
+                       int64_t idx, int64_t end, int32_t n0) {
   const int64_t count = s.t == idx ? s.n1 : 0;
   Evaluation e{.decision = {.limit = l.limit()}, .next = s};
   if (count + cost <= l.limit()) {
@@ -56,13 +56,28 @@ Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64
     e.decision.allowed = true;
     e.decision.remaining = l.limit() - after;
     e.decision.reset_after = microseconds(after > 0 ? end - now : 0);
-    e.next = {.t = idx, .n0 = 0, .n1 = static_cast<int32_t>(after)};
+    e.next = {.t = idx, .n0 = n0, .n1 = static_cast<int32_t>(after)};
   } else {
     e.decision.remaining = std::max<int64_t>(0, l.limit() - count);
     e.decision.retry_after = microseconds(end - now);  // cost <= limit fits a fresh window
     e.decision.reset_after = microseconds(end - now);
   }
   return e;
+}
+
+// Fixed window: windows [k*W, (k+1)*W) aligned to the epoch.
+Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+  const int64_t w = l.window_micros();
+  const int64_t idx = now / w;
+  return WindowCount(l, s, now, cost, idx, (idx + 1) * w, 0);
+}
+
+// A calendar quota: the window [start, end) of the calendar holding `now`,
+// kept as t = start (us) and n0 = its length in seconds (for ExpiresAt).
+Evaluation CalendarWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+  const Calendar::Span w = l.calendar()->At(now);
+  return WindowCount(l, s, now, cost, w.start, w.end,
+                     static_cast<int32_t>((w.end - w.start) / 1'000'000));
 }
 
 // Sliding window counter. With W the window in ms and e the ms elapsed in the
@@ -123,7 +138,9 @@ Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, 
   assert(cost >= 0 && cost <= limit.limit());
   switch (limit.algorithm()) {
     case Algorithm::kTokenBucket: return TokenBucket(limit, state, now, cost);
-    case Algorithm::kFixedWindow: return FixedWindow(limit, state, now, cost);
+    case Algorithm::kFixedWindow:
+      return limit.calendar() != nullptr ? CalendarWindow(limit, state, now, cost)
+                                         : FixedWindow(limit, state, now, cost);
     case Algorithm::kSlidingWindow: return SlidingWindow(limit, state, now, cost);
     case Algorithm::kLeakyBucket: return LeakyBucket(limit, state, now, cost);
     case Algorithm::kSlidingLog: break;
@@ -147,7 +164,9 @@ int64_t ExpiresAt(const Limit& limit, const CompactState& state) {
   switch (limit.algorithm()) {
     case Algorithm::kTokenBucket:
     case Algorithm::kLeakyBucket: return state.t;
-    case Algorithm::kFixedWindow: return (state.t + 1) * limit.window_micros();
+    case Algorithm::kFixedWindow:
+      if (limit.calendar() != nullptr) return state.t + int64_t{state.n0} * 1'000'000;
+      return (state.t + 1) * limit.window_micros();
     case Algorithm::kSlidingWindow: return (state.t + 2) * limit.window_micros();
     case Algorithm::kSlidingLog: break;
   }

@@ -23,6 +23,8 @@ namespace ratelimit::core {
 //   token bucket:   t = theoretical arrival time (us); n0, n1 unused
 //   leaky bucket:   the same (the time at which the queue is empty)
 //   fixed window:   t = window index; n1 = count in that window
+//                   (a calendar quota: t = the window's start in us, n0 =
+//                   its length in seconds, n1 = the count)
 //   sliding window: t = index of the current window; n0 = count of the
 //                   previous window, n1 = count of the current one
 // The all-zero state is "fresh" (never seen, or expired).

@@ -183,6 +183,24 @@ StatusOr<Limit> Limit::FixedWindow(std::string name, int64_t limit,
                                    std::chrono::microseconds window) {
   return Window(std::move(name), Algorithm::kFixedWindow, limit, window);
 }
+StatusOr<Limit> Limit::CalendarQuota(std::string name, int64_t limit, CalendarUnit unit,
+                                     std::string_view timezone) {
+  if (unit == CalendarUnit::kNone) {
+    return InvalidArgument("limit " + Quote(name) + ": a calendar window is 1d, 1w, 1mo or 1y");
+  }
+  StatusOr<std::shared_ptr<const Calendar>> cal = Calendar::Get(unit, timezone);
+  if (!cal.ok()) return InvalidArgument("limit " + Quote(name) + ": " + cal.status().message());
+  return CalendarQuota(std::move(name), limit, *std::move(cal));
+}
+
+StatusOr<Limit> Limit::CalendarQuota(std::string name, int64_t limit,
+                                     std::shared_ptr<const Calendar> calendar) {
+  StatusOr<Limit> l = Window(std::move(name), Algorithm::kFixedWindow, limit,
+                             std::chrono::microseconds(calendar->nominal_micros()));
+  if (!l.ok()) return l;
+  l->calendar_ = std::move(calendar);
+  return l;
+}
 StatusOr<Limit> Limit::SlidingWindow(std::string name, int64_t limit,
                                      std::chrono::microseconds window) {
   return Window(std::move(name), Algorithm::kSlidingWindow, limit, window);
@@ -234,7 +252,8 @@ std::string Limit::ToString() const {
   } else if (algorithm_ == Algorithm::kLeakyBucket) {
     o << "depth=" << limit_ << ", rate_per_second=" << refill_per_second();
   } else {
-    o << "limit=" << limit_ << ", window=" << FormatDuration(window());
+    o << "limit=" << limit_ << ", window=" << WindowText(*this);
+    if (calendar_) o << ", align=calendar, timezone=" << calendar_->zone().name();
   }
   o << ")";
   return o.str();
@@ -251,6 +270,14 @@ std::pair<std::string_view, std::string_view> SpecFieldNames(Algorithm a) {
 }
 
 StatusOr<Limit> MakeLimit(LimitSpec spec) {
+  if (spec.calendar != CalendarUnit::kNone) {
+    if (spec.algorithm != Algorithm::kFixedWindow) {
+      return InvalidArgument("limit " + Quote(spec.name) +
+                             ": align: calendar is for fixed_window " + "only, not " +
+                             std::string(AlgorithmName(spec.algorithm)));
+    }
+    return Limit::CalendarQuota(std::move(spec.name), spec.count, spec.calendar, spec.timezone);
+  }
   switch (spec.algorithm) {
     case Algorithm::kTokenBucket:
       return Limit::TokenBucket(std::move(spec.name), spec.count, spec.per_second);
@@ -273,7 +300,52 @@ LimitSpec SpecOf(const Limit& limit) {
   } else {
     s.window = limit.window();
   }
+  if (const Calendar* c = limit.calendar()) {
+    s.calendar = c->unit();
+    s.timezone = c->zone().name();
+  }
   return s;
+}
+
+Status ApplyWindowFields(LimitSpec& spec, std::string_view window,
+                         std::optional<std::string_view> align,
+                         std::optional<std::string_view> timezone) {
+  const bool calendar = align && *align == "calendar";
+  if (align && !calendar && *align != "epoch") {
+    return InvalidArgument("align must be 'calendar' or 'epoch' (the default), got " +
+                           Quote(*align));
+  }
+  if (calendar) {
+    if (spec.algorithm != Algorithm::kFixedWindow) {
+      return InvalidArgument("align: calendar is for fixed_window only, not " +
+                             std::string(AlgorithmName(spec.algorithm)));
+    }
+    std::optional<CalendarUnit> unit = ParseCalendarUnit(window);
+    if (!unit) {
+      return InvalidArgument("window " + Quote(window) +
+                             ": a calendar window is 1d, 1w, 1mo or 1y (one day, week, month or "
+                             "year; multiples are not supported)");
+    }
+    spec.calendar = *unit;
+    spec.timezone = std::string(timezone.value_or("UTC"));
+    if (spec.timezone.empty()) return InvalidArgument("timezone must not be empty");
+    return Status::Ok();
+  }
+  if (timezone) return InvalidArgument("timezone needs align: calendar");
+  if (window.ends_with("mo") || window.ends_with("y") || window.ends_with("w")) {
+    return InvalidArgument("window " + Quote(window) +
+                           " needs align: calendar (weeks, months and years are calendar "
+                           "windows; for a fixed length write days, e.g. 7d)");
+  }
+  StatusOr<std::chrono::microseconds> w = ParseDuration(window);
+  if (!w.ok()) return w.status();
+  spec.window = *w;
+  return Status::Ok();
+}
+
+std::string WindowText(const Limit& limit) {
+  if (const Calendar* c = limit.calendar()) return std::string(CalendarUnitName(c->unit()));
+  return FormatDuration(limit.window());
 }
 
 }  // namespace ratelimit

@@ -103,9 +103,10 @@ class Parser {
   }
 
   Status Rule(const YAML::Node& n, envoy::Rule* r) const {
-    RL_RETURN_IF_ERROR(CheckMap(n, "rate_limit",
-                                {"unit", "requests_per_unit", "name", "unlimited", "replaces",
-                                 "algorithm", "burst", "unit_multiplier", "period"}));
+    RL_RETURN_IF_ERROR(
+        CheckMap(n, "rate_limit",
+                 {"unit", "requests_per_unit", "name", "unlimited", "replaces", "algorithm",
+                  "burst", "unit_multiplier", "period", "align", "timezone"}));
     r->line = n.Mark().line + 1;
     std::string unit_text, algorithm, period;
     uint64_t rpu = 0, burst = 0, multiplier = 0;
@@ -142,6 +143,7 @@ class Parser {
       if (!a.ok()) return Error(n["algorithm"], a.status().message());
       r->algorithm = *a;
     }
+    RL_RETURN_IF_ERROR(CalendarAlign(n, unit_text, period, multiplier, r));
     if (burst != 0 && r->algorithm != Algorithm::kTokenBucket &&
         r->algorithm != Algorithm::kLeakyBucket) {
       return Error(n["burst"], "'burst' needs algorithm token_bucket or leaky_bucket");
@@ -167,6 +169,37 @@ class Parser {
       if (r->period > std::chrono::microseconds(Limit::kMaxWindowMicros))
         return Error(n, "the period is longer than a year");
     }
+    return Status::Ok();
+  }
+
+  // `align: calendar` and `timezone:` (our extension): the unit's calendar
+  // window in that zone (UTC by default) instead of a window from the epoch.
+  Status CalendarAlign(const YAML::Node& n, const std::string& unit_text, const std::string& period,
+                       uint64_t multiplier, envoy::Rule* r) const {
+    std::string align, timezone;
+    RL_RETURN_IF_ERROR(String(n, "align", &align));
+    RL_RETURN_IF_ERROR(String(n, "timezone", &timezone));
+    if (align.empty() || align == "epoch") {
+      if (!timezone.empty()) return Error(n["timezone"], "'timezone' needs 'align: calendar'");
+      return Status::Ok();
+    }
+    if (align != "calendar")
+      return Error(n["align"], "'align' must be calendar or epoch, got " + Quote(align));
+    if (r->algorithm != Algorithm::kFixedWindow)
+      return Error(n["align"], "'align: calendar' needs algorithm fixed_window");
+    const CalendarUnit unit = r->unit == Unit::kDay     ? CalendarUnit::kDay
+                              : r->unit == Unit::kWeek  ? CalendarUnit::kWeek
+                              : r->unit == Unit::kMonth ? CalendarUnit::kMonth
+                              : r->unit == Unit::kYear  ? CalendarUnit::kYear
+                                                        : CalendarUnit::kNone;
+    if (unit == CalendarUnit::kNone || !period.empty() || multiplier > 1) {
+      return Error(n["align"], "'align: calendar' needs unit day, week, month or year (got " +
+                                   Quote(unit_text) + "), without 'period' or 'unit_multiplier'");
+    }
+    StatusOr<std::shared_ptr<const ratelimit::Calendar>> c =
+        ratelimit::Calendar::Get(unit, timezone);
+    if (!c.ok()) return Error(n["timezone"].IsDefined() ? n["timezone"] : n, c.status().message());
+    r->calendar = *std::move(c);
     return Status::Ok();
   }
 

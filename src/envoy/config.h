@@ -49,6 +49,9 @@ struct Rule {
   int64_t burst = 0;                    // token/leaky bucket capacity; 0 = requests_per_unit
   std::chrono::microseconds period{0};  // unit x unit_multiplier, or `period:`
   int line = 0;                         // 1-based, in the domain's file
+  // `align: calendar` (with `timezone:`): a fixed window of the calendar,
+  // unit DAY, WEEK, MONTH or YEAR; null otherwise (windows from the epoch).
+  std::shared_ptr<const Calendar> calendar;
 };
 
 struct Node {

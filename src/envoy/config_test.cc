@@ -101,6 +101,28 @@ TEST(EnvoyConfig, MoreErrors) {
                 "requests_per_unit: -1}\n"),
             "f.yaml:4: 'requests_per_unit' must be a whole number from 0 to 4294967295");
   EXPECT_EQ(err("domain: [x\n"), "f.yaml:2: end of sequence flow not found");
+  auto rule = [&](const std::string& fields) {
+    return err(("domain: x\ndescriptors:\n  - key: a\n    rate_limit: {" + fields + "}\n").c_str());
+  };
+  EXPECT_EQ(rule("unit: month, requests_per_unit: 5, align: calendar"), "OK");
+  EXPECT_EQ(rule("unit: week, requests_per_unit: 5, align: calendar, timezone: Asia/Kolkata"),
+            "OK");
+  EXPECT_EQ(rule("unit: month, requests_per_unit: 5, align: calendar, timezone: Mars/Base"),
+            "f.yaml:4: unknown time zone 'Mars/Base' (an IANA time zone name such as "
+            "Europe/Berlin, America/New_York or UTC, from " +
+                ratelimit::TimeZone::Directory() + ")");
+  EXPECT_EQ(rule("unit: hour, requests_per_unit: 5, align: calendar"),
+            "f.yaml:4: 'align: calendar' needs unit day, week, month or year (got 'hour'), "
+            "without 'period' or 'unit_multiplier'");
+  EXPECT_EQ(rule("unit: day, unit_multiplier: 2, requests_per_unit: 5, align: calendar"),
+            "f.yaml:4: 'align: calendar' needs unit day, week, month or year (got 'day'), "
+            "without 'period' or 'unit_multiplier'");
+  EXPECT_EQ(rule("unit: day, requests_per_unit: 5, align: calendar, algorithm: token_bucket"),
+            "f.yaml:4: 'align: calendar' needs algorithm fixed_window");
+  EXPECT_EQ(rule("unit: day, requests_per_unit: 5, timezone: UTC"),
+            "f.yaml:4: 'timezone' needs 'align: calendar'");
+  EXPECT_EQ(rule("unit: day, requests_per_unit: 5, align: lunar"),
+            "f.yaml:4: 'align' must be calendar or epoch, got 'lunar'");
 }
 
 }  // namespace

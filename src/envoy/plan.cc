@@ -86,6 +86,7 @@ StatusOr<Limit> BuildLimit(const Rule& r, std::string name) {
       return Limit::SlidingLog(std::move(name), r.requests_per_unit, r.period);
     case Algorithm::kFixedWindow: break;
   }
+  if (r.calendar) return Limit::CalendarQuota(std::move(name), r.requests_per_unit, r.calendar);
   return Limit::FixedWindow(std::move(name), r.requests_per_unit, r.period);
 }
 
@@ -176,6 +177,7 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       h.Add(AlgorithmName(rule.algorithm));
       h.AddInt(rule.period.count());
       h.AddInt(static_cast<int64_t>(r));
+      if (rule.calendar) h.Add(rule.calendar->zone().name());  // a calendar window, its zone
       char name[24];
       std::snprintf(name, sizeof name, "e%016llx", static_cast<unsigned long long>(h.h));
       StatusOr<Limit> limit = BuildLimit(rule, name);
@@ -234,7 +236,10 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
     // one, and the store's answer says so already (its standing count).
     s.limit_remaining =
         over ? 0 : static_cast<uint32_t>(std::clamp<int64_t>(d.remaining, 0, 4294967295));
-    if (rule.algorithm == Algorithm::kFixedWindow) {
+    if (rule.calendar) {
+      s.duration_until_reset =
+          std::chrono::microseconds(rule.calendar->At(now_micros).end - now_micros);
+    } else if (rule.algorithm == Algorithm::kFixedWindow) {
       const int64_t period = rule.period.count();
       s.duration_until_reset = std::chrono::microseconds(period - now_micros % period);
     } else {

@@ -98,6 +98,39 @@ TEST_F(EnvoyPlan, FixedMinuteWindowCountsDownThenOverLimit) {
   EXPECT_EQ(Ask(One({{"key2", "other value"}})).statuses[0].limit_remaining, 19u);
 }
 
+// `align: calendar`: a month of Berlin's calendar, not 30 days from the
+// epoch; duration_until_reset is the time to local midnight on the 1st.
+TEST(EnvoyCalendar, MonthlyInBerlinResetsOnTheFirst) {
+  Config config;
+  ASSERT_TRUE(ParseDomain(R"(domain: d
+descriptors:
+  - key: tenant
+    rate_limit: {unit: month, requests_per_unit: 2, align: calendar, timezone: Europe/Berlin}
+)",
+                          "d.yaml", config)
+                  .ok());
+  ManualClock clock(int64_t{1'774'990'800} * 1'000'000);  // 2026-03-31 21:00 UTC, 23:00 CEST
+  MemoryStore store(MemoryStore::Options{.clock = &clock});
+  auto ask = [&] {
+    auto plan = MakePlan(
+        config, Request{.domain = "d", .descriptors = {{.entries = {{"tenant", "acme"}}}}});
+    EXPECT_TRUE(plan.ok());
+    CheckResult r = *store.CheckSync({plan->store_key, plan->checks});
+    return Respond(*plan, &r, nullptr, clock.NowMicros());
+  };
+  Response r = ask();
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].unit, Unit::kMonth);
+  EXPECT_EQ(r.statuses[0].duration_until_reset, 1h);
+  EXPECT_EQ(ask().overall, Code::kOk);
+  EXPECT_EQ(ask().overall, Code::kOverLimit);
+  clock.Advance(1h);  // April 1st, 00:00 CEST
+  r = ask();
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 1u);
+  EXPECT_EQ(r.statuses[0].duration_until_reset, 30 * 24h);
+}
+
 TEST_F(EnvoyPlan, TwoDescriptorsAllOrNothing) {
   Request req{.domain = "d",
               .descriptors = {{.entries = {{"key2", "v"}}}, {.entries = {{"key3", "v"}}}}};

@@ -277,6 +277,7 @@ class Loader {
   Status Clients(const YAML::Node& n, ClientConfig* s);
   Status Envoy(const YAML::Node& n, EnvoySection* e);
   // A limit definition: `spec` holds algorithm and its parameters.
+  Status WindowFields(const YAML::Node& spec, const std::string& what, ratelimit::LimitSpec* out);
   Status LimitSpec(const YAML::Node& spec, const std::string& name, const YAML::Node& name_node,
                    std::optional<Limit>* out);
   // Records a definition; the same name twice must mean the same limit.
@@ -500,6 +501,39 @@ Status Loader::Clients(const YAML::Node& n, ClientConfig* s) {
   return Status::Ok();
 }
 
+// A window algorithm's `window`, with `align` and `timezone` for a calendar
+// quota; each error points at the field it is about.
+Status Loader::WindowFields(const YAML::Node& spec, const std::string& what,
+                            ratelimit::LimitSpec* out) {
+  std::string window, align, timezone;
+  RL_RETURN_IF_ERROR(Scalar(spec["window"], "window", &window));
+  std::optional<std::string_view> align_field, timezone_field;
+  YAML::Node align_node = Get(spec, "align"), timezone_node = Get(spec, "timezone");
+  if (align_node.IsDefined()) {
+    RL_RETURN_IF_ERROR(Scalar(align_node, "align", &align));
+    align_field = align;
+  }
+  if (timezone_node.IsDefined()) {
+    RL_RETURN_IF_ERROR(Scalar(timezone_node, "timezone", &timezone));
+    timezone_field = timezone;
+  }
+  Status s = ApplyWindowFields(*out, window, align_field, timezone_field);
+  if (s.ok() && out->calendar != CalendarUnit::kNone) {
+    // The time zone is looked up now, so that its error points at it.
+    if (StatusOr<std::shared_ptr<const Calendar>> c = Calendar::Get(out->calendar, out->timezone);
+        !c.ok()) {
+      return Error(timezone_node.IsDefined() ? timezone_node : spec,
+                   what + ": " + c.status().message());
+    }
+  }
+  if (s.ok()) return s;
+  const std::string_view m = s.message();
+  const YAML::Node at = m.starts_with("timezone") && timezone_node.IsDefined() ? timezone_node
+                        : m.starts_with("align") && align_node.IsDefined()     ? align_node
+                                                                               : spec["window"];
+  return Error(at, what + ": " + std::string(m));
+}
+
 Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
                          const YAML::Node& name_node, std::optional<Limit>* out) {
   const std::string what = "limit " + Quote(name);
@@ -536,16 +570,18 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
     }
   } else {
     RL_RETURN_IF_ERROR(Int(spec["limit"], "limit", &limit_spec.count));
-    std::string window_text;
-    RL_RETURN_IF_ERROR(Scalar(spec["window"], "window", &window_text));
-    StatusOr<std::chrono::microseconds> window = ParseDuration(window_text);
-    if (!window.ok()) return Error(spec["window"], what + ": " + window.status().message());
-    limit_spec.window = *window;
+    RL_RETURN_IF_ERROR(WindowFields(spec, what, &limit_spec));
     limit = MakeLimit(std::move(limit_spec));
     if (!limit.ok()) {
       const bool window_error = limit.status().message().find("window") != std::string::npos &&
                                 limit.status().message().find("limit must") == std::string::npos;
       return Wrap(window_error ? spec["window"] : spec["limit"], limit.status());
+    }
+  }
+  if (TakesRate(*alg)) {
+    for (const char* key : {"align", "timezone"}) {
+      if (YAML::Node n = Get(spec, key); n.IsDefined())
+        return Error(n, what + ": " + Quote(key) + " is for fixed_window only, not " + alg_text);
     }
   }
   // Token prefetch: `prefetch: n`; `lease: n` is its old name, still accepted.
@@ -597,7 +633,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       RL_RETURN_IF_ERROR(CheckMap(
           e, "limit of " + what,
           {"name", "algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
-           "limit", "window", "prefetch", "lease", "shadow", "failure_mode"}));
+           "limit", "window", "align", "timezone", "prefetch", "lease", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -608,7 +644,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         rule.limit = *limit;
       } else {
         for (const char* key : {"capacity", "refill_per_second", "depth", "rate_per_second",
-                                "limit", "window", "prefetch", "lease"}) {
+                                "limit", "window", "align", "timezone", "prefetch", "lease"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);
@@ -835,9 +871,10 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
       std::string name;
       RL_RETURN_IF_ERROR(Scalar(kv.first, "limits", &name));
       if (top_level_.count(name)) return Error(kv.first, "duplicate limit " + Quote(name));
-      RL_RETURN_IF_ERROR(CheckMap(kv.second, "limit " + Quote(name),
-                                  {"algorithm", "capacity", "refill_per_second", "depth",
-                                   "rate_per_second", "limit", "window", "prefetch", "lease"}));
+      RL_RETURN_IF_ERROR(
+          CheckMap(kv.second, "limit " + Quote(name),
+                   {"algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
+                    "limit", "window", "align", "timezone", "prefetch", "lease"}));
       std::optional<Limit> limit;
       RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
       RL_RETURN_IF_ERROR(Define(*limit, kv.first));

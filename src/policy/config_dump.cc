@@ -22,7 +22,11 @@ void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
     if (l.prefetch() > 0) out << YAML::Key << "prefetch" << YAML::Value << l.prefetch();
   } else {
     out << YAML::Key << "limit" << YAML::Value << l.limit();
-    out << YAML::Key << "window" << YAML::Value << FormatDuration(l.window());
+    out << YAML::Key << "window" << YAML::Value << WindowText(l);
+    if (const Calendar* c = l.calendar()) {
+      out << YAML::Key << "align" << YAML::Value << "calendar";
+      out << YAML::Key << "timezone" << YAML::Value << c->zone().name();
+    }
   }
 }
 

@@ -531,6 +531,10 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
         entry["rate_per_second"] = l.refill_per_second();
       } else {
         entry["window_ms"] = Ms(l.window());
+        if (const Calendar* c = l.calendar()) {  // window_ms: the nominal length
+          entry["window"] = WindowText(l);
+          entry["timezone"] = c->zone().name();
+        }
       }
       op->limits.push_back(std::move(entry));
     }

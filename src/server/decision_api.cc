@@ -6,6 +6,7 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -76,6 +77,8 @@ bool GetInt(const json& v, int64_t min, int64_t& out) {
 StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   const json* algorithm = nullptr;
   const json* name = nullptr;
+  const json* align = nullptr;     // a calendar quota's: "calendar" (or "epoch")
+  const json* timezone = nullptr;  // and its IANA time zone
   // The count and the rate or window, under the names the algorithm uses.
   static constexpr std::string_view kFields[] = {
       "capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"};
@@ -84,6 +87,8 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     const std::string& k = it.key();
     if (k == "algorithm") {
       algorithm = &it.value();
+    } else if (k == "align" || k == "timezone") {
+      (k == "align" ? align : timezone) = &it.value();
     } else if (k == "name") {
       name = &it.value();
     } else {
@@ -136,9 +141,24 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     if (!second->is_string()) {
       return Bad(where + ": field 'window' must be a duration string such as \"60s\"");
     }
-    StatusOr<std::chrono::microseconds> w = ParseDuration(second->get_ref<const std::string&>());
-    if (!w.ok()) return Bad(where + ": field 'window': " + w.status().message());
-    spec.window = *w;
+    std::optional<std::string_view> align_text, timezone_text;
+    for (auto [field, text, key] : {std::tuple{align, &align_text, "align"},
+                                    std::tuple{timezone, &timezone_text, "timezone"}}) {
+      if (field == nullptr) continue;
+      if (!field->is_string()) return Bad(where + ": field '" + key + "' must be a string");
+      *text = field->get_ref<const std::string&>();
+    }
+    Status w =
+        ApplyWindowFields(spec, second->get_ref<const std::string&>(), align_text, timezone_text);
+    if (!w.ok()) {
+      const std::string_view m = w.message();
+      const bool names_its_field = m.starts_with("align") || m.starts_with("timezone");
+      return Bad(where + ": " + (names_its_field ? "" : "field 'window': ") + std::string(m));
+    }
+  }
+  if (TakesRate(*algo) && (align != nullptr || timezone != nullptr)) {
+    return Bad(where + ": field '" + (align != nullptr ? "align" : "timezone") +
+               "' is for fixed_window only, not " + algo_name);
   }
   // The core names the limit ("limit 'default': capacity must ..."); `where`
   // already says which one, and 'default' is no name the caller wrote.
@@ -326,7 +346,7 @@ bool operator==(const ParsedCheck& a, const ParsedCheck& b) {
     if (a.checks[i].cost != b.checks[i].cost || x.name() != y.name() ||
         x.algorithm() != y.algorithm() || x.limit() != y.limit() ||
         x.window_micros() != y.window_micros() || x.interval_micros() != y.interval_micros() ||
-        x.identity_hash() != y.identity_hash()) {
+        x.identity_hash() != y.identity_hash() || x.calendar() != y.calendar()) {
       return false;
     }
   }

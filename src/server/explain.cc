@@ -60,7 +60,11 @@ json LimitJson(const Limit& l) {
       break;
     default:
       j["limit"] = l.limit();
-      j["window"] = FormatDuration(l.window());
+      j["window"] = WindowText(l);
+      if (const Calendar* c = l.calendar()) {
+        j["align"] = "calendar";
+        j["timezone"] = c->zone().name();
+      }
       break;
   }
   return j;

@@ -8,10 +8,17 @@
 //   RedisKeys keys("rl:");
 //   keys.Rate("ip:127.0.0.1", "burst");         // "rl:{ip:127.0.0.1}burst"
 //   keys.Concurrency("user:ada", "upload");     // "rl:{user:ada}~c:upload"
+//   keys.Window("k:acme", "monthly", 1772319600000000);
+//                                               // "rl:{k:acme}monthly@1772319600"
+//
+// A calendar quota keeps one key per window, named by the window's start in
+// Unix seconds ('@' is no character of a limit name): a new window is a new
+// key, and the old one expires at its boundary.
 //
 // Thread-safety: immutable after construction.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -23,6 +30,12 @@ class RedisKeys {
 
   std::string Rate(std::string_view client_key, std::string_view limit_name) const {
     return Make(client_key, "", limit_name);
+  }
+  // A calendar quota's window starting at `start_us` (us since the epoch).
+  std::string Window(std::string_view client_key, std::string_view limit_name,
+                     int64_t start_us) const {
+    return Make(client_key, "",
+                std::string(limit_name) + "@" + std::to_string(start_us / 1'000'000));
   }
   std::string Concurrency(std::string_view client_key, std::string_view name) const {
     return Make(client_key, "~c:", name);

@@ -88,6 +88,10 @@ struct RedisStore::Impl {
     p.call.keys.reserve(req.checks.size());
     p.call.limits.reserve(req.checks.size());
     for (const LimitCheck& c : req.checks) {
+      if (c.limit->calendar() != nullptr) {
+        AddCalendar(p.call, req.key, *c.limit, c.cost, now_local);
+        continue;
+      }
       p.call.keys.push_back(keys.Rate(req.key, c.limit->name()));
       p.call.limits.push_back({.spec = store::lua::WireOf(*c.limit), .cost = c.cost});
     }
@@ -101,6 +105,25 @@ struct RedisStore::Impl {
       case store::CheckAdmission::Turn::kLead: break;
     }
     Dispatch(std::move(p));
+  }
+
+  // A calendar quota: its two windows as this instance's clock sees them,
+  // and their keys (check.lua picks one by the script's clock).
+  void AddCalendar(store::lua::CheckCall& call, std::string_view client, const Limit& limit,
+                   int64_t cost, int64_t now) const {
+    const store::lua::CalendarCall cal = store::lua::CalendarCallOf(limit, now, cost);
+    call.keys.push_back(keys.Window(client, limit.name(), cal.start));
+    call.keys.push_back(keys.Window(client, limit.name(), cal.next_start));
+    call.limits.push_back(cal.call);
+  }
+
+  // The keys that hold `limit`'s state for `client`: a calendar quota's
+  // current and next windows', by the store's clock.
+  std::vector<std::string> KeysOf(std::string_view client, const Limit& limit) const {
+    if (limit.calendar() == nullptr) return {keys.Rate(client, limit.name())};
+    store::lua::CheckCall call;
+    AddCalendar(call, client, limit, 0, clock->NowMicros());
+    return std::move(call.keys);
   }
 
   // A check that will not be sent: it fails, and so do its waiters' hopes.
@@ -208,7 +231,9 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   impl_->admission.Clear();
   std::vector<std::string> owned;
   owned.reserve(limits.size());
-  for (const Limit* l : limits) owned.push_back(impl_->keys.Rate(key, l->name()));
+  for (const Limit* l : limits) {
+    for (std::string& k : impl_->KeysOf(key, *l)) owned.push_back(std::move(k));
+  }
   std::vector<std::string_view> args = {"DEL"};
   args.insert(args.end(), owned.begin(), owned.end());  // the keys share one slot
   impl_->backend->Execute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
@@ -219,7 +244,7 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
 }
 
 std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) const {
-  return impl_->keys.Rate(client_key, limit.name());
+  return impl_->KeysOf(client_key, limit).front();
 }
 
 size_t RedisStore::pending() const { return impl_->bound.count(); }

@@ -135,6 +135,59 @@ TEST_F(RedisStoreTest, KeysCarryATtlAndExpire) {
   }
 }
 
+// A calendar quota keeps a key per window, named by the window's start,
+// expiring at the window's end plus the 1 s margin; Reset drops it.
+TEST_F(RedisStoreTest, CalendarQuotaKeysAreNamedByTheirWindowAndExpireAtItsEnd) {
+  const Limit monthly = *Limit::CalendarQuota("monthly", 5, CalendarUnit::kMonth, "Europe/Berlin");
+  clock_.Set(int64_t{1'774'990'800} * 1'000'000);  // 2026-03-31 21:00 UTC, 23:00 CEST
+  Decision d = Check(*local_, "cal", monthly, 2);
+  EXPECT_EQ(d.reset_after, seconds(3600));
+  const std::string key = local_->KeyFor("cal", monthly);
+  EXPECT_EQ(key, "rl:{cal}monthly@1772319600");  // 2026-03-01 00:00 CET
+  EXPECT_EQ(server_.Cli("GET", key), "2");
+  const long long pttl = std::stoll(server_.Cli("PTTL", key));
+  EXPECT_GT(pttl, 3'600'000);  // the boundary an hour away, plus the margin
+  EXPECT_LE(pttl, 3'601'000);
+  // The next window is another key: April starts at zero.
+  clock_.Set(int64_t{1'774'994'400} * 1'000'000);  // 22:00 UTC: April 1st, 00:00 CEST
+  EXPECT_EQ(Check(*local_, "cal", monthly).remaining, 4);
+  EXPECT_EQ(local_->KeyFor("cal", monthly), "rl:{cal}monthly@1774994400");
+  const Limit* limits[] = {&monthly};
+  std::promise<Status> reset;
+  local_->Reset("cal", limits, [&](Status s) { reset.set_value(s); });
+  ASSERT_TRUE(reset.get_future().get().ok());
+  EXPECT_EQ(server_.Cli("EXISTS", "rl:{cal}monthly@1774994400"), "0");
+  EXPECT_EQ(Check(*local_, "cal", monthly).remaining, 4);
+}
+
+// time_source: redis. The instance sends its current window and the next;
+// Redis' clock picks. An instance a day behind counts in the window Redis is
+// in (its "next"); one a day ahead counts in the window it sees as current,
+// which Redis has not reached: the documented behaviour of disagreeing clocks.
+TEST_F(RedisStoreTest, CalendarQuotaWindowIsPickedByRedisClock) {
+  const Limit daily = *Limit::CalendarQuota("daily", 3, CalendarUnit::kDay, "UTC");
+  const int64_t real = Clock::System().NowMicros();
+  const Calendar::Span today = daily.calendar()->Compute(real);
+  constexpr int64_t kDayUs = 86'400'000'000;
+  ManualClock skewed(real - kDayUs);
+  auto behind = MustCreate({.url = server_.url(), .clock = &skewed});
+  Decision d = Check(*behind, "skew-behind", daily);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_NEAR(static_cast<double>(d.reset_after.count()), static_cast<double>(today.end - real),
+              2e6);
+  const std::string today_key = "rl:{skew-behind}daily@" + std::to_string(today.start / 1'000'000);
+  EXPECT_EQ(server_.Cli("GET", today_key), "1");
+
+  skewed.Set(real + kDayUs);
+  auto ahead = MustCreate({.url = server_.url(), .clock = &skewed});
+  d = Check(*ahead, "skew-ahead", daily);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_NEAR(static_cast<double>(d.reset_after.count()),
+              static_cast<double>(today.end + kDayUs - real), 2e6);
+  const std::string tomorrow_key = "rl:{skew-ahead}daily@" + std::to_string(today.end / 1'000'000);
+  EXPECT_EQ(server_.Cli("GET", tomorrow_key), "1");
+}
+
 TEST_F(RedisStoreTest, RecoversFromScriptFlush) {
   EXPECT_TRUE(Check(*store_, "nos", burst_).allowed);
   EXPECT_EQ(server_.Cli("SCRIPT", "FLUSH"), "OK");

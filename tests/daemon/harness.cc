@@ -164,6 +164,35 @@ HttpResponse ParseResponse(const std::string& raw) {
   return r;
 }
 
+int64_t NextLocalMidnight(const char* zone, time_t now, bool month) {
+  const char* old = std::getenv("TZ");  // NOLINT(concurrency-mt-unsafe): test set-up only
+  const std::string saved = old != nullptr ? old : "";
+  setenv("TZ", zone, 1);  // NOLINT(concurrency-mt-unsafe)
+  tzset();
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  if (month) {
+    tm.tm_mon += 1;
+    tm.tm_mday = 1;
+  } else {
+    tm.tm_mday += 1;
+  }
+  tm.tm_hour = tm.tm_min = tm.tm_sec = 0;
+  tm.tm_isdst = -1;
+  const time_t boundary = mktime(&tm);
+  if (old != nullptr) {
+    setenv("TZ", saved.c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
+  } else {
+    unsetenv("TZ");  // NOLINT(concurrency-mt-unsafe)
+  }
+  tzset();
+  return boundary;
+}
+
+HttpResponse PostJson(int port, const std::string& target, const std::string& body) {
+  return Http(port, "POST", target, {{"Content-Type", "application/json"}}, body);
+}
+
 HttpResponse Http(int port, const std::string& method, const std::string& target,
                   const Headers& headers, const std::string& body, const std::string& source_ip) {
   std::string req = method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +

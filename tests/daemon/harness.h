@@ -14,6 +14,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <string>
@@ -40,6 +42,8 @@ struct HttpResponse {
 HttpResponse Http(int port, const std::string& method, const std::string& target,
                   const Headers& headers = {}, const std::string& body = "",
                   const std::string& source_ip = "");
+// A POST of a JSON body (the decision API's /v1/check, ...).
+HttpResponse PostJson(int port, const std::string& target, const std::string& body);
 // Sends raw bytes and reads the answer until the server closes (or timeout).
 HttpResponse RawHttp(int port, const std::string& bytes,
                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
@@ -51,6 +55,12 @@ bool SendAll(int fd, const std::string& bytes);  // false if the peer closed or 
 // from a keep-alive connection. `pending` keeps bytes read beyond it (the next
 // pipelined response). Status 0 on close, reset or timeout.
 HttpResponse ReadResponse(int fd, std::string& pending, std::chrono::milliseconds timeout);
+
+// The next local midnight after `now` in `zone` that starts a day (or, with
+// `month`, the 1st of a month), in Unix seconds, by glibc's reading of
+// tzdata (mktime under TZ): the boundaries calendar quotas must report,
+// computed without ratelimitd's code.
+int64_t NextLocalMidnight(const char* zone, time_t now, bool month);
 
 int FreePort();
 std::string MakeTempDir();

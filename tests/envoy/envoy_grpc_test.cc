@@ -219,5 +219,38 @@ TEST(EnvoyGrpc, ReloadsOnChangeAndSighupAndKeepsTheOldConfigOnError) {
   EXPECT_TRUE(d.daemon->started());
 }
 
+// `align: calendar` on the gRPC face: a month of Berlin's calendar;
+// duration_until_reset is the time to local midnight on the 1st (by glibc's
+// reading of tzdata), allowed or over the limit, on the memory store and on
+// Redis.
+TEST(EnvoyGrpc, CalendarMonthResetsAtLocalMidnightOnTheFirst) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/cal.yaml", R"(domain: cal
+descriptors:
+  - key: tenant
+    rate_limit: {unit: month, requests_per_unit: 2, align: calendar, timezone: Europe/Berlin}
+)");
+  ratelimit::testing::RedisServer redis;
+  for (const std::vector<std::string>& store :
+       {std::vector<std::string>{}, std::vector<std::string>{"--redis", redis.url()}}) {
+    GrpcDaemon d(store, dir);
+    const std::string call =
+        R"({"domain":"cal","descriptors":[{"entries":[{"key":"tenant","value":"acme"}]}]})";
+    for (int i = 0; i < 3; ++i) {
+      const std::string out = Client("call", d.grpc_port, call).second;
+      const int64_t want = NextLocalMidnight("Europe/Berlin", time(nullptr), true) - time(nullptr);
+      const std::string tag = R"("duration_until_reset":{"seconds":)";
+      const size_t at = out.find(tag);
+      ASSERT_NE(at, std::string::npos) << out;
+      const int64_t got = std::stoll(out.substr(at + tag.size()));
+      EXPECT_LE(std::llabs(got - want), 3) << out;
+      EXPECT_NE(out.find(i < 2 ? R"("overall_code":"OK")" : R"("overall_code":"OVER_LIMIT")"),
+                std::string::npos)
+          << i << ": " << out;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rltest

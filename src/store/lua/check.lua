@@ -11,6 +11,8 @@
 --            "s" sliding window, "l" sliding log; "T" a token bucket that takes several tokens,
 --            below), limit, window (us; token and leaky bucket: capacity or
 --            depth x interval), interval (us, token and leaky bucket only)
+--            ("c" a calendar quota: limit, then the end of the current
+--            window and the end of the next, in us since the epoch; below)
 -- then     the number of checks; then for each check either
 --            - one number v: a check of one limit that consumes, its limit's
 --              index i among the S (1-based) and its cost c >= 1 packed as
@@ -19,7 +21,8 @@
 --              by its number of limits n ("c1", "p2"), then for each limit
 --              its index among the S and its cost.
 --            (A limit shared by many checks of a batch is sent and parsed once.)
--- KEYS     one per limit of each check, in the same order.
+-- KEYS     one per limit of each check, in the same order; two for a calendar
+--          quota ("c"): its current window's key, then the next one's.
 -- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
 --          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
 --          the caller derives an allowed request's delay, reset_after - cost x
@@ -137,6 +140,29 @@ local function fixed_window(key, limit, w, cost)
   return 0, math.max(0, limit - count), ends - now, ends - now, nil
 end
 
+-- A calendar quota: a fixed window whose boundaries the caller computed
+-- (Lua knows no time zones) from its own clock: `b` ends the window it sees
+-- as current, whose count is in KEYS[ki], and `c` ends the next, whose count
+-- is in KEYS[ki + 1] (each key is named by its window's start). Redis' clock
+-- picks: before b the first, from b on the second. (An instance clock ahead
+-- of Redis' counts a request of the last moments before the boundary in the
+-- new window; one behind, in the old: docs/architecture.md.)
+local function calendar_window(key, limit, b, c, cost, _, ki)
+  local ends = b
+  if now >= b then key, ends = KEYS[ki + 1], c end
+  if ends <= now then ends = now + 1 end  -- clocks a window apart: never a reset in the past
+  local count = tonumber(get(key)) or 0
+  if count + cost <= limit then
+    local after = count + cost
+    local reset = 0
+    if after > 0 then reset = ends - now end
+    return 1, limit - after, 0, reset, function()
+      if after > 0 then set(key, str(after), ttl_ms(ends)) end
+    end
+  end
+  return 0, math.max(0, limit - count), ends - now, ends - now, nil
+end
+
 local function sliding_window(key, limit, w, cost)
   local wm = w / 1000
   local idx = floor(now / w)
@@ -226,13 +252,14 @@ local evaluators = {
   f = function(key, limit, w, _, cost) return fixed_window(key, limit, w, cost) end,
   s = function(key, limit, w, _, cost) return sliding_window(key, limit, w, cost) end,
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
+  c = calendar_window,
 }
 
 local specs = {}
 local nspecs = tonumber(ARGV[2])
 for s = 1, nspecs do
   specs[s] = {evaluators[ARGV[argi]], tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
-              tonumber(ARGV[argi + 3])}
+              tonumber(ARGV[argi + 3]), ARGV[argi] == 'c' and 2 or 1}  -- [5]: keys per limit
   argi = argi + 4
 end
 local checks = tonumber(ARGV[argi])
@@ -264,8 +291,8 @@ for _ = 1, checks do
     end
     if peek then cost = 0 end
     local allowed, rem, retry, reset, writer =
-        spec[1](KEYS[keyi], spec[2], spec[3], spec[4], cost, write_now)
-    keyi = keyi + 1
+        spec[1](KEYS[keyi], spec[2], spec[3], spec[4], cost, write_now, keyi)
+    keyi = keyi + spec[5]
     out[nout + 1] = allowed
     out[nout + 2] = rem
     out[nout + 3] = retry
@@ -288,15 +315,16 @@ for _ = 1, checks do
     -- for their state as it stands (cost 0, as core::Standing); the denying
     -- ones keep their numbers.
     peek = true
-    local ai, o = argi0, nout0
-    for k = 0, n - 1 do
+    local ai, o, ki = argi0, nout0, keyi0
+    for _ = 1, n do
       local spec = specs[tonumber(ARGV[ai])]
       ai = ai + 2
       if out[o + 1] > 0 then
-        local _, rem, _, reset = spec[1](KEYS[keyi0 + k], spec[2], spec[3], spec[4], 0, false)
+        local _, rem, _, reset = spec[1](KEYS[ki], spec[2], spec[3], spec[4], 0, false, ki)
         out[o + 2], out[o + 3], out[o + 4] = rem, 0, reset
       end
       o = o + 4
+      ki = ki + spec[5]
     end
     peek = false
   end

@@ -48,7 +48,7 @@ class Writer {
   EncodedCall& call_;
 };
 
-constexpr std::string_view kCodes[] = {"t", "k", "f", "s", "l", "T"};
+constexpr std::string_view kCodes[] = {"t", "k", "f", "s", "l", "T", "c"};
 
 std::string_view CodeText(char code) {
   for (std::string_view c : kCodes) {
@@ -64,6 +64,21 @@ WireLimit WireOf(const Limit& limit) {
           .limit = limit.limit(),
           .window = limit.window_micros(),
           .interval = limit.interval_micros()};
+}
+
+size_t KeysPerLimit(char code) { return code == 'c' ? 2 : 1; }
+
+CalendarCall CalendarCallOf(const Limit& limit, int64_t now_us, int64_t cost) {
+  const Calendar& cal = *limit.calendar();
+  const Calendar::Span cur = cal.At(now_us);
+  const Calendar::Span next = cal.Next(cur);
+  return {.call = {.spec = {.code = 'c',
+                            .limit = limit.limit(),
+                            .window = cur.end,
+                            .interval = next.end},
+                   .cost = cost},
+          .start = cur.start,
+          .next_start = next.start};
 }
 
 void CheckCall::SetPrefetch(int64_t tokens) {

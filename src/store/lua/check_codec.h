@@ -37,16 +37,23 @@ namespace ratelimit::store::lua {
 
 // How check.lua evaluates a limit: 't' token bucket, 'k' leaky bucket, 'f'
 // fixed window, 's' sliding window, 'l' sliding log, 'T' a token bucket that
-// takes up to `cost` tokens at once (a token prefetch).
+// takes up to `cost` tokens at once (a token prefetch), 'c' a calendar quota
+// (a fixed window whose boundaries the caller sends, CalendarCallOf).
 struct WireLimit {
   char code = 't';
   int64_t limit = 0;
-  int64_t window = 0;    // us; token and leaky bucket: capacity (depth) x interval
-  int64_t interval = 0;  // us; token and leaky bucket only
+  int64_t window = 0;    // us; token and leaky bucket: capacity (depth) x interval;
+                         // 'c': the end of the current window (us since the epoch)
+  int64_t interval = 0;  // us; token and leaky bucket only; 'c': the end of the next window
   friend bool operator==(const WireLimit&, const WireLimit&) = default;
 };
 
+// REQUIRES: not a calendar quota (CalendarCallOf).
 WireLimit WireOf(const Limit& limit);
+
+// The keys check.lua reads for a limit of `code`: two for a calendar quota
+// (its current window's, then the next one's), one for the others.
+size_t KeysPerLimit(char code);
 
 struct LimitCall {
   WireLimit spec;
@@ -54,7 +61,18 @@ struct LimitCall {
   friend bool operator==(const LimitCall&, const LimitCall&) = default;
 };
 
-// One check of a batch. REQUIRES: keys.size() == limits.size() >= 1.
+// A calendar quota's limit call as of `now_us` (the caller's clock): the
+// current window [start, next_start) and the next one, whose keys (named by
+// their starts, RedisKeys::Window) follow each other in the check's keys.
+// check.lua picks one of the two by its own clock. REQUIRES: limit.calendar().
+struct CalendarCall {
+  LimitCall call;
+  int64_t start = 0, next_start = 0;  // us since the epoch
+};
+CalendarCall CalendarCallOf(const Limit& limit, int64_t now_us, int64_t cost);
+
+// One check of a batch. REQUIRES: limits.size() >= 1, and keys holds
+// KeysPerLimit keys for each limit, in order.
 struct CheckCall {
   bool peek = false;  // never writes; costs are sent as 0
   std::vector<std::string> keys;

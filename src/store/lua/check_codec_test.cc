@@ -54,7 +54,9 @@ Read ReadArgs(const EncodedCall& e) {
         call.limits.push_back({specs[static_cast<size_t>(Num(a[i])) - 1], Num(a[i + 1])});
       }
     }
-    for (size_t l = 0; l < call.limits.size(); ++l) call.keys.emplace_back(e.keys[key++]);
+    for (const LimitCall& l : call.limits) {
+      for (size_t k = 0; k < KeysPerLimit(l.spec.code); ++k) call.keys.emplace_back(e.keys[key++]);
+    }
     out.checks.push_back(std::move(call));
   }
   EXPECT_EQ(i, a.size());
@@ -63,6 +65,7 @@ Read ReadArgs(const EncodedCall& e) {
 }
 
 WireLimit Spec(const Limit& l) { return WireOf(l); }
+
 const Limit kBurst = *Limit::TokenBucket("burst", 10, 5);
 const Limit kDaily = *Limit::FixedWindow("daily", 1000, std::chrono::hours(24));
 const Limit kShape = *Limit::LeakyBucket("shape", 5, 10);
@@ -185,6 +188,57 @@ TEST(CheckCodec, ADeniedCheckHasNoDelay) {
       Decode(Ints({1, 3, 0, 400'000, 1, 0, 0, 2'000'000}), Ptrs({c}));
   ASSERT_TRUE(allowed.ok());
   EXPECT_EQ((*allowed)[0].result.decisions[0].delay, microseconds(300'000));
+}
+
+// Microseconds since the epoch of a UTC date and time.
+int64_t Utc(int y, int mo, int d, int h) {
+  return (DaysFromCivil(y, mo, d) * 24 + h) * 3'600'000'000;
+}
+
+TEST(CheckCodec, ACalendarQuotaSendsBothWindowsAndTheirTwoKeys) {
+  const Limit monthly =
+      *Limit::CalendarQuota("monthly", 100, CalendarUnit::kMonth, "Europe/Berlin");
+  // 2026-03-31 21:00 UTC: the last hour of March in Berlin (CEST).
+  const CalendarCall cal = CalendarCallOf(monthly, Utc(2026, 3, 31, 21), 3);
+  EXPECT_EQ(cal.call.spec, (WireLimit{'c', 100, Utc(2026, 3, 31, 22), Utc(2026, 4, 30, 22)}));
+  EXPECT_EQ(cal.call.cost, 3);
+  EXPECT_EQ(cal.start, Utc(2026, 2, 28, 23));
+  EXPECT_EQ(cal.next_start, Utc(2026, 3, 31, 22));
+  EXPECT_EQ(KeysPerLimit('c'), 2u);
+  EXPECT_EQ(KeysPerLimit('f'), 1u);
+
+  // Alone (packed), beside another limit, and peeked: the two keys follow
+  // each other where the limit stands, and everything reads back.
+  const std::vector<CheckCall> checks = {
+      CheckCall{.keys = {"rl:{a}monthly@1", "rl:{a}monthly@2"}, .limits = {cal.call}},
+      CheckCall{.keys = {"rl:{b}burst", "rl:{b}monthly@1", "rl:{b}monthly@2", "rl:{b}daily"},
+                .limits = {{Spec(kBurst), 1}, cal.call, {Spec(kDaily), 1}}},
+      CheckCall{.peek = true,
+                .keys = {"rl:{c}monthly@1", "rl:{c}monthly@2"},
+                .limits = {{cal.call.spec, 0}}},
+  };
+  const EncodedCall e = EncodeAll(std::nullopt, checks);
+  EXPECT_EQ(e.keys.size(), 8u);
+  EXPECT_EQ(e.args[2], "c");
+  EXPECT_EQ(e.args[3], "100");
+  EXPECT_EQ(e.args[4], std::to_string(Utc(2026, 3, 31, 22)));
+  EXPECT_EQ(e.args[5], std::to_string(Utc(2026, 4, 30, 22)));
+  const Read back = ReadArgs(e);
+  ASSERT_EQ(back.checks.size(), checks.size());
+  for (size_t i = 0; i < checks.size(); ++i) {
+    EXPECT_EQ(back.checks[i].peek, checks[i].peek) << i;
+    EXPECT_EQ(back.checks[i].keys, checks[i].keys) << i;
+    EXPECT_EQ(back.checks[i].limits, checks[i].limits) << i;
+  }
+  // The reply is 4 integers per limit, whatever its keys.
+  StatusOr<std::vector<CheckAnswer>> a =
+      Decode(Ints({1,     97,    0, 3'600'000'000, 1, 9, 0, 200'000, 0, 0,
+                   5'000, 5'000, 1, 999,           0, 1, 1, 97,      0, 3'600'000'000}),
+             Ptrs(checks));
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ((*a)[0].result.overall.reset_after, microseconds(3'600'000'000));
+  EXPECT_EQ((*a)[0].result.overall.limit, 100);
+  EXPECT_FALSE((*a)[1].result.overall.allowed);
 }
 
 TEST(CheckCodec, EveryErrorReply) {
