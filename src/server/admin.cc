@@ -261,7 +261,7 @@ bool AdminApi::Authorized(const Request& req) const {
 }
 
 void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> policy,
-                      std::function<void(Reply)> done) {
+                      std::function<void(Reply)> done, std::string_view peer) {
   const std::string_view target = req.target();
   const size_t qpos = target.find('?');
   const std::string_view path = target.substr(0, qpos);
@@ -353,6 +353,9 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     if (!answer.ok()) return done(ProblemReply(400, answer.status().message(), path));
     return done(JsonReply(200, *answer));
   }
+  if (path == "/v1/overrides" || path.starts_with("/v1/overrides/")) {
+    return OverridesPath(req, *policy, path, *params, peer, std::move(done));
+  }
   constexpr std::string_view kClients = "/v1/clients/";
   if (path.starts_with(kClients)) {
     std::string_view rest = path.substr(kClients.size());
@@ -435,6 +438,13 @@ StatusOr<AdminApi::Client> AdminApi::ClientOf(const policy::Policy& policy,
   StatusOr<policy::Identity> who = IdentityOf(policy, client);
   if (!who.ok()) return who.status();
   return FromIdentity(policy, *who, false);
+}
+
+StatusOr<std::string> AdminApi::ClientKeyOf(const policy::Policy& policy,
+                                            std::string_view client) const {
+  StatusOr<Client> who = ClientOf(policy, client);
+  if (!who.ok()) return who.status();
+  return who->source == "decision_api" ? DecisionApiClient(who->key) : who->key;
 }
 
 struct AdminApi::StateOp {
