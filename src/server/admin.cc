@@ -349,7 +349,10 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     if (body.is_discarded()) return done(ProblemReply(400, "the body is not JSON", path));
     StatusOr<ExplainRequest> r = ParseExplainRequest(body);
     if (!r.ok()) return done(ProblemReply(400, r.status().message(), path));
-    StatusOr<json> answer = Explain(*policy, *r);
+    const Overrides* overrides = enforcer_.overrides();
+    StatusOr<json> answer = overrides == nullptr ? Explain(*policy, *r)
+                                                 : Explain(*policy, *r, overrides->table().get(),
+                                                           overrides->NowMillis());
     if (!answer.ok()) return done(ProblemReply(400, answer.status().message(), path));
     return done(JsonReply(200, *answer));
   }

@@ -5,9 +5,12 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include <future>
+
 #include "server/decision_api.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
+#include "server/store_factory.h"
 
 namespace ratelimit::server {
 namespace {
@@ -165,6 +168,61 @@ void ApplyOverrideLimits(const ClientOverride& o, std::vector<LimitCheck>& check
   for (LimitCheck& c : checks) {
     if (const Limit* l = o.Replacing(*c.limit)) c.limit = l;
   }
+}
+
+StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
+    const policy::StoreConfig& config, std::chrono::milliseconds patience) {
+  if (config.type == policy::StoreConfig::Type::kMemory) {
+    return std::make_shared<const OverrideTable>();
+  }
+  StatusOr<std::unique_ptr<OverrideStore>> store = MakeOverrideStore(config);
+  if (!store.ok()) return store.status();
+  auto answer = std::make_shared<std::promise<StatusOr<OverrideSet>>>();
+  std::future<StatusOr<OverrideSet>> got = answer->get_future();
+  (*store)->ReadAll([answer](StatusOr<OverrideSet> set) { answer->set_value(std::move(set)); });
+  if (got.wait_for(patience) != std::future_status::ready) {
+    return DeadlineExceeded("the override store did not answer within " +
+                            std::to_string(patience.count()) + " ms");
+  }
+  StatusOr<OverrideSet> set = got.get();
+  if (!set.ok()) return set.status();
+  std::vector<ClientOverride> parsed;
+  for (const OverrideRecord& r : set->records) {
+    StatusOr<ClientOverride> o = FromRecord(r.client, r.value);
+    if (o.ok()) parsed.push_back(*std::move(o));
+  }
+  return std::make_shared<const OverrideTable>(set->version, std::move(parsed));
+}
+
+std::vector<std::string> DescribeOverrides(const OverrideTable& table, const policy::Policy& policy,
+                                           int64_t now_ms) {
+  std::vector<std::string> out;
+  for (const ClientOverride* o : table.Sorted()) {
+    if (o->ExpiredAt(now_ms)) continue;
+    const std::string who = RedactKey(o->client);
+    std::string line = "override in effect for " + who + ":";
+    if (o->plan) {
+      line += " plan " + *o->plan + ";";
+      if (policy.config().plans.count(*o->plan) == 0) {
+        out.push_back("warning: the override for " + who + " names plan '" + *o->plan +
+                      "', which this config does not have: not applied");
+      }
+    }
+    for (const Limit& l : o->limits) {
+      line += " " + l.name() + " " + l.ToString() + ";";
+      const Limit* configured = policy.NamedLimit(l.name());
+      if (!o->client.starts_with(kDecisionApiPrefix) &&
+          (configured == nullptr || configured->algorithm() != l.algorithm())) {
+        out.push_back("warning: the override for " + who + " names limit '" + l.name() +
+                      "', which this config does not have as a " +
+                      std::string(AlgorithmName(l.algorithm())) + ": not applied");
+      }
+    }
+    if (o->expires_unix_ms != 0) line += " until " + UtcText(o->expires_unix_ms) + ";";
+    if (!o->reason.empty()) line += " reason: " + o->reason;
+    out.push_back(line);
+  }
+  return out;
 }
 
 Overrides::Overrides(std::unique_ptr<OverrideStore> store, const Clock& clock, Options options)
