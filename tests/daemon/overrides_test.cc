@@ -4,12 +4,14 @@
 // the plan's limits; an expired override stops applying at its time.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "harness.h"
 #include "support/redis_server.h"
@@ -63,6 +65,14 @@ Clock::duration Until(Fn done, Clock::duration patience = 3s) {
     std::this_thread::sleep_for(2ms);
   }
   return patience;
+}
+
+// The command line's exit code and output (stdout and stderr).
+std::pair<int, std::string> Command(const std::string& args) {
+  const std::string dir = MakeTempDir();
+  const std::string cmd = std::string(RATELIMITD_PATH) + " " + args + " > " + dir + "/out 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return {WEXITSTATUS(rc), ReadFile(dir + "/out")};
 }
 
 struct Pair {
@@ -125,6 +135,22 @@ TEST(OverridesDaemon, SurvivesARestartDeleteRestoresThePlanAndExpiryEndsIt) {
   EXPECT_LT(Until([&] { return Auth(*p.b) == 204; }), 1s);
   EXPECT_TRUE(p.a->WaitForLog("\"op\":\"put\"", 1s));
   EXPECT_TRUE(p.a->WaitForLog("\"reason\":\"upgraded\"", 1s));
+  // The command line reads Redis too: --check-config lists it, --explain applies it.
+  auto [rc, out] = Command("--check-config " + p.dir + "/c.yaml");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("override in effect for k:acme***"), std::string::npos) << out;
+  EXPECT_NE(out.find("plan pro; reason: upgraded"), std::string::npos) << out;
+  std::tie(rc, out) =
+      Command("--config " + p.dir + "/c.yaml --explain 'GET /api/x' -H 'X-API-Key: acme-key'");
+  EXPECT_EQ(rc, 0) << out;
+  json explained = json::parse(out.substr(out.find('{')), nullptr, false);
+  ASSERT_TRUE(explained.is_object()) << out;
+  EXPECT_EQ(explained["client"]["plan"], "pro");
+  EXPECT_EQ(explained["override"]["plan"], "pro");
+  // And so does the explain endpoint.
+  HttpResponse ex = Admin(*p.b, "POST", "/v1/explain",
+                          R"({"target": "/api/x", "headers": {"X-API-Key": "acme-key"}})");
+  EXPECT_EQ(json::parse(ex.body)["override"]["reason"], "upgraded") << ex.body;
 
   // Both instances restart: the override is in Redis.
   p.a.reset();
