@@ -10,7 +10,7 @@
 #                                     what it claims (decisions made and answered,
 #                                     errors 0); exit 1 otherwise. ctest `bench_smoke`.
 #
-# Options: --reps N (default 3), --only LIST (comma list of 1..8), --build-dir DIR.
+# Options: --reps N (default 3), --only LIST (comma list of 1..9), --build-dir DIR.
 # Environment: BENCH_JOBS (ninja -j, default nproc), RATELIMITD (a ratelimitd
 # binary to use instead of building one).
 #
@@ -25,7 +25,7 @@ cd "$ROOT"
 
 MODE=full
 REPS=3
-ONLY=1,2,3,4,5,6,7,8
+ONLY=1,2,3,4,5,6,7,8,9
 BUILD_DIR=
 while (($#)); do
   case $1 in
@@ -129,6 +129,7 @@ if [[ $MODE == full ]]; then
       { cat "$WORK/cmake.log" >&2; die "cmake"; }
   fi
   targets=(redis_decisions_bench http_load memory_store_benchmark grpc_load grpc_trivial_server)
+  targets+=(overrides_benchmark)
   # (grep reads the whole list: with pipefail, grep -q's early exit would
   # fail ninja with SIGPIPE, and the check with it, now and then.)
   if [[ -z ${RATELIMITD:-} ]] && ninja -C "$BUILD_DIR" -t targets all 2>/dev/null | grep '^ratelimitd:' >/dev/null; then
@@ -557,6 +558,43 @@ elif want 8; then
     "$(fmt "${G_RATE[redis]}")" "the same, memory store" "$(fmt "${G_RATE[memory]}")" "$(ratio "${G_RATE[redis]}" "${G_RATE[memory]}")" \
     "(no target)" "n/a"
   for t in trivial memory redis; do kill "${G_PID[$t]}" 2>/dev/null || true; wait "${G_PID[$t]}" 2>/dev/null || true; done
+fi
+
+# ---------------------------------------------------------------- 9. overrides
+# A decision (Policy::Resolve + Enforcer::Enforce) of a client with a
+# per-client override against one without, the override table holding 1,000
+# others (bench/micro/overrides_benchmark.cc): memory store one at a time,
+# Redis store 64 in flight. Repetitions interleaved at random, medians.
+OVR=$B/bench/micro/overrides_benchmark
+if want 9 && [[ ! -x $OVR ]]; then
+  row 9a "Decision with a per-client override vs without (memory store)" "n/a (not built)" "the same client without" "n/a" "n/a" "≤ 1.1x" "n/a"
+elif want 9; then
+  reps=$((REPS < 5 ? 5 : REPS))
+  log "9: decision cost with an override vs without ($reps interleaved repetitions, medians)"
+  RL_BENCH_REDIS_URL="redis://127.0.0.1:$REDIS_PORT" "$OVR" --benchmark_repetitions="$reps" \
+    --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
+    --benchmark_min_time="$MICRO_MIN" --benchmark_format=csv >"$WORK/ovr.csv" 2>"$WORK/ovr.err" ||
+    fail "9: overrides_benchmark: $(grep -v '^{' "$WORK/ovr.err" | head -3)"
+  raw "9: $(tr '\n' ' ' <"$WORK/ovr.csv")"
+  # CSV: name,iterations,real_time,cpu_time,time_unit,...; the "decisions" counter last.
+  ovr_ns() { awk -F, -v n="\"BM_OverrideDecision$1/$2/real_time_median\"" '$1 == n { print $3 + 0 }' "$WORK/ovr.csv"; }
+  for store in Memory Redis; do
+    without=$(ovr_ns "$store" 0); with=$(ovr_ns "$store" 1)
+    if [[ -z $without || -z $with ]] || grep "BM_OverrideDecision$store" "$WORK/ovr.csv" | grep -q ",true,"; then
+      fail "9: no $store results: $(grep "$store" "$WORK/ovr.csv" | head -2 | tr '\n' ' ')"
+      without=n/a; with=n/a
+    fi
+    unit="ns/decision"; id=9a; how="one at a time"
+    if [[ $store == Redis ]]; then
+      id=9b; how="64 in flight"
+      # An iteration is 1,000 decisions.
+      [[ $with != n/a ]] && with=$(awk -v v="$with" 'BEGIN { print v / 1000 }') && without=$(awk -v v="$without" 'BEGIN { print v / 1000 }')
+    fi
+    r9=$(ratio "$with" "$without")
+    res=$(passmiss le "$r9" 1.1); [[ $with == n/a ]] && res=n/a
+    row "$id" "Decision of a client WITH a per-client override, $store store, $how, 1,000 other overrides held ($unit, Resolve + Enforce)" \
+      "$(fmt "$with")" "the same, a client without an override" "$(fmt "$without")" "$r9" "≤ 1.1x" "$res"
+  done
 fi
 
 # ---------------------------------------------------------------- table

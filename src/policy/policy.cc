@@ -318,6 +318,23 @@ StatusOr<RequestPlan> Policy::Resolve(const RequestView& request) const {
   return plan;
 }
 
+bool Policy::Replan(RequestPlan& plan, std::string_view plan_name) const {
+  auto it = plan_index_.find(plan_name);
+  if (it == plan_index_.end()) return false;
+  const int route_index =
+      plan.route == nullptr ? -1 : static_cast<int>(plan.route - config_.routes.data());
+  const std::vector<GroupTemplate>& groups = templates_[TemplateIndex(
+      route_index, it->second, plan.identity.source == IdentitySource::kIp)];
+  plan.identity.plan = plans_[it->second]->name;
+  plan.groups.clear();
+  plan.groups.reserve(groups.size());
+  for (const GroupTemplate& g : groups) {
+    plan.groups.push_back(CheckGroup{g.by_ip ? plan.identity.ip_key : plan.identity.key, g.checks,
+                                     g.shadow, g.failure_mode});
+  }
+  return true;
+}
+
 const Limit* Policy::NamedLimit(std::string_view name) const {
   auto it = named_.find(name);
   return it == named_.end() ? nullptr : it->second;

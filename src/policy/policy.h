@@ -89,6 +89,12 @@ class Policy {
 
   StatusOr<RequestPlan> Resolve(const RequestView& request) const;
 
+  // The same request as if the client were on plan `plan_name` (an override
+  // moving the client, src/server/overrides.h): identity.plan and the groups
+  // become that plan's (the route's and global limits stay). False, and
+  // `plan` unchanged, when the config has no such plan.
+  bool Replan(RequestPlan& plan, std::string_view plan_name) const;
+
   // Who the client is (API key, then user header, then client IP).
   Identity Identify(const RequestView& request) const;
   // The first route class that matches, or nullptr.

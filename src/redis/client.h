@@ -93,6 +93,7 @@ class Client final : public Endpoint {
   std::string Describe(int node) const override;
   std::string RedactedUrl() const override;
   bool sharded() const override { return false; }
+  std::optional<Options> SubscriptionNode(int) const override { return options_; }
 
   // Redis Cluster, after an -ASK redirection: the same calls, each sent as
   // ASKING + the command back to back on one connection (a NOSCRIPT retry

@@ -516,3 +516,27 @@ const ClusterOptions& ClusterClient::options() const { return state_->options; }
 const Status& ClusterClient::init_status() const { return state_->init_status; }
 
 }  // namespace ratelimit::redis
+
+namespace ratelimit::redis {
+
+std::optional<Options> ClusterClient::SubscriptionNode(int attempt) const {
+  std::lock_guard lock(state_->mu);
+  Options o = state_->options.node;
+  const auto n = static_cast<size_t>(std::max(attempt, 0));
+  if (state_->has_map) {
+    const int node = state_->slot_node[(n * 5461) % kClusterSlots];
+    if (node >= 0) {
+      const NodeAddress& a = state_->nodes[static_cast<size_t>(node)]->address;
+      o.host = a.host;
+      o.port = a.port;
+      return o;
+    }
+  }
+  if (state_->options.seeds.empty()) return std::nullopt;
+  const NodeAddress& seed = state_->options.seeds[n % state_->options.seeds.size()];
+  o.host = seed.host;
+  o.port = seed.port;
+  return o;
+}
+
+}  // namespace ratelimit::redis

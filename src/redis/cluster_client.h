@@ -90,6 +90,9 @@ class ClusterClient final : public Endpoint {
   std::string Describe(int node) const override;
   std::string RedactedUrl() const override;
   bool sharded() const override { return true; }
+  // A master of the slot map (attempt i: the one serving slot i * 5461 % 16384),
+  // or a seed while no map is known.
+  std::optional<Options> SubscriptionNode(int attempt) const override;
   // Slot map refreshes completed so far (for tests and metrics).
   uint64_t refreshes() const;
 

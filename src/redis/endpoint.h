@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,11 +35,11 @@
 
 #include "ratelimit/status.h"
 #include "redis/callback.h"
+#include "redis/url.h"
 
 namespace ratelimit::redis {
 
 struct Script;
-struct Options;
 
 class Endpoint {
  public:
@@ -66,6 +67,12 @@ class Endpoint {
   virtual bool sharded() const = 0;
   // The node of a slot may be gone (its breaker opened): look for a new owner.
   virtual void RequestRefresh() {}
+  // Pub/sub (redis::Subscriber): the node to SUBSCRIBE on for the
+  // `attempt`th subscription (0, 1, ...: a later attempt may name another
+  // node), with this endpoint's credentials and TLS; nullopt while none is
+  // known. One node: it; a Cluster: a master (PUBLISH reaches every node);
+  // Sentinel: the current master.
+  virtual std::optional<Options> SubscriptionNode(int attempt) const = 0;
   // Fails pending and later calls with kUnavailable. Idempotent.
   virtual void Close() = 0;
 };

@@ -78,6 +78,8 @@ class SentinelClient final : public Endpoint {
   std::string Describe(int node) const override;
   std::string RedactedUrl() const override;
   bool sharded() const override { return false; }
+  // The current master (with the data nodes' options), nullopt while none is known.
+  std::optional<Options> SubscriptionNode(int attempt) const override;
   // Asks the sentinels again (rate-limited).
   void RequestRefresh() override;
   void Close() override;

@@ -266,7 +266,7 @@ void AdminApi::AddView(std::string path, std::function<json()> view) {
 }
 
 void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> policy,
-                      std::function<void(Reply)> done) {
+                      std::function<void(Reply)> done, std::string_view peer) {
   const std::string_view target = req.target();
   const size_t qpos = target.find('?');
   const std::string_view path = target.substr(0, qpos);
@@ -354,7 +354,10 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     if (body.is_discarded()) return done(ProblemReply(400, "the body is not JSON", path));
     StatusOr<ExplainRequest> r = ParseExplainRequest(body);
     if (!r.ok()) return done(ProblemReply(400, r.status().message(), path));
-    StatusOr<json> answer = Explain(*policy, *r);
+    const Overrides* overrides = enforcer_.overrides();
+    StatusOr<json> answer = overrides == nullptr ? Explain(*policy, *r)
+                                                 : Explain(*policy, *r, overrides->table().get(),
+                                                           overrides->NowMillis());
     if (!answer.ok()) return done(ProblemReply(400, answer.status().message(), path));
     return done(JsonReply(200, *answer));
   }
@@ -368,6 +371,9 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
       if (!get) return done(MethodNotAllowed(path, "GET"));
       return done(JsonReply(200, view()));
     }
+  }
+  if (path == "/v1/overrides" || path.starts_with("/v1/overrides/")) {
+    return OverridesPath(req, *policy, path, *params, peer, std::move(done));
   }
   constexpr std::string_view kClients = "/v1/clients/";
   if (path.starts_with(kClients)) {
@@ -451,6 +457,13 @@ StatusOr<AdminApi::Client> AdminApi::ClientOf(const policy::Policy& policy,
   StatusOr<policy::Identity> who = IdentityOf(policy, client);
   if (!who.ok()) return who.status();
   return FromIdentity(policy, *who, false);
+}
+
+StatusOr<std::string> AdminApi::ClientKeyOf(const policy::Policy& policy,
+                                            std::string_view client) const {
+  StatusOr<Client> who = ClientOf(policy, client);
+  if (!who.ok()) return who.status();
+  return who->source == "decision_api" ? DecisionApiClient(who->key) : who->key;
 }
 
 struct AdminApi::StateOp {

@@ -13,6 +13,11 @@
 //   POST   /v1/explain                       what the rules would do with a request (explain.h)
 //   GET    <view>                            views other faces add (AddView): the gRPC
 //                                            face's /v1/envoy/domains
+//   GET    /v1/overrides?limit=&offset=      the per-client overrides, a page at a time
+//   GET    /v1/overrides/{client}            one client's override
+//   PUT    /v1/overrides/{client}            set it: {"limits": {...}, "plan": ..., "ttl": ...,
+//                                            "expires_at": ..., "reason": ...} (overrides.h)
+//   DELETE /v1/overrides/{client}            remove it
 //
 // {client} is the identity the policy forms ("k:<api key>", "u:<user>",
 // "ip:<address>", percent-encoded in the path), an API key as answers show it
@@ -55,8 +60,9 @@ class AdminApi {
   // here: the server decides when the store goes away).
   AdminApi(Enforcer& enforcer, std::string token);
 
+  // `peer`: who asked, for the log of override changes ("127.0.0.1:5123").
   void Handle(const Request& request, std::shared_ptr<const policy::Policy> policy,
-              std::function<void(Reply)> done);
+              std::function<void(Reply)> done, std::string_view peer = {});
 
   // 200 with the state of `who` (a full bucket when nothing is stored).
   void DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
@@ -79,6 +85,9 @@ class AdminApi {
 
  private:
   StatusOr<Client> ClientOf(const policy::Policy& policy, std::string_view client) const;
+  // The client text ClientOf names, as store keys and overrides hold it:
+  // "k:<the full key>", "u:..", "ip:..", or "d:<decision-API key>".
+  StatusOr<std::string> ClientKeyOf(const policy::Policy& policy, std::string_view client) const;
   struct StateOp;
   void State(std::shared_ptr<const policy::Policy> policy, Client who, bool not_found_if_empty,
              std::string instance, std::function<void(Reply)> done);
@@ -89,6 +98,10 @@ class AdminApi {
   void ResetNext(std::shared_ptr<ResetOp> op);
   void Ready(std::shared_ptr<const policy::Policy> policy, std::function<void(Reply)> done);
   bool Authorized(const Request& request) const;
+  // /v1/overrides and /v1/overrides/{client} (admin_overrides.cc).
+  void OverridesPath(const Request& request, const policy::Policy& policy, std::string_view path,
+                     const std::map<std::string, std::string>& params, std::string_view peer,
+                     std::function<void(Reply)> done);
 
   Store& store() { return enforcer_.store(); }
 

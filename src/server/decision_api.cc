@@ -555,6 +555,10 @@ void AppendOutcomeBody(const Outcome& o, std::string& out) {
       [&](size_t i) -> const Decision& { return o.limits[i].decision; }, out);
 }
 
+StatusOr<Limit> ParseLimitObject(const json& j, const std::string& where) {
+  return ParseInlineLimit(j, where);
+}
+
 void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
                         std::string_view path, std::function<void(Reply)> done) {
   const size_t max_key_length = policy->config().store.max_key_length;

@@ -63,6 +63,11 @@ StatusOr<ParsedCheck> ParseCheck(const nlohmann::json& j, const policy::Policy* 
 std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::Policy* policy,
                                           size_t max_key_length);
 
+// One inline limit object of the decision API ({"name": "burst", "algorithm":
+// "token_bucket", "capacity": 10, "refill_per_second": 5}), validated by
+// MakeLimit; errors start with `where`. (Also the admin API's overrides.)
+StatusOr<Limit> ParseLimitObject(const nlohmann::json& j, const std::string& where);
+
 // Parses a request body (JSON text): the one JSON reader of every body the
 // server reads (decision API, concurrency API). Errors as above, "request
 // body is not valid JSON: ...", and "member 'key' appears twice in one JSON

@@ -126,6 +126,7 @@ struct Enforcer::Op {
   std::vector<LimitOutcome> limits;  // every non-shadow decision so far
   bool degraded = false;
   Face face = Face::kGateway;
+  std::shared_ptr<const OverrideTable> overrides;  // when one applied: its limits live here
   std::function<void(Outcome)> done;
 
   std::string_view route() const {
@@ -144,6 +145,7 @@ struct Enforcer::Op {
       SetSpeaker(o, Combine(decisions), limits);
     }
     o.limits = std::move(limits);
+    o.overrides = std::move(overrides);
     auto cb = std::move(done);
     cb(std::move(o));
   }
@@ -157,12 +159,42 @@ void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::Req
   op->plan = std::move(plan);
   op->path = std::move(path);
   op->done = std::move(done);
+  if (overrides_ != nullptr && !overrides_->empty()) {
+    std::shared_ptr<const OverrideTable> table = overrides_->table();
+    if (const ClientOverride* o = table->Find(op->plan.identity.key, overrides_->NowMillis())) {
+      ApplyOverride(*o, *op->policy, op->plan);
+      op->overrides = std::move(table);
+    }
+  }
   Step(std::move(op));
 }
 
 void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
                      const policy::StoreConfig& store_config, std::string_view path, Face face,
                      std::function<void(Outcome)> done) {
+  if (overrides_ != nullptr && face == Face::kDecisionApi && !overrides_->empty()) {
+    std::shared_ptr<const OverrideTable> table = overrides_->table();
+    if (const ClientOverride* o = table->FindDecisionKey(key, overrides_->NowMillis())) {
+      struct Overridden {
+        std::shared_ptr<const OverrideTable> table;
+        std::vector<LimitCheck> checks;
+      };
+      auto held = std::make_shared<Overridden>(
+          Overridden{std::move(table), std::vector<LimitCheck>(checks.begin(), checks.end())});
+      ApplyOverrideLimits(*o, held->checks);
+      return CheckLimits(key, held->checks, store_config, path, face,
+                         [held, done = std::move(done)](Outcome out) {
+                           out.overrides = held->table;
+                           done(std::move(out));
+                         });
+    }
+  }
+  CheckLimits(key, checks, store_config, path, face, std::move(done));
+}
+
+void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
+                           const policy::StoreConfig& store_config, std::string_view path,
+                           Face face, std::function<void(Outcome)> done) {
   DecideGroup(
       key, checks, store_config.failure_mode, store_config,
       [this, key, checks, path, face, done = std::move(done)](GroupOutcome g) {

@@ -38,6 +38,7 @@
 #include "server/admin_denials.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
+#include "server/overrides.h"
 #include "store/resilient_store.h"
 
 namespace ratelimit::server {
@@ -77,6 +78,8 @@ struct Outcome {
   std::chrono::microseconds window{0};  // that limit's window (Limit::window())
   bool degraded = false;                // a failure mode decided some group
   std::vector<LimitOutcome> limits;     // every non-shadow limit asked, in order
+  // When a client's override applied: the table its limits (in `limits`) live in.
+  std::shared_ptr<const OverrideTable> overrides;
 
   bool allowed() const { return verdict == Verdict::kAllowed; }
 };
@@ -120,6 +123,11 @@ class Enforcer {
 
   Store& store() { return *store_; }
   AdminDenials& denials() { return denial_record_; }
+  // The per-client overrides applied to every request (Enforce: the
+  // identity's, Check: the decision-API key's "d:<key>"); nullptr: none.
+  // Set before the first request; not owned.
+  void SetOverrides(Overrides* overrides) { overrides_ = overrides; }
+  Overrides* overrides() const { return overrides_; }
   // Gives up the enforcer's reference to the store, so that its owner can
   // destroy the store (and let it complete its pending calls, whose callbacks
   // reach this enforcer) while the enforcer still exists. Afterwards no new
@@ -132,10 +140,15 @@ class Enforcer {
  private:
   struct Op;
   void Step(std::shared_ptr<Op> op);
+  // Check, once any override was applied to `checks`.
+  void CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
+                   const policy::StoreConfig& store_config, std::string_view path, Face face,
+                   std::function<void(Outcome)> done);
 
   ResilientStore* wrapped_ =
       nullptr;                    // store_, when the enforcer wrapped it (set by store_'s init)
   std::shared_ptr<Store> store_;  // decides failures
+  Overrides* overrides_ = nullptr;
   LogSampler denial_log_{20, "denials suppressed"};
   AdminDenials denial_record_;
 };

@@ -164,7 +164,8 @@ StatusOr<ExplainRequest> ParseExplainCommand(std::string_view request_line,
   return r;
 }
 
-StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req) {
+StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
+                       const OverrideTable* overrides, int64_t now_ms) {
   if (Status s = Check(req); !s.ok()) return s;
   StatusOr<policy::IpAddress> peer = policy::IpAddress::Parse(req.peer);
   if (!peer.ok()) return Bad("the peer '" + req.peer + "' is not an IP address");
@@ -210,6 +211,14 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req) 
     out["face"] = c.server.upstream.empty() ? "rules" : "gateway";
     if (!c.server.upstream.empty()) out["upstream"] = c.server.upstream;
   }
+  const ClientOverride* over =
+      overrides != nullptr ? overrides->Find(plan->identity.key, now_ms) : nullptr;
+  if (over != nullptr) {
+    ApplyOverride(*over, policy, *plan);
+    out["override"] = over->ToJson();
+  } else {
+    out["override"] = nullptr;
+  }
   const policy::Identity& who = plan->identity;
   out["client"] = {{"key", RedactKey(who.key)},
                    {"source", IdentitySourceName(who.source)},
@@ -233,7 +242,11 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req) 
     const policy::CheckGroup& group = plan->groups[g];
     for (const LimitCheck& check : group.checks) {
       json l = LimitJson(*check.limit);
-      l["from"] = Origin(c, *plan, check.limit);
+      if (over != nullptr && over->Replacing(*check.limit) == check.limit) {
+        l["from"] = "override";
+      } else {
+        l["from"] = Origin(c, *plan, check.limit);
+      }
       l["cost"] = check.cost;
       l["key"] = RedactKey(group.key);
       l["scope"] = group.key == who.key ? "client" : "ip";
@@ -270,7 +283,19 @@ int ExplainCommand(policy::Config config, std::string_view request_line,
     return 1;
   }
   StatusOr<ExplainRequest> request = ParseExplainCommand(request_line, header_lines, peer);
-  StatusOr<json> answer = request.ok() ? Explain(**policy, *request) : request.status();
+  // The overrides in effect (Redis: those every instance applies; the memory
+  // store's live in a running daemon: ask its POST /v1/explain).
+  StatusOr<std::shared_ptr<const OverrideTable>> overrides =
+      ReadStoredOverrides((*policy)->config().store);
+  if (!overrides.ok()) {
+    std::cerr << "ratelimitd: --explain: overrides not shown: " << overrides.status().message()
+              << "\n";
+  }
+  const int64_t now_ms = Clock::System().NowMicros() / 1000;
+  StatusOr<json> answer =
+      request.ok()
+          ? Explain(**policy, *request, overrides.ok() ? overrides->get() : nullptr, now_ms)
+          : request.status();
   if (!answer.ok()) {
     std::cerr << "ratelimitd: --explain: " << answer.status().message() << "\n";
     return 2;

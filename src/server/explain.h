@@ -27,6 +27,7 @@
 #include "policy/ip.h"
 #include "policy/policy.h"
 #include "ratelimit/status.h"
+#include "server/overrides.h"
 
 namespace ratelimit::server {
 
@@ -54,7 +55,11 @@ StatusOr<ExplainRequest> ParseExplainCommand(std::string_view request_line,
 // The explanation (docs/admin.md, "Explain"). kInvalidArgument when the
 // target cannot be canonicalised (the request would be a 400) or the peer
 // is not an address.
-StatusOr<nlohmann::json> Explain(const policy::Policy& policy, const ExplainRequest& request);
+// With `overrides`, a client's override in effect at `now_ms` is applied as
+// the Enforcer applies it and shown ("override"; its limits say "from":
+// "override").
+StatusOr<nlohmann::json> Explain(const policy::Policy& policy, const ExplainRequest& request,
+                                 const OverrideTable* overrides = nullptr, int64_t now_ms = 0);
 
 // `ratelimitd --explain`: prints Explain's answer for `config` as JSON on
 // stdout and returns 0; a config the policy refuses: its error on stderr, 1;

@@ -247,6 +247,18 @@ std::string Metrics::Render(const Store* store) const {
   out += "ratelimit_config_reloads_total{result=\"failed\"} " +
          std::to_string(reloads_failed.value()) + "\n";
 
+  Header(out, "ratelimit_overrides_changes_total", "counter",
+         "Per-client overrides changed by this instance, by op: put, delete, expire.");
+  out += "ratelimit_overrides_changes_total{op=\"put\"} " + std::to_string(overrides_put.value()) +
+         "\n";
+  out += "ratelimit_overrides_changes_total{op=\"delete\"} " +
+         std::to_string(overrides_delete.value()) + "\n";
+  out += "ratelimit_overrides_changes_total{op=\"expire\"} " +
+         std::to_string(overrides_expire.value()) + "\n";
+  Header(out, "ratelimit_overrides_in_effect", "gauge",
+         "Per-client overrides this instance applies now (expired ones not counted).");
+  out += "ratelimit_overrides_in_effect " + std::to_string(overrides_in_effect.value()) + "\n";
+
   Header(out, "ratelimit_http_requests_in_flight", "gauge",
          "HTTP requests being handled now (both listeners).");
   out += "ratelimit_http_requests_in_flight " + std::to_string(in_flight.value()) + "\n";

@@ -96,7 +96,7 @@ std::unique_ptr<Router> Router::Admin(PolicyHolder& policies, Enforcer& enforcer
 void Router::Handle(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
                     std::function<void(Reply)> done, Holder* holder) {
   std::shared_ptr<const policy::Policy> policy = policies_.Get();
-  if (admin_listener_) return admin_->Handle(req, std::move(policy), std::move(done));
+  if (admin_listener_) return admin_->Handle(req, std::move(policy), std::move(done), peer_text);
   const std::string_view target = req.target();
   const std::string_view path = target.substr(0, target.find('?'));
   if (path.starts_with("/v1/")) {

@@ -44,6 +44,8 @@ struct Server::Impl {
     // held by requests queued in the io_context are left to expire.
     if (limiter) limiter->DetachStore();
     concurrency_store.reset();
+    if (enforcer) enforcer->SetOverrides(nullptr);
+    overrides.reset();  // its timer is on the io_context
     std::shared_ptr<Store> last = enforcer ? enforcer->ReleaseStore() : nullptr;
     last.reset();
     store.reset();  // the last reference: a RedisStore closes and drains here
@@ -77,6 +79,7 @@ struct Server::Impl {
   std::unique_ptr<Gateway> gateway;
   std::unique_ptr<ConcurrencyStore> concurrency_store;  // destroyed in ~Impl
   net::io_context ioc;
+  std::unique_ptr<Overrides> overrides;         // destroyed in ~Impl (a timer on the io_context)
   std::unique_ptr<ConcurrencyLimiter> limiter;  // its timers run on the io_context
   // Declared after the io_context: they own sockets and timers on it.
   std::unique_ptr<Router> router;
@@ -122,6 +125,11 @@ Status Server::Start(std::shared_ptr<Store> store) {
   s.concurrency_store = std::move(*cs);
   s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store,
                                                    s.start_config.store);
+  StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store);
+  if (!os.ok()) return os.status();
+  s.overrides = std::make_unique<Overrides>(*std::move(os), Clock::System());
+  s.overrides->Start(s.ioc.get_executor());
+  s.enforcer->SetOverrides(s.overrides.get());
   s.admin = std::make_unique<AdminApi>(*s.enforcer, std::move(token));
   s.router = std::make_unique<Router>(s.policies, *s.enforcer, s.gateway.get(), sc.demo,
                                       s.admin.get(), s.limiter.get());

@@ -79,6 +79,14 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
   return std::unique_ptr<ConcurrencyStore>(std::move(*s));
 }
 
+StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(const policy::StoreConfig& config) {
+  if (config.type == policy::StoreConfig::Type::kMemory) return MakeMemoryOverrideStore();
+  RedisConnectionOptions o;
+  FillRedisOptions(config, o);
+  LogBreakerChanges(o.breaker, "redis circuit breaker (overrides)");
+  return MakeRedisOverrideStore(std::move(o));
+}
+
 namespace {
 
 StatusOr<std::shared_ptr<Store>> MakePlainStore(const policy::StoreConfig& config,

@@ -17,6 +17,7 @@
 
 #include "policy/config.h"
 #include "ratelimit/concurrency.h"
+#include "ratelimit/override_store.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 #include "store/resilient_store.h"
@@ -41,5 +42,10 @@ FailureObserver ConcurrencyFailureReporter();  // "concurrency store error: fail
 // MemoryConcurrencyStore; redis -> RedisConcurrencyStore (one connection of
 // its own, its own breaker with the same settings, state changes logged).
 StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(const policy::StoreConfig& config);
+
+// Where the per-client overrides live (server/overrides.h), from the same
+// settings: memory -> this process only; redis -> the same Redis (one
+// connection of its own, a deadline of at least 1 s).
+StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(const policy::StoreConfig& config);
 
 }  // namespace ratelimit::server

@@ -129,7 +129,30 @@ CircuitBreaker::State RedisBackend::breaker_state() const {
   return worst;
 }
 
-void RedisBackend::Close() { endpoint_->Close(); }
+std::shared_ptr<redis::Subscriber> RedisBackend::Subscribe(std::string channel,
+                                                           redis::Subscriber::Handler handler,
+                                                           redis::Subscriber::Timing timing) {
+  // The endpoint outlives the subscriber's use of it: Close() closes every
+  // subscriber before the endpoint, and a closed one asks no more.
+  redis::Endpoint* endpoint = endpoint_.get();
+  auto sub = redis::Subscriber::Start(
+      exec_, std::move(channel),
+      [endpoint](int attempt) { return endpoint->SubscriptionNode(attempt); }, std::move(handler),
+      timing);
+  std::lock_guard lock(subscribers_mu_);
+  subscribers_.push_back(sub);
+  return sub;
+}
+
+void RedisBackend::Close() {
+  std::vector<std::shared_ptr<redis::Subscriber>> subs;
+  {
+    std::lock_guard lock(subscribers_mu_);
+    subs.swap(subscribers_);
+  }
+  for (auto& s : subs) s->Close();
+  endpoint_->Close();
+}
 
 void RedisBackend::CloseAndWait(const std::function<bool()>& idle) {
   Close();

@@ -42,6 +42,7 @@
 #include "redis/client.h"
 #include "redis/endpoint.h"
 #include "redis/io_thread.h"
+#include "redis/subscriber.h"
 
 namespace ratelimit::store {
 
@@ -80,6 +81,12 @@ class RedisBackend {
                    redis::Callback done);
   void GuardedExecute(std::span<const std::string_view> args, redis::Callback done);
 
+  // Listens on a pub/sub channel (redis::Subscriber) on the node the endpoint
+  // names, until Close(). `handler` runs on executor().
+  std::shared_ptr<redis::Subscriber> Subscribe(std::string channel,
+                                               redis::Subscriber::Handler handler,
+                                               redis::Subscriber::Timing timing = {});
+
   // The worst state over the nodes' breakers (open > half-open > closed).
   CircuitBreaker::State breaker_state() const;
   const std::string& url_for_logs() const { return url_for_logs_; }
@@ -112,6 +119,8 @@ class RedisBackend {
   mutable Mutex breakers_mu_;
   std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_ RL_GUARDED_BY(breakers_mu_);
   std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock
+  std::mutex subscribers_mu_;
+  std::vector<std::shared_ptr<redis::Subscriber>> subscribers_;  // GUARDED_BY(subscribers_mu_)
   // Declared before the endpoint: destroyed after it.
   std::unique_ptr<redis::IoThread> own_io_;
   boost::asio::any_io_executor exec_;

@@ -1,0 +1,298 @@
+// The admin API's per-client overrides (docs/admin.md, "Overrides"):
+//   GET    /v1/overrides?limit=100&offset=0
+//   GET    /v1/overrides/{client}
+//   PUT    /v1/overrides/{client}   {"limits": {"burst": {"capacity": 50}}, "plan": "pro",
+//                                    "ttl": "1h" | "expires_at": "2026-12-02T03:00:00Z",
+//                                    "reason": "incident 123"}
+//   DELETE /v1/overrides/{client}
+// The body is read like the decision API's (ParseBody: repeated members
+// refused); each limit is the decision API's inline limit (ParseLimitObject,
+// MakeLimit) with the configured limit's fields as defaults.
+#include <ctime>
+#include <nlohmann/json.hpp>
+
+#include "core/percent.h"
+#include "server/admin.h"
+#include "server/decision_api.h"
+#include "server/json_log.h"
+#include "server/overrides.h"
+#include "server/problem.h"
+
+namespace ratelimit::server {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr size_t kMaxReason = 500;
+constexpr int64_t kMaxPage = 1000;
+
+Reply Answer(unsigned status, const json& body) {
+  Reply out;
+  out.status = status;
+  out.content_type = "application/json";
+  out.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  out.Add("Cache-Control", "no-store");
+  return out;
+}
+
+// "2026-12-02T03:00:00Z" (UTC, optional fraction of a second) -> unix ms.
+StatusOr<int64_t> ParseUtc(const std::string& text) {
+  std::tm tm{};
+  int ms = 0;
+  char rest[16] = {};
+  const int n = std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%15s", &tm.tm_year, &tm.tm_mon,
+                            &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec, rest);
+  std::string_view tail(rest);
+  if (n == 7 && tail.starts_with('.')) {
+    size_t digits = 1;
+    while (digits < tail.size() && digits <= 3 && tail[digits] >= '0' && tail[digits] <= '9') {
+      ms = ms * 10 + (tail[digits] - '0');
+      ++digits;
+    }
+    for (size_t i = digits; i < 4; ++i) ms *= 10;
+    while (digits < tail.size() && tail[digits] >= '0' && tail[digits] <= '9') ++digits;
+    tail.remove_prefix(digits);
+  }
+  if (n != 7 || tail != "Z" || tm.tm_mon < 1 || tm.tm_mon > 12 || tm.tm_mday < 1 ||
+      tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60) {
+    return InvalidArgument("field 'expires_at' must be a UTC time like \"2026-12-02T03:00:00Z\"");
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;
+}
+
+// The override's limit `name` from the body's fields, over the configured
+// limit's (whose algorithm it keeps).
+StatusOr<Limit> OverrideLimit(const policy::Policy& policy, const std::string& name,
+                              const json& given, bool decision_api) {
+  const std::string where = "limits." + name;
+  if (!given.is_object()) return InvalidArgument(where + " must be an object of fields");
+  const Limit* configured = policy.NamedLimit(name);
+  json spec = json::object();
+  if (configured != nullptr) {
+    spec = LimitFields(*configured);
+    if (auto a = given.find("algorithm"); a != given.end() && *a != spec["algorithm"]) {
+      return InvalidArgument(where + ": '" + name + "' is a " +
+                             spec["algorithm"].get<std::string>() +
+                             "; an override keeps the algorithm (the client's state would mean "
+                             "something else)");
+    }
+  } else if (!decision_api) {
+    return InvalidArgument(where + ": this config has no limit '" + name + "'");
+  }
+  for (auto it = given.begin(); it != given.end(); ++it) {
+    if (it.key() == "name") return InvalidArgument(where + ": the name is the key of 'limits'");
+    spec[it.key()] = it.value();
+  }
+  spec["name"] = name;
+  StatusOr<Limit> limit = ParseLimitObject(spec, where);
+  if (!limit.ok()) return limit.status();
+  // A route's cost must stay possible under the new count.
+  for (const policy::RouteClass& r : policy.config().routes) {
+    for (const policy::RuleLimit& rl : r.limits) {
+      if (rl.limit.name() != name) continue;
+      if (Status s = limit->ValidateCost(r.cost); !s.ok()) {
+        return InvalidArgument(where + ": route '" + r.name + "' costs " + std::to_string(r.cost) +
+                               ": " + s.message());
+      }
+    }
+  }
+  return limit;
+}
+
+StatusOr<ClientOverride> ParseOverride(const json& body, const policy::Policy& policy,
+                                       const std::string& client, int64_t now_ms) {
+  if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
+  const bool decision_api = client.starts_with(kDecisionApiPrefix);
+  ClientOverride o;
+  o.client = client;
+  bool have_ttl = false, have_expiry = false;
+  for (auto it = body.begin(); it != body.end(); ++it) {
+    const std::string& k = it.key();
+    const json& v = it.value();
+    if (k == "limits") {
+      if (!v.is_object() || v.empty()) {
+        return InvalidArgument("field 'limits' must be an object: limit name -> its fields");
+      }
+      if (v.size() > kMaxChecksPerRequest) {
+        return InvalidArgument("field 'limits' names more than " +
+                               std::to_string(kMaxChecksPerRequest) + " limits");
+      }
+      for (auto l = v.begin(); l != v.end(); ++l) {
+        StatusOr<Limit> limit = OverrideLimit(policy, l.key(), l.value(), decision_api);
+        if (!limit.ok()) return limit.status();
+        o.limits.push_back(*std::move(limit));
+      }
+    } else if (k == "plan") {
+      if (!v.is_string()) return InvalidArgument("field 'plan' must be a string");
+      if (decision_api) {
+        return InvalidArgument("a decision-API key has no plan: give 'limits' instead");
+      }
+      const std::string plan = v.get<std::string>();
+      if (policy.config().plans.count(plan) == 0) {
+        return InvalidArgument("field 'plan': this config has no plan '" + plan + "'");
+      }
+      o.plan = plan;
+    } else if (k == "ttl") {
+      if (!v.is_string()) return InvalidArgument("field 'ttl' must be a duration like \"1h\"");
+      StatusOr<std::chrono::microseconds> d = ParseDuration(v.get<std::string>());
+      if (!d.ok()) return InvalidArgument("field 'ttl': " + d.status().message());
+      o.expires_unix_ms = now_ms + (d->count() + 999) / 1000;
+      have_ttl = true;
+    } else if (k == "expires_at") {
+      if (!v.is_string()) {
+        return InvalidArgument(
+            "field 'expires_at' must be a UTC time like \"2026-12-02T03:00:00Z\"");
+      }
+      StatusOr<int64_t> at = ParseUtc(v.get<std::string>());
+      if (!at.ok()) return at.status();
+      if (*at <= now_ms) return InvalidArgument("field 'expires_at' is not in the future");
+      o.expires_unix_ms = *at;
+      have_expiry = true;
+    } else if (k == "reason") {
+      if (!v.is_string() || v.get_ref<const std::string&>().size() > kMaxReason) {
+        return InvalidArgument("field 'reason' must be a string of at most " +
+                               std::to_string(kMaxReason) + " bytes");
+      }
+      o.reason = v.get<std::string>();
+    } else {
+      return InvalidArgument("unknown field '" + k +
+                             "' (expected limits, plan, ttl, expires_at, reason)");
+    }
+  }
+  if (have_ttl && have_expiry) return InvalidArgument("give 'ttl' or 'expires_at', not both");
+  if (o.limits.empty() && !o.plan) return InvalidArgument("give 'limits', 'plan' or both");
+  return o;
+}
+
+std::string_view Scope(bool shared) {
+  return shared ? "every instance on this Redis" : "this instance only (memory store)";
+}
+
+Reply StoreFailed(const Status& s, std::string_view path) {
+  Reply r = ProblemReply(503, "the override store could not answer: " + s.message(), path);
+  r.Add("Retry-After", "1");
+  return r;
+}
+
+}  // namespace
+
+void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
+                             std::string_view path,
+                             const std::map<std::string, std::string>& params,
+                             std::string_view peer, std::function<void(Reply)> done) {
+  Overrides* overrides = enforcer_.overrides();
+  if (overrides == nullptr) {
+    return done(ProblemReply(404, "this server keeps no overrides", path));
+  }
+  const bool get = req.method() == http::verb::get || req.method() == http::verb::head;
+  const std::shared_ptr<const OverrideTable> table = overrides->table();
+  const int64_t now_ms = overrides->NowMillis();
+  if (path == "/v1/overrides") {
+    if (!get) return done(ProblemReply(405, "use GET for /v1/overrides", path));
+    int64_t limit = 100, offset = 0;
+    for (const auto& [k, v] : params) {
+      int64_t* slot = k == "limit" ? &limit : k == "offset" ? &offset : nullptr;
+      if (slot == nullptr) {
+        return done(ProblemReply(
+            400, "unknown query parameter '" + k + "' (expected limit, offset)", path));
+      }
+      if (v.empty() || v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos) {
+        return done(ProblemReply(400, k + " must be a whole number", path));
+      }
+      *slot = std::stoll(v);
+    }
+    if (limit < 1 || limit > kMaxPage) {
+      return done(ProblemReply(400, "limit must be from 1 to " + std::to_string(kMaxPage), path));
+    }
+    const std::vector<const ClientOverride*> all = table->Sorted();
+    json list = json::array();
+    for (size_t i = static_cast<size_t>(offset);
+         i < all.size() && list.size() < static_cast<size_t>(limit); ++i) {
+      json o = all[i]->ToJson();
+      o["in_effect"] = !all[i]->ExpiredAt(now_ms);
+      list.push_back(std::move(o));
+    }
+    json answer = {{"overrides", list},
+                   {"total", all.size()},
+                   {"offset", offset},
+                   {"version", table->version()},
+                   {"shared", overrides->shared()},
+                   {"scope", Scope(overrides->shared())}};
+    const size_t next = static_cast<size_t>(offset) + list.size();
+    answer["next_offset"] = next < all.size() ? json(next) : json(nullptr);
+    return done(Answer(200, answer));
+  }
+
+  StatusOr<std::string> named = [&]() -> StatusOr<std::string> {
+    std::optional<std::string> s =
+        core::PercentDecode(path.substr(std::string_view("/v1/overrides/").size()), false);
+    if (!s || s->empty()) return InvalidArgument("the client is malformed");
+    return *std::move(s);
+  }();
+  if (!named.ok()) return done(ProblemReply(400, named.status().message(), path));
+  if (!params.empty()) {
+    return done(ProblemReply(400, "no query parameters here: name the client in the path", path));
+  }
+  // The client as the admin API names it (a shortened API key resolved);
+  // GET and DELETE also take one the config no longer knows.
+  StatusOr<std::string> who = ClientKeyOf(policy, *named);
+  std::string client;
+  if (who.ok()) {
+    client = *std::move(who);
+  } else if (req.method() != http::verb::put && table->Find(*named, 0) != nullptr) {
+    client = *named;
+  } else {
+    const unsigned status = who.status().code() == StatusCode::kNotFound ? 404 : 400;
+    return done(ProblemReply(status, who.status().message(), path));
+  }
+  const std::string instance(path);
+  // Who: the holder of the admin token (there is one token), and from where.
+  const std::string by = std::string(token_.empty() ? "no token" : "admin token") + " from " +
+                         std::string(peer.empty() ? "?" : peer);
+
+  if (get) {
+    const ClientOverride* o = table->Find(client, 0);
+    if (o == nullptr) {
+      return done(ProblemReply(404, "no override for client '" + RedactKey(client) + "'", path));
+    }
+    json j = o->ToJson();
+    j["in_effect"] = !o->ExpiredAt(now_ms);
+    j["shared"] = overrides->shared();
+    return done(Answer(200, j));
+  }
+  if (req.method() == http::verb::delete_) {
+    return overrides->Remove(
+        client, by, [client, instance, done = std::move(done)](StatusOr<bool> removed) {
+          if (!removed.ok()) return done(StoreFailed(removed.status(), instance));
+          if (!*removed) {
+            return done(
+                ProblemReply(404, "no override for client '" + RedactKey(client) + "'", instance));
+          }
+          done(Answer(200, {{"client", RedactKey(client)}, {"deleted", true}}));
+        });
+  }
+  if (req.method() != http::verb::put) {
+    return done(ProblemReply(405, "use GET, PUT or DELETE for " + instance, path));
+  }
+  StatusOr<json> body = ParseBody(req.body());
+  if (!body.ok()) return done(ProblemReply(400, body.status().message(), path));
+  StatusOr<ClientOverride> o = ParseOverride(*body, policy, client, now_ms);
+  if (!o.ok()) return done(ProblemReply(400, o.status().message(), path));
+  o->by = by;
+  const bool shared = overrides->shared();
+  overrides->Put(*std::move(o), [overrides, client, instance, shared,
+                                 done = std::move(done)](StatusOr<int64_t> version) {
+    if (!version.ok()) return done(StoreFailed(version.status(), instance));
+    const std::shared_ptr<const OverrideTable> now = overrides->table();
+    const ClientOverride* in_effect = now->Find(client, 0);
+    json answer = in_effect != nullptr ? in_effect->ToJson() : json::object();
+    answer["version"] = *version;
+    answer["shared"] = shared;
+    answer["scope"] = Scope(shared);
+    done(Answer(200, answer));
+  });
+}
+
+}  // namespace ratelimit::server

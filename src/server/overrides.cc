@@ -1,0 +1,396 @@
+#include "server/overrides.h"
+
+#include <algorithm>
+#include <ctime>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include <future>
+
+#include "server/decision_api.h"
+#include "server/json_log.h"
+#include "server/metrics.h"
+#include "server/store_factory.h"
+
+namespace ratelimit::server {
+namespace {
+
+using json = nlohmann::json;
+
+std::string UtcText(int64_t unix_ms) {
+  const auto secs = static_cast<std::time_t>(unix_ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  const size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return std::string(buf, n);
+}
+
+Counter& ChangesCounter(std::string_view op) {
+  Metrics& m = Metrics::Global();
+  return op == "put" ? m.overrides_put : op == "delete" ? m.overrides_delete : m.overrides_expire;
+}
+
+// The JSON log line and the count of one change.
+void Record(std::string_view op, const std::string& client, const std::string& by,
+            const std::string& reason, const std::string& what) {
+  ChangesCounter(op).Inc();
+  Log(Level::kInfo, "override changed",
+      {{"op", op}, {"client", RedactKey(client)}, {"by", by}, {"reason", reason}, {"what", what}});
+}
+
+}  // namespace
+
+const Limit* ClientOverride::Replacing(const Limit& limit) const {
+  for (const Limit& l : limits) {
+    if (l.name() == limit.name() && l.algorithm() == limit.algorithm()) return &l;
+  }
+  return nullptr;
+}
+
+json LimitFields(const Limit& limit) {
+  const LimitSpec spec = SpecOf(limit);
+  const auto [count_name, second_name] = SpecFieldNames(spec.algorithm);
+  json j = {{"algorithm", AlgorithmName(spec.algorithm)}, {std::string(count_name), spec.count}};
+  if (TakesRate(spec.algorithm)) {
+    j[std::string(second_name)] = spec.per_second;
+  } else {
+    j[std::string(second_name)] = FormatDuration(spec.window);
+  }
+  return j;
+}
+
+json ClientOverride::ToJson() const {
+  json ls = json::object();
+  for (const Limit& l : limits) ls[l.name()] = LimitFields(l);
+  json j = {{"client", RedactKey(client)}, {"limits", ls}, {"reason", reason}, {"by", by}};
+  if (plan) j["plan"] = *plan;
+  if (expires_unix_ms != 0) {
+    j["expires_at"] = UtcText(expires_unix_ms);
+    j["expires_at_ms"] = expires_unix_ms;
+  }
+  if (set_unix_ms != 0) j["set_at"] = UtcText(set_unix_ms);
+  return j;
+}
+
+std::string ToRecord(const ClientOverride& o) {
+  json ls = json::object();
+  for (const Limit& l : o.limits) ls[l.name()] = LimitFields(l);
+  json j = {{"limits", ls}, {"reason", o.reason}, {"by", o.by}, {"set_at_ms", o.set_unix_ms}};
+  if (o.plan) j["plan"] = *o.plan;
+  if (o.expires_unix_ms != 0) j["expires_at_ms"] = o.expires_unix_ms;
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+StatusOr<ClientOverride> FromRecord(std::string_view client, std::string_view record) {
+  const json j = json::parse(record, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument("the record is not a JSON object");
+  ClientOverride o;
+  o.client = std::string(client);
+  o.record = std::string(record);
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const json& v = it.value();
+    if (k == "plan" && v.is_string()) {
+      o.plan = v.get<std::string>();
+    } else if (k == "limits" && v.is_object()) {
+      for (auto l = v.begin(); l != v.end(); ++l) {
+        if (!l.value().is_object()) return InvalidArgument("limit '" + l.key() + "' is no object");
+        json spec = l.value();
+        spec["name"] = l.key();
+        StatusOr<Limit> limit = ParseLimitObject(spec, "limit '" + l.key() + "'");
+        if (!limit.ok()) return limit.status();
+        o.limits.push_back(*std::move(limit));
+      }
+    } else if (k == "expires_at_ms" && v.is_number_integer()) {
+      o.expires_unix_ms = v.get<int64_t>();
+    } else if (k == "set_at_ms" && v.is_number_integer()) {
+      o.set_unix_ms = v.get<int64_t>();
+    } else if (k == "reason" && v.is_string()) {
+      o.reason = v.get<std::string>();
+    } else if (k == "by" && v.is_string()) {
+      o.by = v.get<std::string>();
+    } else {
+      return InvalidArgument("unexpected field '" + k + "'");
+    }
+  }
+  return o;
+}
+
+OverrideTable::OverrideTable(int64_t version, std::vector<ClientOverride> overrides)
+    : version_(version) {
+  for (ClientOverride& o : overrides) {
+    if (o.client.starts_with(kDecisionApiPrefix)) {
+      std::string key = o.client.substr(kDecisionApiPrefix.size());
+      by_decision_key_.emplace(std::move(key), std::move(o));
+    } else {
+      std::string key = o.client;
+      by_client_.emplace(std::move(key), std::move(o));
+    }
+  }
+}
+
+const ClientOverride* OverrideTable::Find(std::string_view client, int64_t now_ms) const {
+  if (client.starts_with(kDecisionApiPrefix)) {
+    return FindDecisionKey(client.substr(kDecisionApiPrefix.size()), now_ms);
+  }
+  auto it = by_client_.find(client);
+  return it == by_client_.end() || it->second.ExpiredAt(now_ms) ? nullptr : &it->second;
+}
+
+const ClientOverride* OverrideTable::FindDecisionKey(std::string_view key, int64_t now_ms) const {
+  auto it = by_decision_key_.find(key);
+  return it == by_decision_key_.end() || it->second.ExpiredAt(now_ms) ? nullptr : &it->second;
+}
+
+std::vector<const ClientOverride*> OverrideTable::Sorted() const {
+  std::vector<const ClientOverride*> out;
+  out.reserve(size());
+  for (const auto& [k, o] : by_client_) out.push_back(&o);
+  for (const auto& [k, o] : by_decision_key_) out.push_back(&o);
+  std::sort(out.begin(), out.end(),
+            [](const ClientOverride* a, const ClientOverride* b) { return a->client < b->client; });
+  return out;
+}
+
+void ApplyOverride(const ClientOverride& o, const policy::Policy& policy,
+                   policy::RequestPlan& plan) {
+  if (o.plan && *o.plan != plan.identity.plan) policy.Replan(plan, *o.plan);
+  if (o.limits.empty()) return;
+  for (policy::CheckGroup& g : plan.groups) {
+    // Only the client's own state: a route keyed by IP keeps its limits.
+    if (g.key != plan.identity.key) continue;
+    ApplyOverrideLimits(o, g.checks);
+  }
+}
+
+void ApplyOverrideLimits(const ClientOverride& o, std::vector<LimitCheck>& checks) {
+  for (LimitCheck& c : checks) {
+    if (const Limit* l = o.Replacing(*c.limit)) c.limit = l;
+  }
+}
+
+StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
+    const policy::StoreConfig& config, std::chrono::milliseconds patience) {
+  if (config.type == policy::StoreConfig::Type::kMemory) {
+    return std::make_shared<const OverrideTable>();
+  }
+  StatusOr<std::unique_ptr<OverrideStore>> store = MakeOverrideStore(config);
+  if (!store.ok()) return store.status();
+  auto answer = std::make_shared<std::promise<StatusOr<OverrideSet>>>();
+  std::future<StatusOr<OverrideSet>> got = answer->get_future();
+  (*store)->ReadAll([answer](StatusOr<OverrideSet> set) { answer->set_value(std::move(set)); });
+  if (got.wait_for(patience) != std::future_status::ready) {
+    return DeadlineExceeded("the override store did not answer within " +
+                            std::to_string(patience.count()) + " ms");
+  }
+  StatusOr<OverrideSet> set = got.get();
+  if (!set.ok()) return set.status();
+  std::vector<ClientOverride> parsed;
+  for (const OverrideRecord& r : set->records) {
+    StatusOr<ClientOverride> o = FromRecord(r.client, r.value);
+    if (o.ok()) parsed.push_back(*std::move(o));
+  }
+  return std::make_shared<const OverrideTable>(set->version, std::move(parsed));
+}
+
+std::vector<std::string> DescribeOverrides(const OverrideTable& table, const policy::Policy& policy,
+                                           int64_t now_ms) {
+  std::vector<std::string> out;
+  for (const ClientOverride* o : table.Sorted()) {
+    if (o->ExpiredAt(now_ms)) continue;
+    const std::string who = RedactKey(o->client);
+    std::string line = "override in effect for " + who + ":";
+    if (o->plan) {
+      line += " plan " + *o->plan + ";";
+      if (policy.config().plans.count(*o->plan) == 0) {
+        out.push_back("warning: the override for " + who + " names plan '" + *o->plan +
+                      "', which this config does not have: not applied");
+      }
+    }
+    for (const Limit& l : o->limits) {
+      line += " " + l.name() + " " + l.ToString() + ";";
+      const Limit* configured = policy.NamedLimit(l.name());
+      if (!o->client.starts_with(kDecisionApiPrefix) &&
+          (configured == nullptr || configured->algorithm() != l.algorithm())) {
+        out.push_back("warning: the override for " + who + " names limit '" + l.name() +
+                      "', which this config does not have as a " +
+                      std::string(AlgorithmName(l.algorithm())) + ": not applied");
+      }
+    }
+    if (o->expires_unix_ms != 0) line += " until " + UtcText(o->expires_unix_ms) + ";";
+    if (!o->reason.empty()) line += " reason: " + o->reason;
+    out.push_back(line);
+  }
+  return out;
+}
+
+Overrides::Overrides(std::unique_ptr<OverrideStore> store, const Clock& clock, Options options)
+    : store_(std::move(store)),
+      clock_(clock),
+      options_(options),
+      table_(std::make_shared<const OverrideTable>()) {}
+
+Overrides::~Overrides() {
+  Stop();
+  // Its last callbacks (failing now) run while the members they use exist.
+  store_.reset();
+}
+
+void Overrides::Start(boost::asio::any_io_executor executor) {
+  timer_ = std::make_unique<boost::asio::steady_timer>(executor);
+  store_->Watch([this](int64_t version) {
+    if (version < 0 || version > table()->version()) Refresh();
+  });
+  Refresh();
+  Tick();
+}
+
+void Overrides::Stop() {
+  {
+    LockGuard lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  if (timer_) timer_->cancel();
+  store_->Close();
+}
+
+void Overrides::Tick() {
+  timer_->expires_after(options_.expiry_check);
+  timer_->async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    bool refresh = false;
+    {
+      LockGuard lock(mu_);
+      if (stopped_) return;
+      refresh = NowMillis() - last_refresh_ms_ >= options_.refresh_interval.count();
+    }
+    RemoveExpired();
+    if (refresh) Refresh();
+    Tick();
+  });
+}
+
+void Overrides::Refresh(std::function<void(Status)> done) {
+  bool stopped = false;
+  {
+    LockGuard lock(mu_);
+    stopped = stopped_;
+    if (!stopped && done) waiting_.push_back(std::move(done));
+  }
+  if (stopped) {
+    if (done) done(Unavailable("the overrides are stopped"));
+    return;
+  }
+  // Reads are one at a time, so each installs a set no older than the last.
+  std::vector<std::function<void(Status)>> served;
+  {
+    LockGuard lock(mu_);
+    if (reading_) {
+      again_ = true;  // the read out may have started before the change: one more
+      return;
+    }
+    reading_ = true;
+    last_refresh_ms_ = NowMillis();
+    served.swap(waiting_);
+  }
+  store_->ReadAll([this, served = std::move(served)](StatusOr<OverrideSet> set) mutable {
+    Status status = set.status();
+    if (set.ok()) {
+      Install(*std::move(set));
+    } else {
+      Log(Level::kWarn, "overrides: cannot read the store", {{"error", status.message()}});
+    }
+    bool again = false;
+    {
+      LockGuard lock(mu_);
+      reading_ = false;
+      again = std::exchange(again_, false) || !waiting_.empty();
+    }
+    for (auto& d : served) d(status);
+    if (again) Refresh();
+  });
+}
+
+void Overrides::Install(OverrideSet set) {
+  std::vector<ClientOverride> parsed;
+  parsed.reserve(set.records.size());
+  for (OverrideRecord& r : set.records) {
+    StatusOr<ClientOverride> o = FromRecord(r.client, r.value);
+    if (!o.ok()) {
+      Log(Level::kWarn, "overrides: a stored override cannot be read: ignored",
+          {{"client", RedactKey(r.client)}, {"error", o.status().message()}});
+      continue;
+    }
+    parsed.push_back(*std::move(o));
+  }
+  const int64_t now = NowMillis();
+  const auto live = static_cast<int64_t>(std::count_if(
+      parsed.begin(), parsed.end(), [now](const ClientOverride& o) { return !o.ExpiredAt(now); }));
+  auto table = std::make_shared<const OverrideTable>(set.version, std::move(parsed));
+  count_.store(table->size(), std::memory_order_relaxed);
+  table_.store(std::move(table));
+  Metrics::Global().overrides_in_effect.Set(live);
+}
+
+void Overrides::Put(ClientOverride o, std::function<void(StatusOr<int64_t>)> done) {
+  o.set_unix_ms = NowMillis();
+  o.record = ToRecord(o);
+  std::string client = o.client;
+  std::string record = o.record;
+  store_->Put(std::move(client), std::move(record),
+              [this, o = std::move(o), done = std::move(done)](StatusOr<int64_t> v) mutable {
+                if (!v.ok()) return done(v.status());
+                json what = o.ToJson();
+                what.erase("client");
+                what.erase("by");
+                what.erase("reason");
+                Record("put", o.client, o.by, o.reason,
+                       what.dump(-1, ' ', false, json::error_handler_t::replace));
+                const int64_t version = *v;
+                Refresh([version, done = std::move(done)](const Status& s) {
+                  if (!s.ok()) return done(s);
+                  done(version);
+                });
+              });
+}
+
+void Overrides::Remove(std::string client, std::string by,
+                       std::function<void(StatusOr<bool>)> done) {
+  std::string key = client;
+  store_->Remove(std::move(key), std::nullopt,
+                 [this, client = std::move(client), by = std::move(by),
+                  done = std::move(done)](StatusOr<bool> removed) mutable {
+                   if (!removed.ok()) return done(removed.status());
+                   if (!*removed) return done(false);
+                   Record("delete", client, by, "", "");
+                   Refresh([done = std::move(done)](const Status& s) {
+                     if (!s.ok()) return done(s);
+                     done(true);
+                   });
+                 });
+}
+
+void Overrides::RemoveExpired() {
+  const std::shared_ptr<const OverrideTable> t = table();
+  const int64_t now = NowMillis();
+  int64_t live = 0;
+  for (const ClientOverride* o : t->Sorted()) {
+    if (!o->ExpiredAt(now)) {
+      ++live;
+      continue;
+    }
+    // Only while it is still this record: a newer PUT is never removed. Of
+    // the instances that try, one removes it, logs and counts.
+    store_->Remove(o->client, o->record,
+                   [this, client = o->client, what = o->record](StatusOr<bool> removed) {
+                     if (!removed.ok() || !*removed) return;
+                     Record("expire", client, "expiry", "", what);
+                     Refresh();
+                   });
+  }
+  Metrics::Global().overrides_in_effect.Set(live);
+}
+
+}  // namespace ratelimit::server

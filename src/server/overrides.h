@@ -1,0 +1,189 @@
+// Overrides: per-client limits changed at run time through the admin API
+// (PUT /v1/overrides/<client>, docs/admin.md), applied by the Enforcer to
+// every request of that client, on every instance that shares the store.
+//
+//   Overrides overrides(MakeMemoryOverrideStore(), Clock::System());
+//   overrides.Start(executor);                     // first read, watch, periodic backstop
+//   enforcer.SetOverrides(&overrides);
+//   overrides.Put(client, std::move(o), "admin token from 127.0.0.1", done);
+//
+// An override names a client ("k:acme-key", "u:ada", "ip:203.0.113.7" or a
+// decision-API key "d:<key>") and either or both of: a plan to move the
+// client to, and limits (by name) whose parameters replace the configured
+// ones for that client. Precedence: the override > the client's plan (API key
+// or default_plan) > the route's limits; a limit named in the override keeps
+// its name and algorithm, hence its state key: a changed capacity applies to
+// the state the client has (docs/admin.md, "What a changed limit does to the
+// state"). An override may expire (expires_unix_ms); from that time on it no
+// longer applies, whatever the store still holds, and one instance removes it.
+//
+// The per-decision cost: with no override at all, one relaxed atomic load;
+// else an atomic shared_ptr load and one hash lookup; only a client with an
+// override pays for a copy of its plan's groups. The table is immutable and
+// swapped whole (RCU style) when the store says something changed: a change
+// made on this instance is in effect here when Put/Remove answer, and on the
+// others as soon as they hear of it (Redis pub/sub, a full re-read on every
+// (re)subscription, and every refresh_interval as a backstop).
+//
+// Every change is logged ("override changed": op, client, by, reason, what)
+// and counted (ratelimit_overrides_changes_total{op}); the gauge
+// ratelimit_overrides_in_effect counts this instance's table.
+//
+// Thread-safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json_fwd.hpp>
+
+#include "policy/policy.h"
+#include "ratelimit/clock.h"
+#include "ratelimit/limit.h"
+#include "ratelimit/override_store.h"
+#include "ratelimit/status.h"
+#include "ratelimit/thread_annotations.h"
+
+namespace ratelimit::server {
+
+// One client's override, as stored and in effect.
+struct ClientOverride {
+  std::string client;               // "k:acme-key", "d:job-7", ...
+  std::optional<std::string> plan;  // move the client to this plan
+  std::vector<Limit> limits;        // replace the parameters of the limits of these names
+  int64_t expires_unix_ms = 0;      // 0: never
+  std::string reason;
+  std::string by;  // who set it: "admin token" / "no token", and the peer
+  int64_t set_unix_ms = 0;
+  std::string record;  // the stored text (ToRecord)
+
+  bool ExpiredAt(int64_t now_ms) const { return expires_unix_ms != 0 && now_ms >= expires_unix_ms; }
+  // The override's limit of `limit`'s name and algorithm, or nullptr.
+  const Limit* Replacing(const Limit& limit) const;
+  // The JSON the admin API shows (API keys shortened).
+  nlohmann::json ToJson() const;
+};
+
+// The stored text of `o` (JSON: plan, limits with their algorithm, expiry,
+// reason, by, set time), and back. FromRecord refuses what it cannot read.
+std::string ToRecord(const ClientOverride& o);
+StatusOr<ClientOverride> FromRecord(std::string_view client, std::string_view record);
+
+// The limit as the decision API's inline limits spell it, without the name:
+// {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5}.
+nlohmann::json LimitFields(const Limit& limit);
+
+// An immutable snapshot of every override.
+class OverrideTable {
+ public:
+  OverrideTable() = default;
+  OverrideTable(int64_t version, std::vector<ClientOverride> overrides);
+
+  int64_t version() const { return version_; }
+  size_t size() const { return by_client_.size() + by_decision_key_.size(); }
+  // `client`'s override in effect at `now_ms`, or nullptr.
+  const ClientOverride* Find(std::string_view client, int64_t now_ms) const;
+  // A decision-API key's ("d:" + key) without building the string.
+  const ClientOverride* FindDecisionKey(std::string_view key, int64_t now_ms) const;
+  // Every override, by client (expired ones too), for listing.
+  std::vector<const ClientOverride*> Sorted() const;
+
+ private:
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  using Map = std::unordered_map<std::string, ClientOverride, Hash, std::equal_to<>>;
+  int64_t version_ = 0;
+  Map by_client_;        // identities ("k:", "u:", "ip:")
+  Map by_decision_key_;  // decision-API keys, without the "d:"
+};
+
+// Applies `o` to a resolved request: the plan first (Policy::Replan; a plan
+// the config no longer has is ignored), then each limit of the override
+// replaces the parameters of the check of the same name and algorithm. The
+// plan's checks then point into `o`: keep the table alive with the plan.
+void ApplyOverride(const ClientOverride& o, const policy::Policy& policy,
+                   policy::RequestPlan& plan);
+// The same for a decision-API check's limits (replaced in place).
+void ApplyOverrideLimits(const ClientOverride& o, std::vector<LimitCheck>& checks);
+
+// For the command line (--check-config, --explain): the overrides the store
+// of `config` holds now (Redis: read once, within `patience`); the memory
+// store's live in a running daemon only: an empty table.
+StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
+    const policy::StoreConfig& config,
+    std::chrono::milliseconds patience = std::chrono::milliseconds(2000));
+// One line per override in effect at `now_ms` ("k:acme***: plan pro; burst
+// token_bucket(capacity=50, ...); until 2026-...; reason ..."), and a
+// warning line for a plan or limit `policy` does not have (not applied).
+std::vector<std::string> DescribeOverrides(const OverrideTable& table, const policy::Policy& policy,
+                                           int64_t now_ms);
+
+class Overrides {
+ public:
+  struct Options {
+    std::chrono::milliseconds refresh_interval{5'000};  // full re-read: the backstop
+    std::chrono::milliseconds expiry_check{250};        // how often expired ones are removed
+  };
+  Overrides(std::unique_ptr<OverrideStore> store, const Clock& clock, Options options);
+  Overrides(std::unique_ptr<OverrideStore> store, const Clock& clock)
+      : Overrides(std::move(store), clock, Options{}) {}
+  ~Overrides();
+
+  // True when every instance on the store sees these overrides (Redis).
+  bool shared() const { return store_->shared(); }
+  const Clock& clock() const { return clock_; }
+  int64_t NowMillis() const { return clock_.NowMicros() / 1000; }
+
+  // Watches the store, reads it and starts the periodic timer on `executor`.
+  void Start(boost::asio::any_io_executor executor);
+  // Stops the timer and the store's notifications. Idempotent.
+  void Stop();
+
+  // True while no override is known: the per-decision fast path.
+  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+  // The table in effect (never null).
+  std::shared_ptr<const OverrideTable> table() const { return table_.load(); }
+
+  // Stores `o` (its record is made here), then re-reads: `done` runs once it
+  // is in effect on this instance, with the new version. Logged and counted
+  // as op "put" ("by" is who asked).
+  void Put(ClientOverride o, std::function<void(StatusOr<int64_t>)> done);
+  // Removes `client`'s override; `done` gets whether there was one. op "delete".
+  void Remove(std::string client, std::string by, std::function<void(StatusOr<bool>)> done);
+  // Reads the store again now (a missed message, a test).
+  void Refresh(std::function<void(Status)> done = nullptr);
+  // Removes the overrides that expired (op "expire", counted by the instance
+  // that removed each), then re-reads if any went. The timer calls it.
+  void RemoveExpired();
+
+ private:
+  void Install(OverrideSet set);
+  void Tick();
+
+  std::unique_ptr<OverrideStore> store_;  // reset first in the destructor
+  const Clock& clock_;
+  const Options options_;
+  std::atomic<std::shared_ptr<const OverrideTable>> table_;
+  std::atomic<size_t> count_{0};
+  Mutex mu_;
+  bool reading_ RL_GUARDED_BY(mu_) = false;  // a ReadAll is out
+  bool again_ RL_GUARDED_BY(mu_) = false;    // read again when it answers
+  std::vector<std::function<void(Status)>> waiting_ RL_GUARDED_BY(mu_);
+  int64_t last_refresh_ms_ RL_GUARDED_BY(mu_) = 0;
+  bool stopped_ RL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<boost::asio::steady_timer> timer_;  // set by Start
+};
+
+}  // namespace ratelimit::server

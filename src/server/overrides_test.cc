@@ -1,0 +1,267 @@
+// Overrides with a manual clock: precedence (override > plan > route), expiry
+// at its time, the state a changed limit keeps, decision-API keys, and the
+// stored record.
+#include "server/overrides.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "ratelimit/memory_store.h"
+#include "server/enforcer.h"
+
+namespace ratelimit::server {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::string_view kConfig = R"(
+limits:
+  burst: {algorithm: token_bucket, capacity: 10, refill_per_second: 0.001}
+  daily: {algorithm: fixed_window, limit: 100, window: 1d}
+  daily_pro: {algorithm: fixed_window, limit: 1000, window: 1d}
+  search: {algorithm: sliding_window, limit: 5, window: 1m}
+plans:
+  free: {limits: [daily]}
+  pro: {limits: [daily_pro]}
+default_plan: free
+api_keys: {"key-a": free, "key-b": free}
+routes:
+  - {name: search, path: /search, limits: [burst, search]}
+)";
+
+std::shared_ptr<const policy::Policy> MakePolicy() {
+  auto c = policy::ParseConfig(kConfig, "overrides_test.yaml");
+  if (!c.ok()) throw std::runtime_error(c.status().ToString());
+  auto p = policy::Policy::Create(*std::move(c));
+  if (!p.ok()) throw std::runtime_error(p.status().ToString());
+  return *std::move(p);
+}
+
+policy::RequestPlan Resolve(const policy::Policy& p, std::string_view api_key,
+                            std::string_view target = "/search") {
+  policy::RequestView view{
+      .method = "GET",
+      .target = target,
+      .peer = policy::IpAddress::FromV4(0x7f000001),
+      .header = [api_key](std::string_view name) -> std::optional<std::string_view> {
+        if (name == "X-API-Key") return api_key;
+        return std::nullopt;
+      }};
+  auto plan = p.Resolve(view);
+  if (!plan.ok()) throw std::runtime_error(plan.status().ToString());
+  return *std::move(plan);
+}
+
+// name -> "algorithm(count)" of every check of the client's own key.
+std::map<std::string, int64_t> Limits(const policy::RequestPlan& plan) {
+  std::map<std::string, int64_t> out;
+  for (const policy::CheckGroup& g : plan.groups) {
+    for (const LimitCheck& c : g.checks) out[c.limit->name()] = c.limit->limit();
+  }
+  return out;
+}
+
+ClientOverride Override(std::string client, std::optional<std::string> plan,
+                        std::vector<Limit> limits, int64_t expires_ms = 0) {
+  ClientOverride o;
+  o.client = std::move(client);
+  o.plan = std::move(plan);
+  o.limits = std::move(limits);
+  o.expires_unix_ms = expires_ms;
+  o.reason = "test";
+  o.by = "overrides_test";
+  return o;
+}
+
+TEST(Overrides, PrecedenceIsOverrideThenPlanThenRoute) {
+  auto p = MakePolicy();
+  const std::map<std::string, int64_t> plain = {{"burst", 10}, {"search", 5}, {"daily", 100}};
+  EXPECT_EQ(Limits(Resolve(*p, "key-a")), plain);
+
+  // The plan an override names replaces the API key's plan; the route's limits stay.
+  policy::RequestPlan moved = Resolve(*p, "key-a");
+  ApplyOverride(Override("k:key-a", "pro", {}), *p, moved);
+  EXPECT_EQ(moved.identity.plan, "pro");
+  EXPECT_EQ(Limits(moved),
+            (std::map<std::string, int64_t>{{"burst", 10}, {"search", 5}, {"daily_pro", 1000}}));
+
+  // Its limits replace those of the plan (daily_pro) and of the route (burst).
+  policy::RequestPlan both = Resolve(*p, "key-a");
+  ClientOverride o =
+      Override("k:key-a", "pro",
+               {*Limit::FixedWindow("daily_pro", 5, 24h), *Limit::TokenBucket("burst", 3, 0.001)});
+  ApplyOverride(o, *p, both);
+  EXPECT_EQ(Limits(both),
+            (std::map<std::string, int64_t>{{"burst", 3}, {"search", 5}, {"daily_pro", 5}}));
+
+  // A limit of another algorithm under that name is not replaced (its state
+  // would not mean the same), nor is a plan the config does not have taken.
+  policy::RequestPlan other = Resolve(*p, "key-a");
+  ApplyOverride(Override("k:key-a", "gold", {*Limit::SlidingLog("burst", 3, 1s)}), *p, other);
+  EXPECT_EQ(other.identity.plan, "free");
+  EXPECT_EQ(Limits(other), plain);
+}
+
+TEST(Overrides, TheTableFindsClientsAndDecisionKeysUntilTheyExpire) {
+  OverrideTable t(7, {Override("k:key-a", "pro", {}, /*expires_ms=*/2000),
+                      Override("d:job-7", std::nullopt, {*Limit::TokenBucket("burst", 1, 1)})});
+  EXPECT_EQ(t.version(), 7);
+  EXPECT_EQ(t.size(), 2u);
+  ASSERT_NE(t.Find("k:key-a", 1999), nullptr);
+  EXPECT_EQ(t.Find("k:key-a", 2000), nullptr);  // expired at its time
+  EXPECT_EQ(t.Find("k:key-b", 0), nullptr);
+  EXPECT_NE(t.FindDecisionKey("job-7", 1'000'000'000'000), nullptr);  // never expires
+  EXPECT_NE(t.Find("d:job-7", 0), nullptr);
+  EXPECT_EQ(t.FindDecisionKey("k:key-a", 0), nullptr);
+}
+
+TEST(Overrides, TheRecordRoundTrips) {
+  ClientOverride o =
+      Override("k:key-a", "pro",
+               {*Limit::TokenBucket("burst", 50, 10), *Limit::SlidingLog("login", 5, 15min),
+                *Limit::LeakyBucket("shape", 4, 2)},
+               1234);
+  o.set_unix_ms = 1000;
+  StatusOr<ClientOverride> back = FromRecord(o.client, ToRecord(o));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->plan, o.plan);
+  EXPECT_EQ(back->limits, o.limits);
+  EXPECT_EQ(back->expires_unix_ms, 1234);
+  EXPECT_EQ(back->set_unix_ms, 1000);
+  EXPECT_EQ(back->reason, "test");
+  EXPECT_EQ(back->by, "overrides_test");
+  EXPECT_FALSE(FromRecord("k:x", "[1]").ok());
+  EXPECT_FALSE(FromRecord("k:x", R"({"limits": {"b": {"algorithm": "token_bucket"}}})").ok());
+  EXPECT_FALSE(FromRecord("k:x", R"({"colour": "red"})").ok());
+}
+
+// The daemon's wiring in small: a memory store and the overrides on one manual clock.
+struct Rig {
+  ManualClock clock;
+  std::shared_ptr<MemoryStore> store =
+      std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
+  Enforcer enforcer{store, 100};
+  Overrides overrides{MakeMemoryOverrideStore(), clock};
+  std::shared_ptr<const policy::Policy> policy = MakePolicy();
+
+  Rig() { enforcer.SetOverrides(&overrides); }
+
+  // One request of key-a on /search: the outcome's limits by name -> remaining.
+  std::map<std::string, int64_t> Remaining(std::string_view key = "key-a",
+                                           bool* allowed = nullptr) {
+    Outcome out;
+    enforcer.Enforce(policy, Resolve(*policy, key), "/search", Face::kGateway,
+                     [&out](Outcome o) { out = std::move(o); });
+    if (allowed) *allowed = out.allowed();
+    std::map<std::string, int64_t> r;
+    for (const LimitOutcome& l : out.limits) r[l.limit->name()] = l.decision.remaining;
+    return r;
+  }
+  void Put(ClientOverride o) {
+    StatusOr<int64_t> v = Internal("no answer");
+    overrides.Put(std::move(o), [&v](StatusOr<int64_t> r) { v = r; });
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+  }
+};
+
+TEST(Overrides, AnExpiredOverrideStopsApplyingAtItsTime) {
+  Rig rig;
+  const int64_t now_ms = rig.clock.NowMicros() / 1000;
+  rig.Put(
+      Override("k:key-a", std::nullopt, {*Limit::TokenBucket("burst", 2, 0.001)}, now_ms + 60'000));
+  EXPECT_FALSE(rig.overrides.empty());
+  bool allowed = false;
+  EXPECT_EQ(rig.Remaining("key-a", &allowed)["burst"], 1);
+  EXPECT_EQ(rig.Remaining("key-a", &allowed)["burst"], 0);
+  rig.Remaining("key-a", &allowed);
+  EXPECT_FALSE(allowed);                          // capacity 2
+  EXPECT_EQ(rig.Remaining("key-b")["burst"], 9);  // another client: the route's 10
+  rig.clock.Advance(59'999ms);
+  rig.Remaining("key-a", &allowed);
+  EXPECT_FALSE(allowed);  // still in effect a millisecond before its time
+  rig.clock.Advance(1ms);
+  // The route's limit again, on the same state: 2 used, 1 more now.
+  EXPECT_EQ(rig.Remaining("key-a", &allowed)["burst"], 7);
+  EXPECT_TRUE(allowed);
+
+  const uint64_t expired_before = Metrics::Global().overrides_expire.value();
+  rig.overrides.RemoveExpired();
+  EXPECT_EQ(Metrics::Global().overrides_expire.value(), expired_before + 1);
+  EXPECT_TRUE(rig.overrides.empty());
+  EXPECT_EQ(Metrics::Global().overrides_in_effect.value(), 0);
+  rig.overrides.RemoveExpired();  // nothing left: nothing counted twice
+  EXPECT_EQ(Metrics::Global().overrides_expire.value(), expired_before + 1);
+}
+
+TEST(Overrides, AChangedLimitKeepsTheClientsState) {
+  Rig rig;
+  for (int i = 0; i < 4; ++i) rig.Remaining();  // 4 of burst, search and daily used
+  // Token bucket: the used tokens stay (the state is the time the bucket is full again).
+  rig.Put(Override("k:key-a", std::nullopt,
+                   {*Limit::TokenBucket("burst", 50, 0.001), *Limit::FixedWindow("daily", 40, 24h),
+                    *Limit::SlidingWindow("search", 8, 1min)}));
+  std::map<std::string, int64_t> r = rig.Remaining();  // the 5th request
+  EXPECT_EQ(r["burst"], 45);
+  EXPECT_EQ(r["daily"], 35);  // a window keeps its count under a new limit
+  EXPECT_EQ(r["search"], 3);
+  // Lowered below what is used: nothing left, until it refills.
+  rig.Put(Override("k:key-a", std::nullopt, {*Limit::TokenBucket("burst", 5, 0.001)}));
+  bool allowed = true;
+  rig.Remaining("key-a", &allowed);
+  EXPECT_FALSE(allowed);
+  // Deleted: the configured limits on the same state.
+  StatusOr<bool> removed = false;
+  rig.overrides.Remove("k:key-a", "test", [&removed](StatusOr<bool> r) { removed = r; });
+  ASSERT_TRUE(removed.ok() && *removed);
+  // (Denied by search, 5 a minute again, 5 used: all or nothing, so the
+  // others show their state as it stands.)
+  r = rig.Remaining("key-a", &allowed);
+  EXPECT_FALSE(allowed);
+  EXPECT_EQ(r["search"], 0);
+  EXPECT_EQ(r["burst"], 5);  // 5 used of 10
+  EXPECT_EQ(r["daily"], 95);
+}
+
+TEST(Overrides, ADecisionApiKeysOverride) {
+  Rig rig;
+  rig.Put(Override("d:job-7", std::nullopt, {*Limit::TokenBucket("burst", 1, 0.001)}));
+  const Limit configured = *Limit::TokenBucket("burst", 10, 0.001);
+  const LimitCheck checks[] = {{&configured, 1}};
+  auto check = [&](std::string_view key) {
+    Outcome out;
+    rig.enforcer.Check(key, checks, rig.policy->config().store, "/v1/check", Face::kDecisionApi,
+                       [&out](Outcome o) { out = std::move(o); });
+    return out;
+  };
+  Outcome first = check("job-7");
+  EXPECT_TRUE(first.allowed());
+  EXPECT_EQ(first.decision.limit, 1);
+  EXPECT_NE(first.overrides, nullptr);  // keeps the override's limit alive
+  EXPECT_FALSE(check("job-7").allowed());
+  Outcome other = check("job-8");
+  EXPECT_TRUE(other.allowed());
+  EXPECT_EQ(other.decision.limit, 10);
+  EXPECT_EQ(other.overrides, nullptr);
+}
+
+TEST(Overrides, ChangesAreCountedAndInEffectWhenPutAnswers) {
+  Rig rig;
+  const uint64_t puts = Metrics::Global().overrides_put.value();
+  const uint64_t deletes = Metrics::Global().overrides_delete.value();
+  rig.Put(Override("k:key-a", "pro", {}));
+  EXPECT_EQ(Metrics::Global().overrides_put.value(), puts + 1);
+  EXPECT_EQ(Metrics::Global().overrides_in_effect.value(), 1);
+  EXPECT_EQ(rig.Remaining().count("daily_pro"), 1u);
+  StatusOr<bool> removed = false;
+  rig.overrides.Remove("k:key-a", "test", [&removed](StatusOr<bool> r) { removed = r; });
+  ASSERT_TRUE(removed.ok() && *removed);
+  rig.overrides.Remove("k:key-a", "test", [&removed](StatusOr<bool> r) { removed = r; });
+  ASSERT_TRUE(removed.ok());
+  EXPECT_FALSE(*removed);
+  EXPECT_EQ(Metrics::Global().overrides_delete.value(), deletes + 1);
+  EXPECT_EQ(rig.Remaining().count("daily"), 1u);
+}
+
+}  // namespace
+}  // namespace ratelimit::server
