@@ -326,11 +326,16 @@ bool Policy::Replan(RequestPlan& plan, std::string_view plan_name) const {
   const std::vector<GroupTemplate>& groups = templates_[TemplateIndex(
       route_index, it->second, plan.identity.source == IdentitySource::kIp)];
   plan.identity.plan = plans_[it->second]->name;
-  plan.groups.clear();
-  plan.groups.reserve(groups.size());
-  for (const GroupTemplate& g : groups) {
-    plan.groups.push_back(CheckGroup{g.by_ip ? plan.identity.ip_key : plan.identity.key, g.checks,
-                                     g.shadow, g.failure_mode});
+  // In place: the groups' strings and vectors keep their buffers (a
+  // decision of a client with an override must cost about what one without does).
+  plan.groups.resize(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GroupTemplate& g = groups[i];
+    CheckGroup& out = plan.groups[i];
+    out.key = g.by_ip ? plan.identity.ip_key : plan.identity.key;
+    out.checks.assign(g.checks.begin(), g.checks.end());
+    out.shadow = g.shadow;
+    out.failure_mode = g.failure_mode;
   }
   return true;
 }

@@ -277,7 +277,6 @@ void Overrides::Refresh(std::function<void(Status)> done) {
   {
     LockGuard lock(mu_);
     stopped = stopped_;
-    if (!stopped && done) waiting_.push_back(std::move(done));
   }
   if (stopped) {
     if (done) done(Unavailable("the overrides are stopped"));
@@ -287,6 +286,7 @@ void Overrides::Refresh(std::function<void(Status)> done) {
   std::vector<std::function<void(Status)>> served;
   {
     LockGuard lock(mu_);
+    if (done) waiting_.push_back(std::move(done));
     if (reading_) {
       again_ = true;  // the read out may have started before the change: one more
       return;
@@ -298,7 +298,7 @@ void Overrides::Refresh(std::function<void(Status)> done) {
   store_->ReadAll([this, served = std::move(served)](StatusOr<OverrideSet> set) mutable {
     Status status = set.status();
     if (set.ok()) {
-      Install(*std::move(set));
+      Install(*set);
     } else {
       Log(Level::kWarn, "overrides: cannot read the store", {{"error", status.message()}});
     }
@@ -313,10 +313,10 @@ void Overrides::Refresh(std::function<void(Status)> done) {
   });
 }
 
-void Overrides::Install(OverrideSet set) {
+void Overrides::Install(const OverrideSet& set) {
   std::vector<ClientOverride> parsed;
   parsed.reserve(set.records.size());
-  for (OverrideRecord& r : set.records) {
+  for (const OverrideRecord& r : set.records) {
     StatusOr<ClientOverride> o = FromRecord(r.client, r.value);
     if (!o.ok()) {
       Log(Level::kWarn, "overrides: a stored override cannot be read: ignored",

@@ -169,7 +169,7 @@ class Overrides {
   void RemoveExpired();
 
  private:
-  void Install(OverrideSet set);
+  void Install(const OverrideSet& set);
   void Tick();
 
   std::unique_ptr<OverrideStore> store_;  // reset first in the destructor
