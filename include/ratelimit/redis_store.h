@@ -130,6 +130,8 @@ class RedisStore final : public Store {
   void Peek(const CheckRequest& request, CheckCallback done) override;
   void Reset(std::string_view key, std::span<const Limit* const> limits,
              ResetCallback done) override;
+  // One script call of its own (check.lua's settlement), never batched.
+  void Settle(const SettleRequest& request, CheckCallback done) override;
 
   // Closes the connections: the calls in flight fail (as kUnavailable) and
   // later checks fail at once. `done` runs on the client's executor once no

@@ -67,6 +67,41 @@ struct StoreStats {
   uint64_t failures = 0;       // checks that completed with an error
 };
 
+// Settlement: the difference between what a request reserved (the cost it
+// was checked with) and what it turned out to cost, applied to the same
+// limits of the same client after the fact (issue 21). `delta` > 0 debits
+// (takes more), < 0 refunds (gives back), 0 only reports. Per algorithm:
+//   token / leaky bucket  a debit may go below zero (a debt, at most one year
+//                         of refill beyond the capacity): checks are denied
+//                         until it is paid back, `remaining` 0 and
+//                         `retry_after` when; a refund never fills the
+//                         bucket above its capacity.
+//   fixed / sliding window  added to or taken from the current window's
+//                         counter, kept within [0, limit] (a window has no
+//                         debt: a debit past the limit fills it until it
+//                         ends). A refund for a request reserved in an
+//                         earlier window is taken from the current one.
+//   sliding log           not settled (kInvalidArgument): it keeps one
+//                         entry per unit for small limits of requests
+//                         (login: 5/15m), not metered costs, and removing
+//                         "the reservation's" entries is not well defined
+//                         once later requests have added theirs.
+// A settlement always applies (it decides nothing) and is one atomic step
+// over all its limits. Its decisions report the state afterwards as the
+// next request of cost 1 would meet it (without taking anything):
+// `allowed` whether it would pass, `retry_after` when it would, `remaining`
+// and `reset_after` as a cost-0 check reports them.
+struct LimitSettle {
+  const Limit* limit = nullptr;  // not owned; read only during the call
+  int64_t delta = 0;             // actual cost - reserved cost
+};
+
+struct SettleRequest {
+  std::string_view key;                      // the client's identity, as checked
+  std::span<const LimitSettle> settlements;  // at least one
+  OnFailure on_failure;                      // read by a ResilientStore only
+};
+
 using CheckCallback = std::function<void(StatusOr<CheckResult>)>;
 using ResetCallback = std::function<void(Status)>;
 
@@ -81,6 +116,11 @@ class Store {
   // Forgets the state of `key` for these limits (a full bucket afterwards).
   virtual void Reset(std::string_view key, std::span<const Limit* const> limits,
                      ResetCallback done) = 0;
+
+  // Applies a settlement (see SettleRequest) atomically; `done` gets the
+  // state afterwards. A store without settlements answers kInvalidArgument.
+  // A failed call is never replayed (it may have applied).
+  virtual void Settle(const SettleRequest& request, CheckCallback done);
 
   // True when the state lives in another process (Redis): readiness probes it.
   virtual bool remote() const { return false; }
@@ -103,6 +143,7 @@ class Store {
   StatusOr<CheckResult> CheckSync(const CheckRequest& request);
   StatusOr<CheckResult> PeekSync(const CheckRequest& request);
   Status ResetSync(std::string_view key, std::span<const Limit* const> limits);
+  StatusOr<CheckResult> SettleSync(const SettleRequest& request);
 };
 
 // The one key validator: 1..max_key_length bytes. Messages name the key as
@@ -112,6 +153,12 @@ Status ValidateKey(std::string_view key, size_t max_key_length, std::string_view
 // Validates a request before it reaches any store: key length, at least one
 // check, each cost in [0, limit]. Stores call it; callers may too.
 Status ValidateRequest(const CheckRequest& request, size_t max_key_length);
+
+// Validates a settlement as ValidateRequest does a check: key length, at
+// least one limit, each named once and not a sliding log, |delta| <=
+// kMaxSettleDelta.
+Status ValidateSettle(const SettleRequest& request, size_t max_key_length);
+inline constexpr int64_t kMaxSettleDelta = 2'147'483'647;
 
 // The largest key accepted by default (bytes).
 inline constexpr size_t kDefaultMaxKeyLength = 512;

@@ -30,6 +30,45 @@ Status Store::ResetSync(std::string_view key, std::span<const Limit* const> limi
   return f.get();
 }
 
+StatusOr<CheckResult> Store::SettleSync(const SettleRequest& request) {
+  return Wait([&](CheckCallback cb) { Settle(request, std::move(cb)); });
+}
+
+void Store::Settle(const SettleRequest& /*request*/, CheckCallback done) {
+  done(InvalidArgument("this store cannot settle costs"));
+}
+
+Status ValidateSettle(const SettleRequest& request, size_t max_key_length) {
+  if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
+  const auto& list = request.settlements;
+  if (list.empty()) return InvalidArgument("a settlement needs at least one limit");
+  if (list.size() > kMaxChecksPerRequest) {
+    return InvalidArgument("a settlement may name at most " + std::to_string(kMaxChecksPerRequest) +
+                           " limits, got " + std::to_string(list.size()));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].limit == nullptr)
+      return InvalidArgument("limit " + std::to_string(i) + " is missing");
+    if (list[i].limit->algorithm() == Algorithm::kSlidingLog) {
+      return InvalidArgument("limit '" + list[i].limit->name() +
+                             "' is a sliding log, which cannot be settled (use a bucket or a "
+                             "window for costs known afterwards)");
+    }
+    if (list[i].delta < -kMaxSettleDelta || list[i].delta > kMaxSettleDelta) {
+      return InvalidArgument("a settlement's difference must be within +-" +
+                             std::to_string(kMaxSettleDelta) + ", got " +
+                             std::to_string(list[i].delta));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (list[j].limit->name() == list[i].limit->name()) {
+        return InvalidArgument("limit '" + list[i].limit->name() +
+                               "' appears twice in one settlement");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateKey(std::string_view key, size_t max_key_length, std::string_view what) {
   if (key.empty()) return InvalidArgument(std::string(what) + " must not be empty");
   if (key.size() > max_key_length) {

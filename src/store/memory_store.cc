@@ -116,6 +116,10 @@ struct alignas(64) Shard {
 
 }  // namespace
 
+namespace {
+class ShardLocks;
+}  // namespace
+
 struct MemoryStore::Impl {
   explicit Impl(Options o)
       : opts(o),
@@ -162,9 +166,17 @@ struct MemoryStore::Impl {
     keys.fetch_sub(shard.table.Rebuild(next, now), std::memory_order_relaxed);
   }
 
+  // The fingerprints of `key` with each item's limit, and their shards locked.
+  template <typename Item>
+  std::array<uint64_t, kMaxChecksPerRequest> LockAll(std::string_view key,
+                                                     std::span<const Item> items,
+                                                     ShardLocks& locks);
+
   // Holds the shards of all of `req`'s limits at once (ShardLocks): a set
   // known at run time, which the analysis cannot follow.
   StatusOr<CheckResult> Run(const CheckRequest& req, bool peek) RL_NO_THREAD_SAFETY_ANALYSIS;
+  // The same for a settlement: every limit's state changes under all the locks.
+  StatusOr<CheckResult> Settle(const SettleRequest& req) RL_NO_THREAD_SAFETY_ANALYSIS;
 };
 
 namespace {
@@ -194,17 +206,25 @@ class ShardLocks {
 
 }  // namespace
 
-StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek) {
-  if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return s;
-  const size_t n = req.checks.size();
-  const uint64_t key_hash = Hash64(req.key, seed);
-  std::array<uint64_t, kMaxChecksPerRequest> fps;
-  ShardLocks locks;
-  for (size_t i = 0; i < n; ++i) {
-    fps[i] = Fingerprint(key_hash, *req.checks[i].limit);
+template <typename Item>
+std::array<uint64_t, kMaxChecksPerRequest> MemoryStore::Impl::LockAll(std::string_view key,
+                                                                      std::span<const Item> items,
+                                                                      ShardLocks& locks) {
+  std::array<uint64_t, kMaxChecksPerRequest> fps{};
+  const uint64_t key_hash = Hash64(key, seed);
+  for (size_t i = 0; i < items.size(); ++i) {
+    fps[i] = Fingerprint(key_hash, *items[i].limit);
     locks.Add(&ShardFor(fps[i]));
   }
   locks.LockAll();
+  return fps;
+}
+
+StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek) {
+  if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return s;
+  const size_t n = req.checks.size();
+  ShardLocks locks;
+  const std::array<uint64_t, kMaxChecksPerRequest> fps = LockAll(req.key, req.checks, locks);
   const int64_t now = clock->NowMicros();
 
   CheckResult result;
@@ -271,6 +291,53 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
   return result;
 }
 
+StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
+  if (Status s = ValidateSettle(req, opts.max_key_length); !s.ok()) return s;
+  ShardLocks locks;
+  const std::array<uint64_t, kMaxChecksPerRequest> fps = LockAll(req.key, req.settlements, locks);
+  const int64_t now = clock->NowMicros();
+  const size_t n = req.settlements.size();
+  std::array<Slot*, kMaxChecksPerRequest> slots{};
+  std::array<CompactState, kMaxChecksPerRequest> next;
+  size_t new_keys = 0;
+  for (size_t i = 0; i < n; ++i) {
+    slots[i] = ShardFor(fps[i]).table.Find(fps[i]);
+    const CompactState state =
+        (slots[i] != nullptr && slots[i]->expires > now) ? slots[i]->state : CompactState{};
+    next[i] = core::SettleState(*req.settlements[i].limit, state, now, req.settlements[i].delta);
+    const bool fresh = core::ExpiresAt(*req.settlements[i].limit, next[i]) <= now;
+    new_keys += (slots[i] == nullptr && !fresh) ? 1 : 0;
+  }
+  if (new_keys > 0) {
+    if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
+  }
+  CheckResult result;
+  result.decisions.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Limit& limit = *req.settlements[i].limit;
+    Shard& shard = ShardFor(fps[i]);
+    const int64_t expires = core::ExpiresAt(limit, next[i]);
+    Slot* slot = shard.table.Find(fps[i]);  // an Erase or a growth above may have moved it
+    if (expires <= now) {                   // the fresh state: nothing to keep
+      if (slot != nullptr) {
+        shard.table.Erase(slot);
+        keys.fetch_sub(1, std::memory_order_relaxed);
+      }
+    } else {
+      if (slot == nullptr) {
+        EnsureRoom(shard, now);
+        slot = shard.table.Insert(fps[i]);
+        keys.fetch_add(1, std::memory_order_relaxed);
+      }
+      slot->state = next[i];
+      slot->expires = expires;
+    }
+    result.decisions[i] = core::Probe(limit, next[i], now);
+  }
+  result.overall = Combine(result.decisions);
+  return result;
+}
+
 MemoryStore::MemoryStore() : MemoryStore(Options{}) {}
 MemoryStore::MemoryStore(Options options) : impl_(std::make_unique<Impl>(options)) {}
 MemoryStore::~MemoryStore() = default;
@@ -285,6 +352,10 @@ void MemoryStore::Check(const CheckRequest& request, CheckCallback done) {
 
 void MemoryStore::Peek(const CheckRequest& request, CheckCallback done) {
   done(impl_->Run(request, /*peek=*/true));
+}
+
+void MemoryStore::Settle(const SettleRequest& request, CheckCallback done) {
+  done(impl_->Settle(request));
 }
 
 StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& limit, int64_t cost) {

@@ -218,6 +218,32 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   });
 }
 
+// A settlement is its own script call (check.lua's "S"), not batched: it is
+// rare next to checks (one per reserved request), and it must never wait
+// behind or be answered by the over-limit cache. A denial cached before a
+// refund stands until its retry time (conservative: the cache only holds
+// cost-1 denials, for at most their retry_after).
+void RedisStore::Settle(const SettleRequest& request, CheckCallback done) {
+  Impl& m = *impl_;
+  if (Status s = ValidateSettle(request, m.opts.max_key_length); !s.ok()) return done(s);
+  auto call = std::make_shared<store::lua::SettleCall>();
+  for (const LimitSettle& l : request.settlements) {
+    call->keys.push_back(m.keys.Rate(request.key, l.limit->name()));
+    call->limits.push_back({.spec = store::lua::WireOf(*l.limit), .cost = l.delta});
+  }
+  const std::optional<int64_t> now = m.opts.time_source == TimeSource::kLocal
+                                         ? std::optional<int64_t>(m.clock->NowMicros())
+                                         : std::nullopt;
+  store::lua::EncodedCall e = store::lua::EncodeSettle(now, *call);
+  m.stat_calls.fetch_add(1, std::memory_order_relaxed);
+  m.backend->GuardedEval(e.keys, e.args,
+                         [&m, call, done = std::move(done)](StatusOr<redis::Reply> reply) {
+                           StatusOr<CheckResult> r = store::lua::DecodeSettle(reply, *call);
+                           if (!r.ok()) m.stat_failures.fetch_add(1, std::memory_order_relaxed);
+                           done(std::move(r));
+                         });
+}
+
 std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) const {
   return impl_->keys.Rate(client_key, limit.name());
 }

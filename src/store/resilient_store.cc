@@ -112,6 +112,43 @@ void ResilientStore::Reset(std::string_view key, std::span<const Limit* const> l
   inner_->Reset(key, limits, std::move(done));
 }
 
+// A settlement decides nothing, so a failure mode has no answer to give for
+// it; what it decides is where the difference goes when the store fails:
+//   local   the local fallback, on the scaled limits (where this instance's
+//           checks are decided while the store is down): degraded
+//   open, closed, error   nowhere: the failure (the caller counts it; the
+//           reservation stands as charged)
+// The call is never replayed: a failed call may have applied.
+void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
+  if (request.settlements.size() > kMaxChecksPerRequest)
+    return inner_->Settle(request, std::move(done));
+  struct Saved {
+    std::string key;
+    std::vector<LimitSettle> settlements;
+    OnFailure on_failure;
+  };
+  Saved saved{std::string(request.key),
+              {request.settlements.begin(), request.settlements.end()},
+              request.on_failure};
+  inner_->Settle(request, [this, saved = std::move(saved),
+                           done = std::move(done)](StatusOr<CheckResult> r) mutable {
+    if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
+    if (on_failure_) on_failure_(r.status(), saved.on_failure.mode);
+    if (saved.on_failure.mode != FailureMode::kLocal) return done(std::move(r));
+    std::vector<Limit> scaled;
+    for (const LimitSettle& l : saved.settlements) {
+      scaled.push_back(Scaled(*l.limit, saved.on_failure.expected_instances));
+    }
+    std::vector<LimitSettle> local;
+    for (size_t i = 0; i < scaled.size(); ++i)
+      local.push_back({&scaled[i], saved.settlements[i].delta});
+    StatusOr<CheckResult> l = local_.SettleSync({saved.key, local});
+    if (!l.ok()) return done(std::move(r));  // the local store is full too: the failure
+    l->degraded = true;
+    done(std::move(l));
+  });
+}
+
 size_t ResilientStore::Sweep() { return inner_->Sweep() + local_.Sweep(); }
 
 // ---- Concurrency limits ----------------------------------------------------

@@ -289,6 +289,93 @@ TEST_P(Conformance, EveryLimitOfACheck) {
            });
 }
 
+// Settlement (issue 21): steps that check (`settle` false: the cost) or
+// settle (the difference) every limit of the scenario; the expectation is
+// the overall answer, for a settlement the state afterwards as the next
+// cost-1 request meets it (core::Probe). check.lua's "S" call must agree.
+struct SettleStep {
+  int64_t at_us;
+  bool settle;
+  int64_t amount;
+  bool allowed;
+  int64_t remaining;
+  int64_t retry_after_us;
+  int64_t reset_after_us;
+};
+
+struct SettleScenario {
+  std::string name;
+  std::vector<Limit> limits;
+  std::vector<SettleStep> steps;
+};
+
+std::vector<SettleScenario> SettleTable() {
+  constexpr bool kCheck = false, kSettle = true;
+  return {
+      {"token bucket: a debt is waited for; a refund stops at a full bucket",
+       {TB("tb", 10, 5)},
+       {{0, kCheck, 4, true, 6, 0, 800 * kMs},
+        {0, kSettle, 10, false, 0, 1 * kS, 2800 * kMs},
+        {0, kCheck, 1, false, 0, 1 * kS, 2800 * kMs},
+        {1 * kS, kCheck, 1, true, 0, 0, 2 * kS},
+        {1 * kS, kSettle, -20, true, 10, 0, 0},
+        {1 * kS, kCheck, 10, true, 0, 0, 2 * kS},
+        {1 * kS, kSettle, -3, true, 3, 0, 1400 * kMs}}},
+      {"leaky bucket: the same arithmetic",
+       {LB("lb", 5, 1)},
+       {{0, kCheck, 2, true, 3, 0, 2 * kS}, {0, kSettle, -1, true, 4, 0, 1 * kS}}},
+      {"fixed window: the counter stays within [0, limit]",
+       {FW("fw", 10, 10 * kS)},
+       {{0, kCheck, 3, true, 7, 0, 10 * kS},
+        {0, kSettle, 20, false, 0, 10 * kS, 10 * kS},
+        {1 * kS, kSettle, -4, true, 4, 0, 9 * kS},
+        {1 * kS, kSettle, -100, true, 10, 0, 0},
+        {10 * kS, kSettle, -1, true, 10, 0, 0}}},
+      {"sliding window: a settlement changes the current window only",
+       {SW("sw", 10, 10 * kS)},
+       {{5 * kS, kCheck, 10, true, 0, 0, 15 * kS},
+        {13 * kS, kSettle, -4, true, 3, 0, 7 * kS},
+        {13 * kS, kSettle, 5, false, 0, 3 * kS, 17 * kS},
+        {13 * kS, kCheck, 1, false, 0, 3 * kS, 17 * kS}}},
+      {"token bucket: a debt is capped at a year of refill",
+       {TB("cap", 1000, 1)},
+       {{0, kSettle, 2'147'483'647, false, 0, Limit::kMaxWindowMicros + kS,
+         1000 * kS + Limit::kMaxWindowMicros}}},
+      {"two limits settle together",
+       {TB("b", 10, 1), FW("d", 100, 86400 * kS)},
+       {{0, kCheck, 5, true, 5, 0, 5 * kS},
+        {0, kSettle, 10, false, 0, 6 * kS, 15 * kS},
+        {6 * kS, kCheck, 1, true, 0, 0, 10 * kS}}},
+  };
+}
+
+TEST_P(Conformance, Settle) {
+  int index = 0;
+  for (const SettleScenario& sc : SettleTable()) {
+    ManualClock clock(kStart);
+    std::unique_ptr<Store> store = Make(&clock);
+    const std::string key = "settle:" + std::to_string(index++);
+    for (size_t i = 0; i < sc.steps.size(); ++i) {
+      const SettleStep& st = sc.steps[i];
+      SCOPED_TRACE(sc.name + ", step " + std::to_string(i));
+      clock.Set(kStart + st.at_us);
+      std::vector<LimitCheck> checks;
+      std::vector<LimitSettle> settlements;
+      for (const Limit& l : sc.limits) {
+        checks.push_back({&l, st.amount});
+        settlements.push_back({&l, st.amount});
+      }
+      StatusOr<CheckResult> r =
+          st.settle ? store->SettleSync({key, settlements}) : store->CheckSync({key, checks});
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->overall.allowed, st.allowed);
+      EXPECT_EQ(r->overall.remaining, st.remaining);
+      EXPECT_EQ(r->overall.retry_after.count(), st.retry_after_us);
+      EXPECT_EQ(r->overall.reset_after.count(), st.reset_after_us);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis", "cluster"),
                          [](const auto& info) { return info.param; });
 

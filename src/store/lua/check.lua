@@ -228,6 +228,56 @@ local evaluators = {
   l = function(key, limit, w, _, cost) return sliding_log(key, limit, w, cost) end,
 }
 
+-- Settlement (issue 21; include/ratelimit/store.h, SettleRequest): ARGV[2] is
+-- "S" instead of the number of limits, ARGV[3] the number of limits n, then
+-- for each (5 values) its algorithm code ("t", "k", "f", "s"), limit, window,
+-- interval (as above) and the difference to apply (> 0 a debit, < 0 a
+-- refund). KEYS: one per limit. Every limit changes in this one call, as
+-- core::SettleState: a bucket may go into debt (at most a year of refill
+-- past its capacity), a refund stops at a full bucket, a window's current
+-- counter stays in [0, limit]. The reply: per limit the 4 values of a check,
+-- the state afterwards as the next request of cost 1 meets it (core::Probe).
+local max_debt = 366 * 86400000000
+
+local function settle_state(key, code, limit, w, iv, delta)
+  if code == 't' or code == 'k' then
+    local base = math.max(tonumber(get(key)) or 0, now)
+    local nxt = base + delta * iv
+    if delta > 0 then nxt = math.max(base, math.min(nxt, now + w + max_debt)) end
+    if nxt > now then return set(key, str(nxt), ttl_ms(nxt)) end
+  else
+    local idx = floor(now / w)
+    local sidx, sn0, sn1 = parse_window(key)
+    local prev, cur = 0, 0
+    if sidx == idx then prev, cur = sn0, sn1 elseif sidx == idx - 1 and code == 's' then prev = sn1 end
+    local after = math.min(math.max(cur + delta, 0), limit)
+    local ends = (idx + 1) * w
+    if code == 's' then ends = ends + w end
+    if after > 0 or prev > 0 then
+      return set(key, str(idx) .. ':' .. str(prev) .. ':' .. str(after), ttl_ms(ends))
+    end
+  end
+  rcall('DEL', key)  -- the fresh state
+  values[key] = nil
+end
+
+local function settle_call()
+  peek = true  -- the probes below write nothing
+  local n, ai = tonumber(ARGV[3]), 4
+  for i = 1, n do
+    local code, limit, w, iv = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2]),
+                               tonumber(ARGV[ai + 3])
+    settle_state(KEYS[i], code, limit, w, iv, tonumber(ARGV[ai + 4]))
+    local evaluate = evaluators[code]
+    local allowed, _, retry = evaluate(KEYS[i], limit, w, iv, 1, false)
+    local _, rem, _, reset = evaluate(KEYS[i], limit, w, iv, 0, false)
+    out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = allowed, rem, retry, reset
+    ai = ai + 5
+  end
+  return out
+end
+if ARGV[2] == 'S' then return settle_call() end
+
 local specs = {}
 local nspecs = tonumber(ARGV[2])
 for s = 1, nspecs do

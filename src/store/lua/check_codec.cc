@@ -165,4 +165,44 @@ StatusOr<std::vector<CheckAnswer>> Decode(const StatusOr<redis::Reply>& reply,
   return out;
 }
 
+EncodedCall EncodeSettle(std::optional<int64_t> now_us, const SettleCall& call) {
+  EncodedCall e;
+  Writer w(e);
+  e.keys.assign(call.keys.begin(), call.keys.end());
+  e.args = {now_us ? w.Text(std::to_string(*now_us)) : std::string_view(), "S",
+            w.Number(static_cast<int64_t>(call.limits.size()))};
+  for (const LimitCall& l : call.limits) {
+    e.args.insert(e.args.end(),
+                  {CodeText(l.spec.code), w.Number(l.spec.limit), w.Number(l.spec.window),
+                   w.Number(l.spec.interval), w.Number(l.cost)});
+  }
+  return e;
+}
+
+StatusOr<CheckResult> DecodeSettle(const StatusOr<redis::Reply>& reply, const SettleCall& call) {
+  if (!reply.ok()) return reply.status();
+  if (reply->type == redis::Reply::Type::kError) {
+    return Internal("redis settle script error: " + reply->str);
+  }
+  const auto& e = reply->elements;
+  const bool integers = std::all_of(e.begin(), e.end(), [](const redis::Reply& r) {
+    return r.type == redis::Reply::Type::kInteger;
+  });
+  if (reply->type != redis::Reply::Type::kArray || e.size() != 4 * call.limits.size() ||
+      !integers) {
+    return Internal("unexpected reply from the redis settle script (expected " +
+                    std::to_string(4 * call.limits.size()) + " integers)");
+  }
+  CheckResult r;
+  for (size_t i = 0; i < call.limits.size(); ++i) {
+    r.decisions.push_back({.allowed = e[4 * i].integer > 0,
+                           .limit = call.limits[i].spec.limit,
+                           .remaining = e[4 * i + 1].integer,
+                           .retry_after = std::chrono::microseconds(e[4 * i + 2].integer),
+                           .reset_after = std::chrono::microseconds(e[4 * i + 3].integer)});
+  }
+  r.overall = Combine(r.decisions);
+  return r;
+}
+
 }  // namespace ratelimit::store::lua

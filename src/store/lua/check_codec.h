@@ -89,4 +89,15 @@ struct CheckAnswer {
 StatusOr<std::vector<CheckAnswer>> Decode(const StatusOr<redis::Reply>& reply,
                                           std::span<const CheckCall* const> checks);
 
+// A settlement (check.lua's "S" call): per limit its key, spec and the
+// difference to apply (LimitCall::cost, negative for a refund).
+// REQUIRES: keys.size() == limits.size() >= 1; no sliding log.
+struct SettleCall {
+  std::vector<std::string> keys;
+  std::vector<LimitCall> limits;
+};
+EncodedCall EncodeSettle(std::optional<int64_t> now_us, const SettleCall& call);
+// The state after the settlement (core::Probe's numbers), or why the call failed.
+StatusOr<CheckResult> DecodeSettle(const StatusOr<redis::Reply>& reply, const SettleCall& call);
+
 }  // namespace ratelimit::store::lua
