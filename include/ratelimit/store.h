@@ -23,6 +23,7 @@
 // later on a store thread (RedisStore); it must not block.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <span>
 #include <string>
@@ -56,6 +57,9 @@ struct CheckResult {
   // decision is then a denial with retry_after 1 s).
   bool degraded = false;
   bool failed_closed = false;
+  // Settle only: the request's `once` was settled before; nothing applied,
+  // no decisions.
+  bool already_settled = false;
 };
 
 // Counters since start that a store keeps (0 for those it has not).
@@ -100,10 +104,17 @@ struct SettleRequest {
   std::string_view key;                      // the client's identity, as checked
   std::span<const LimitSettle> settlements;  // at least one
   OnFailure on_failure;                      // read by a ResilientStore only
+  // Settle at most once: with a non-empty `once`, a second settlement of the
+  // same key and `once` within `once_ttl` applies nothing and answers
+  // CheckResult::already_settled (decided in the same atomic step).
+  std::string_view once;
+  std::chrono::microseconds once_ttl{0};
 };
 
 using CheckCallback = std::function<void(StatusOr<CheckResult>)>;
 using ResetCallback = std::function<void(Status)>;
+// Per limit asked, how much longer its block lasts (0: none).
+using BlocksCallback = std::function<void(StatusOr<std::vector<std::chrono::microseconds>>)>;
 
 class Store {
  public:
@@ -121,6 +132,20 @@ class Store {
   // state afterwards. A store without settlements answers kInvalidArgument.
   // A failed call is never replayed (it may have applied).
   virtual void Settle(const SettleRequest& request, CheckCallback done);
+
+  // Block periods (Limit::block_for): the blocks of `key` in force on these
+  // limits, and lifting them. Reset lifts them too. The defaults: none, and
+  // nothing to lift.
+  virtual void Blocks(std::string_view key, std::span<const Limit* const> limits,
+                      BlocksCallback done);
+  virtual void Unblock(std::string_view key, std::span<const Limit* const> limits,
+                       ResetCallback done);
+
+  // A secret shared by every instance that shares this store's state (32+
+  // bytes): it signs decision-API reservations (issue 21) so that any of
+  // those instances can settle one. The default: random, made once per
+  // process (the instances of a store in memory are one process).
+  virtual void SharedSecret(std::function<void(StatusOr<std::string>)> done);
 
   // True when the state lives in another process (Redis): readiness probes it.
   virtual bool remote() const { return false; }

@@ -1,6 +1,7 @@
 #include "ratelimit/store.h"
 
 #include <future>
+#include <random>
 
 namespace ratelimit {
 namespace {
@@ -38,9 +39,33 @@ void Store::Settle(const SettleRequest& /*request*/, CheckCallback done) {
   done(InvalidArgument("this store cannot settle costs"));
 }
 
+void Store::Blocks(std::string_view /*key*/, std::span<const Limit* const> limits,
+                   BlocksCallback done) {
+  done(std::vector<std::chrono::microseconds>(limits.size()));
+}
+
+void Store::Unblock(std::string_view /*key*/, std::span<const Limit* const> /*limits*/,
+                    ResetCallback done) {
+  done(Status::Ok());
+}
+
+void Store::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
+  static const std::string kSecret = [] {
+    std::random_device rd;
+    std::string s(32, '\0');
+    for (char& c : s) c = static_cast<char>(rd());
+    return s;
+  }();
+  done(kSecret);
+}
+
 Status ValidateSettle(const SettleRequest& request, size_t max_key_length) {
   if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
   const auto& list = request.settlements;
+  if (!request.once.empty() && (request.once.size() > 128 || request.once_ttl.count() <= 0 ||
+                                request.once_ttl.count() > Limit::kMaxWindowMicros)) {
+    return InvalidArgument("a settlement's once id is 1..128 bytes with a ttl of up to 366 days");
+  }
   if (list.empty()) return InvalidArgument("a settlement needs at least one limit");
   if (list.size() > kMaxChecksPerRequest) {
     return InvalidArgument("a settlement may name at most " + std::to_string(kMaxChecksPerRequest) +

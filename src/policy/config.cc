@@ -557,6 +557,15 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
       if (!limit.ok()) return Error(node, what + ": " + limit.status().message());
     }
   }
+  // A block period (issue 21): `block_for: 10m` after a denial.
+  if (YAML::Node node = Get(spec, "block_for"); node.IsDefined()) {
+    std::string text;
+    RL_RETURN_IF_ERROR(Scalar(node, "block_for", &text));
+    StatusOr<std::chrono::microseconds> d = ParseDuration(text);
+    if (!d.ok()) return Error(node, what + ": block_for: " + d.status().message());
+    limit = limit->WithBlockFor(*d);
+    if (!limit.ok()) return Error(node, what + ": " + limit.status().message());
+  }
   *out = *limit;
   return Status::Ok();
 }
@@ -597,7 +606,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       RL_RETURN_IF_ERROR(CheckMap(
           e, "limit of " + what,
           {"name", "algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
-           "limit", "window", "prefetch", "lease", "shadow", "failure_mode"}));
+           "limit", "window", "prefetch", "lease", "block_for", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -608,7 +617,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         rule.limit = *limit;
       } else {
         for (const char* key : {"capacity", "refill_per_second", "depth", "rate_per_second",
-                                "limit", "window", "prefetch", "lease"}) {
+                                "limit", "window", "prefetch", "lease", "block_for"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);
@@ -835,9 +844,10 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
       std::string name;
       RL_RETURN_IF_ERROR(Scalar(kv.first, "limits", &name));
       if (top_level_.count(name)) return Error(kv.first, "duplicate limit " + Quote(name));
-      RL_RETURN_IF_ERROR(CheckMap(kv.second, "limit " + Quote(name),
-                                  {"algorithm", "capacity", "refill_per_second", "depth",
-                                   "rate_per_second", "limit", "window", "prefetch", "lease"}));
+      RL_RETURN_IF_ERROR(
+          CheckMap(kv.second, "limit " + Quote(name),
+                   {"algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
+                    "limit", "window", "prefetch", "lease", "block_for"}));
       std::optional<Limit> limit;
       RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
       RL_RETURN_IF_ERROR(Define(*limit, kv.first));

@@ -24,6 +24,9 @@ void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
     out << YAML::Key << "limit" << YAML::Value << l.limit();
     out << YAML::Key << "window" << YAML::Value << FormatDuration(l.window());
   }
+  if (l.block_for().count() > 0) {
+    out << YAML::Key << "block_for" << YAML::Value << FormatDuration(l.block_for());
+  }
 }
 
 void EmitRules(YAML::Emitter& out, const std::vector<RuleLimit>& rules) {

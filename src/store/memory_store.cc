@@ -112,7 +112,32 @@ struct alignas(64) Shard {
   store::ShardMutex mu;
   Table table RL_GUARDED_BY(mu);
   std::unordered_map<uint64_t, LogEntry> logs RL_GUARDED_BY(mu);  // sliding logs
+  // Block periods (Limit::block_for): when each ends (us), by fingerprint.
+  // Not counted as keys: a block needs a denial, which needs state.
+  std::unordered_map<uint64_t, int64_t> blocks RL_GUARDED_BY(mu);
+  // Settlements made once (SettleRequest::once): until when each is remembered.
+  std::unordered_map<uint64_t, int64_t> settled RL_GUARDED_BY(mu);
 };
+
+// A limit with a block period: `d` (the limit's own answer) and `standing`
+// (its state as it stands) become a block's answer while one is in force;
+// a denial that is not a peek starts one. check.lua's blocking() does the same.
+Decision ApplyBlock(Shard& shard, uint64_t fp, const Limit& limit, Decision d,
+                    const Decision& standing, int64_t now, bool peek) RL_REQUIRES(shard.mu) {
+  auto it = shard.blocks.find(fp);
+  int64_t until = it != shard.blocks.end() && it->second > now ? it->second : 0;
+  if (until == 0 && !d.allowed && !peek) {
+    until = now + limit.block_for().count();
+    shard.blocks[fp] = until;
+  }
+  if (until == 0) return d;
+  d.allowed = false;
+  d.remaining = 0;
+  d.delay = std::chrono::microseconds(0);
+  d.retry_after = std::chrono::microseconds(until - now);
+  d.reset_after = std::max(standing.reset_after, d.retry_after);
+  return d;
+}
 
 }  // namespace
 
@@ -164,6 +189,18 @@ struct MemoryStore::Impl {
     const size_t expired = shard.table.CountExpired(now);
     const size_t next = expired * 4 >= cap ? cap : cap + cap / 2;
     keys.fetch_sub(shard.table.Rebuild(next, now), std::memory_order_relaxed);
+  }
+
+  // fn(shard, fp) for the state of `key` and each limit, under its shard's lock.
+  template <typename Fn>
+  void ForEachLocked(std::string_view key, std::span<const Limit* const> limits, Fn fn) {
+    const uint64_t key_hash = store::Hash64(key, seed);
+    for (const Limit* limit : limits) {
+      const uint64_t fp = Fingerprint(key_hash, *limit);
+      Shard& shard = ShardFor(fp);
+      LockGuard lock(shard.mu);
+      fn(shard, fp);
+    }
   }
 
   // The fingerprints of `key` with each item's limit, and their shards locked.
@@ -251,6 +288,12 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
       next[i] = e.next;
       new_keys += slot == nullptr ? 1 : 0;
     }
+    if (limit.block_for().count() > 0) {
+      const Decision standing = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
+                                                   : core::Standing(limit, state[i], now);
+      result.decisions[i] =
+          ApplyBlock(shard, fps[i], limit, result.decisions[i], standing, now, peek);
+    }
     all = all && result.decisions[i].allowed;
   }
   if (!all) {  // nothing is taken: the limits that would allow answer for their state as it stands
@@ -311,6 +354,13 @@ StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
   if (new_keys > 0) {
     if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
   }
+  if (!req.once.empty()) {  // remembered in the first limit's shard, locked above
+    Shard& first = ShardFor(fps[0]);
+    const uint64_t once_fp = Mix(Hash64(req.once, seed), fps[0]);
+    auto [it, inserted] = first.settled.try_emplace(once_fp, now + req.once_ttl.count());
+    if (!inserted && it->second > now) return CheckResult{.already_settled = true};
+    it->second = now + req.once_ttl.count();
+  }
   CheckResult result;
   result.decisions.resize(n);
   for (size_t i = 0; i < n; ++i) {
@@ -365,7 +415,7 @@ StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& lim
     return ValidateRequest({key, {&c, 1}}, m.opts.max_key_length);
   }
   if (cost < 0 || cost > limit.limit()) return limit.ValidateCost(cost);
-  if (limit.algorithm() == Algorithm::kSlidingLog) {
+  if (limit.algorithm() == Algorithm::kSlidingLog || limit.block_for().count() > 0) {
     LimitCheck c{&limit, cost};
     StatusOr<CheckResult> r = m.Run({key, {&c, 1}}, false);
     if (!r.ok()) return r.status();
@@ -394,17 +444,33 @@ StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& lim
 void MemoryStore::Reset(std::string_view key, std::span<const Limit* const> limits,
                         ResetCallback done) {
   Impl& m = *impl_;
-  const uint64_t key_hash = Hash64(key, m.seed);
-  for (const Limit* limit : limits) {
-    const uint64_t fp = m.Fingerprint(key_hash, *limit);
-    Shard& shard = m.ShardFor(fp);
-    LockGuard lock(shard.mu);
+  m.ForEachLocked(key, limits, [&m](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) {
     if (Slot* slot = shard.table.Find(fp); slot != nullptr) {
       shard.table.Erase(slot);
       m.keys.fetch_sub(1, std::memory_order_relaxed);
     }
     if (shard.logs.erase(fp) > 0) m.keys.fetch_sub(1, std::memory_order_relaxed);
-  }
+    shard.blocks.erase(fp);
+  });
+  done(Status::Ok());
+}
+
+void MemoryStore::Blocks(std::string_view key, std::span<const Limit* const> limits,
+                         BlocksCallback done) {
+  Impl& m = *impl_;
+  std::vector<std::chrono::microseconds> out;
+  m.ForEachLocked(key, limits, [&](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) {
+    const auto it = shard.blocks.find(fp);
+    const int64_t now = m.clock->NowMicros();
+    out.emplace_back(it != shard.blocks.end() ? std::max<int64_t>(0, it->second - now) : 0);
+  });
+  done(std::move(out));
+}
+
+void MemoryStore::Unblock(std::string_view key, std::span<const Limit* const> limits,
+                          ResetCallback done) {
+  impl_->ForEachLocked(
+      key, limits, [](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) { shard.blocks.erase(fp); });
   done(Status::Ok());
 }
 
@@ -420,6 +486,8 @@ size_t MemoryStore::Sweep() {
     // Shrink tables that are mostly empty after a flood went away.
     while (cap > 8 && live * 4 < cap) cap /= 2;
     size_t n = shard.table.Rebuild(cap, now);
+    std::erase_if(shard.blocks, [now](const auto& b) { return b.second <= now; });
+    std::erase_if(shard.settled, [now](const auto& b) { return b.second <= now; });
     for (auto it = shard.logs.begin(); it != shard.logs.end();) {
       if (it->second.expires <= now) {
         it = shard.logs.erase(it);

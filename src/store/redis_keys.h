@@ -8,6 +8,7 @@
 //   RedisKeys keys("rl:");
 //   keys.Rate("ip:127.0.0.1", "burst");         // "rl:{ip:127.0.0.1}burst"
 //   keys.Concurrency("user:ada", "upload");     // "rl:{user:ada}~c:upload"
+//   keys.Block("ip:127.0.0.1", "login");        // "rl:{ip:127.0.0.1}login!b"
 //
 // Thread-safety: immutable after construction.
 #pragma once
@@ -23,6 +24,15 @@ class RedisKeys {
 
   std::string Rate(std::string_view client_key, std::string_view limit_name) const {
     return Make(client_key, "", limit_name);
+  }
+  // A block period's key (Limit::block_for): the limit's key and "!b", a
+  // character no limit name has; check.lua derives it the same way.
+  std::string Block(std::string_view client_key, std::string_view limit_name) const {
+    return Rate(client_key, limit_name) + "!b";
+  }
+  // A settlement made once (SettleRequest::once), in the client's slot.
+  std::string Settled(std::string_view client_key, std::string_view once) const {
+    return Make(client_key, "~s:", once);
   }
   std::string Concurrency(std::string_view client_key, std::string_view name) const {
     return Make(client_key, "~c:", name);

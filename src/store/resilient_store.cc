@@ -26,6 +26,7 @@ Limit ResilientStore::Scaled(const Limit& limit, int instances) {
   spec.count = std::max<int64_t>(1, (spec.count + n - 1) / n);
   if (TakesRate(spec.algorithm)) spec.per_second /= static_cast<double>(n);
   StatusOr<Limit> out = MakeLimit(std::move(spec));
+  if (out.ok()) out = out->WithBlockFor(limit.block_for());  // blocks hold locally too
   return out.ok() ? *out : limit;  // a refill too slow to express: keep the full limit
 }
 
@@ -126,10 +127,14 @@ void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
     std::string key;
     std::vector<LimitSettle> settlements;
     OnFailure on_failure;
+    std::string once;
+    std::chrono::microseconds once_ttl;
   };
   Saved saved{std::string(request.key),
               {request.settlements.begin(), request.settlements.end()},
-              request.on_failure};
+              request.on_failure,
+              std::string(request.once),
+              request.once_ttl};
   inner_->Settle(request, [this, saved = std::move(saved),
                            done = std::move(done)](StatusOr<CheckResult> r) mutable {
     if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
@@ -142,11 +147,18 @@ void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
     std::vector<LimitSettle> local;
     for (size_t i = 0; i < scaled.size(); ++i)
       local.push_back({&scaled[i], saved.settlements[i].delta});
-    StatusOr<CheckResult> l = local_.SettleSync({saved.key, local});
+    StatusOr<CheckResult> l = local_.SettleSync(
+        {.key = saved.key, .settlements = local, .once = saved.once, .once_ttl = saved.once_ttl});
     if (!l.ok()) return done(std::move(r));  // the local store is full too: the failure
     l->degraded = true;
     done(std::move(l));
   });
+}
+
+void ResilientStore::Unblock(std::string_view key, std::span<const Limit* const> limits,
+                             ResetCallback done) {
+  local_.Unblock(key, limits, [](const Status&) {});  // in memory: cannot fail
+  inner_->Unblock(key, limits, std::move(done));
 }
 
 size_t ResilientStore::Sweep() { return inner_->Sweep() + local_.Sweep(); }

@@ -71,6 +71,16 @@ class ResilientStore final : public Store {
   // The inner store's; on a failure, mode local applies it to the local
   // fallback (degraded), every other mode returns the failure (see the .cc).
   void Settle(const SettleRequest& request, CheckCallback done) override;
+  // The inner store's blocks; Unblock lifts the local fallback's too.
+  void Blocks(std::string_view key, std::span<const Limit* const> limits,
+              BlocksCallback done) override {
+    inner_->Blocks(key, limits, std::move(done));
+  }
+  void Unblock(std::string_view key, std::span<const Limit* const> limits,
+               ResetCallback done) override;
+  void SharedSecret(std::function<void(StatusOr<std::string>)> done) override {
+    inner_->SharedSecret(std::move(done));
+  }
 
   bool remote() const override { return inner_->remote(); }
   CircuitBreaker::State breaker_state() const override { return inner_->breaker_state(); }

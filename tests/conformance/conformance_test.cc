@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -374,6 +375,99 @@ TEST_P(Conformance, Settle) {
       EXPECT_EQ(r->overall.reset_after.count(), st.reset_after_us);
     }
   }
+}
+
+// Block periods (issue 21): a login limit of 5 a minute with block_for 10m.
+// The 6th attempt is denied and blocks the client for 10 minutes: every
+// check is denied until then (retry_after: the block's end), though the
+// window has long been empty; a peek shows the block without starting one;
+// Blocks shows it, Unblock lifts it, Reset lifts it too.
+TEST_P(Conformance, BlockFor) {
+  const Limit login = *FW("login", 5, 60 * kS).WithBlockFor(microseconds(600 * kS));
+  const Limit* limits[] = {&login};
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> store = Make(&clock);
+  auto check = [&](int64_t cost = 1) {
+    LimitCheck c[] = {{&login, cost}};
+    StatusOr<CheckResult> r = store->CheckSync({"block:ada", c});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->overall : Decision{};
+  };
+  auto blocked_for = [&] {
+    std::promise<StatusOr<std::vector<microseconds>>> p;
+    store->Blocks("block:ada", limits, [&](auto r) { p.set_value(std::move(r)); });
+    StatusOr<std::vector<microseconds>> r = p.get_future().get();
+    EXPECT_TRUE(r.ok() && r->size() == 1);
+    return r.ok() && r->size() == 1 ? (*r)[0].count() : -1;
+  };
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(check().allowed);
+  EXPECT_EQ(blocked_for(), 0);
+  LimitCheck peek[] = {{&login, 1}};
+  EXPECT_EQ(store->PeekSync({"block:ada", peek})->overall.remaining, 0);
+  EXPECT_EQ(blocked_for(), 0);  // nothing denied yet
+  clock.Advance(microseconds(10 * kS));
+  Decision sixth = check();
+  EXPECT_FALSE(sixth.allowed);
+  EXPECT_EQ(sixth.remaining, 0);
+  EXPECT_EQ(sixth.retry_after.count(), 600 * kS);
+  EXPECT_EQ(sixth.reset_after.count(), 600 * kS);
+  if (GetParam() != "memory") {  // another instance on the same Redis: blocked as well
+    std::unique_ptr<Store> other = Make(&clock);
+    LimitCheck c[] = {{&login, 1}};
+    StatusOr<CheckResult> r = other->CheckSync({"block:ada", c});
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->overall.allowed);
+    EXPECT_EQ(r->overall.retry_after.count(), 600 * kS);
+  }
+  clock.Advance(microseconds(61 * kS));  // a new window, still blocked
+  Decision later = check();
+  EXPECT_FALSE(later.allowed);
+  EXPECT_EQ(later.retry_after.count(), 539 * kS);
+  EXPECT_EQ(store->PeekSync({"block:ada", peek})->overall.retry_after.count(), 539 * kS);
+  EXPECT_EQ(blocked_for(), 539 * kS);
+  clock.Advance(microseconds(538 * kS));
+  EXPECT_EQ(check().retry_after.count(), 1 * kS);  // not extended by denials meanwhile
+  clock.Advance(microseconds(1 * kS));
+  EXPECT_TRUE(check().allowed);  // 10 minutes on
+  EXPECT_EQ(blocked_for(), 0);
+
+  // Block again, then lift it: Unblock, and Reset.
+  for (int i = 0; i < 5; ++i) check();
+  EXPECT_FALSE(check().allowed);
+  EXPECT_GT(blocked_for(), 0);
+  EXPECT_TRUE(store->SettleSync({"block:ada", std::vector<LimitSettle>{{&login, -5}}}).ok());
+  EXPECT_FALSE(check().allowed);  // room in the window, but the block stands
+  std::promise<Status> lifted;
+  store->Unblock("block:ada", limits, [&](Status s) { lifted.set_value(s); });
+  EXPECT_TRUE(lifted.get_future().get().ok());
+  EXPECT_EQ(blocked_for(), 0);
+  EXPECT_TRUE(check().allowed);
+  for (int i = 0; i < 5; ++i) check();
+  EXPECT_GT(blocked_for(), 0);
+  EXPECT_TRUE(store->ResetSync("block:ada", limits).ok());
+  EXPECT_EQ(blocked_for(), 0);
+  EXPECT_TRUE(check(5).allowed);
+}
+
+// A limit beside a blocked one answers for its state; the check takes from neither.
+TEST_P(Conformance, BlockForBesideAnotherLimit) {
+  const Limit login = *FW("login2", 2, 60 * kS).WithBlockFor(microseconds(300 * kS));
+  const Limit burst = TB("burst2", 10, 1);
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> store = Make(&clock);
+  LimitCheck c[] = {{&login, 1}, {&burst, 1}};
+  EXPECT_TRUE(store->CheckSync({"block:bob", c})->overall.allowed);
+  EXPECT_TRUE(store->CheckSync({"block:bob", c})->overall.allowed);
+  StatusOr<CheckResult> r = store->CheckSync({"block:bob", c});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_EQ(r->overall.retry_after.count(), 300 * kS);
+  EXPECT_EQ(r->decisions[1].remaining, 8);  // burst: nothing taken
+  clock.Advance(microseconds(120 * kS));
+  r = store->CheckSync({"block:bob", c});
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_EQ(r->overall.retry_after.count(), 180 * kS);
+  EXPECT_EQ(r->decisions[1].remaining, 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis", "cluster"),

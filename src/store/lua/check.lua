@@ -232,7 +232,8 @@ local evaluators = {
 -- "S" instead of the number of limits, ARGV[3] the number of limits n, then
 -- for each (5 values) its algorithm code ("t", "k", "f", "s"), limit, window,
 -- interval (as above) and the difference to apply (> 0 a debit, < 0 a
--- refund). KEYS: one per limit. Every limit changes in this one call, as
+-- refund), then (with a once key) its ttl in ms. KEYS: one per limit, then
+-- the once key if any. Every limit changes in this one call, as
 -- core::SettleState: a bucket may go into debt (at most a year of refill
 -- past its capacity), a refund stops at a full bucket, a window's current
 -- counter stays in [0, limit]. The reply: per limit the 4 values of a check,
@@ -264,6 +265,11 @@ end
 local function settle_call()
   peek = true  -- the probes below write nothing
   local n, ai = tonumber(ARGV[3]), 4
+  -- Once (SettleRequest::once): KEYS[n + 1] marks it settled for
+  -- ARGV[4 + 5n] ms; already there, nothing is applied and the reply is {-1}.
+  if KEYS[n + 1] and not rcall('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[4 + 5 * n]) then
+    return {-1}
+  end
   for i = 1, n do
     local code, limit, w, iv = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2]),
                                tonumber(ARGV[ai + 3])
@@ -278,10 +284,37 @@ local function settle_call()
 end
 if ARGV[2] == 'S' then return settle_call() end
 
+-- Block periods (issue 21; Limit::block_for): a limit's code followed by
+-- "/<us>" ("f/600000000") blocks the client on it for that long once it
+-- denies (not on a peek). The block is the key <limit's key>!b (the same hash
+-- tag, so the same Cluster slot) holding when it ends; while it stands every
+-- check of the limit is denied: remaining 0, retry_after until its end,
+-- reset_after at least that. (src/store/redis_keys.h names the key too.)
+local function blocking(evaluate, block_us)
+  return function(key, a, b, c, cost, write_now)
+    local bkey = key .. '!b'
+    local ends = tonumber(rcall('GET', bkey))
+    if ends and ends > now then
+      local _, _, _, reset = evaluate(key, a, b, c, 0, false)
+      return 0, 0, ends - now, math.max(reset, ends - now), nil
+    end
+    local allowed, rem, retry, reset, writer = evaluate(key, a, b, c, cost, write_now)
+    if allowed > 0 or peek then return allowed, rem, retry, reset, writer end
+    rcall('SET', bkey, str(now + block_us), 'PX', ttl_ms(now + block_us))
+    return 0, 0, block_us, math.max(reset, block_us), nil
+  end
+end
+
+local function evaluator_of(code)
+  local block = tonumber(string.sub(code, 3))
+  if not block then return evaluators[code] end
+  return blocking(evaluators[string.sub(code, 1, 1)], block)
+end
+
 local specs = {}
 local nspecs = tonumber(ARGV[2])
 for s = 1, nspecs do
-  specs[s] = {evaluators[ARGV[argi]], tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
+  specs[s] = {evaluator_of(ARGV[argi]), tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
               tonumber(ARGV[argi + 3])}
   argi = argi + 4
 end

@@ -63,7 +63,8 @@ WireLimit WireOf(const Limit& limit) {
   return {.code = AlgorithmCode(limit.algorithm()),
           .limit = limit.limit(),
           .window = limit.window_micros(),
-          .interval = limit.interval_micros()};
+          .interval = limit.interval_micros(),
+          .block = limit.block_for().count()};
 }
 
 void CheckCall::SetPrefetch(int64_t tokens) {
@@ -90,7 +91,9 @@ EncodedCall Encode(std::optional<int64_t> now_us, std::span<const CheckCall* con
       if (j == searched) {
         j = specs.size();
         specs.push_back(l.spec);
-        args.push_back(CodeText(l.spec.code));
+        args.push_back(l.spec.block > 0 ? w.Text(std::string(CodeText(l.spec.code)) + "/" +
+                                                 std::to_string(l.spec.block))
+                                        : CodeText(l.spec.code));
         args.push_back(w.Number(l.spec.limit));
         args.push_back(w.Number(l.spec.window));
         args.push_back(w.Number(l.spec.interval));
@@ -176,6 +179,10 @@ EncodedCall EncodeSettle(std::optional<int64_t> now_us, const SettleCall& call) 
                   {CodeText(l.spec.code), w.Number(l.spec.limit), w.Number(l.spec.window),
                    w.Number(l.spec.interval), w.Number(l.cost)});
   }
+  if (!call.once_key.empty()) {
+    e.keys.push_back(call.once_key);
+    e.args.push_back(w.Number(call.once_ttl_ms));
+  }
   return e;
 }
 
@@ -185,6 +192,10 @@ StatusOr<CheckResult> DecodeSettle(const StatusOr<redis::Reply>& reply, const Se
     return Internal("redis settle script error: " + reply->str);
   }
   const auto& e = reply->elements;
+  if (reply->type == redis::Reply::Type::kArray && e.size() == 1 &&
+      e[0].type == redis::Reply::Type::kInteger && e[0].integer == -1) {
+    return CheckResult{.already_settled = true};
+  }
   const bool integers = std::all_of(e.begin(), e.end(), [](const redis::Reply& r) {
     return r.type == redis::Reply::Type::kInteger;
   });

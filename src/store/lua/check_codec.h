@@ -43,6 +43,7 @@ struct WireLimit {
   int64_t limit = 0;
   int64_t window = 0;    // us; token and leaky bucket: capacity (depth) x interval
   int64_t interval = 0;  // us; token and leaky bucket only
+  int64_t block = 0;     // us; Limit::block_for (sent as "<code>/<block>"), 0: none
   friend bool operator==(const WireLimit&, const WireLimit&) = default;
 };
 
@@ -95,9 +96,12 @@ StatusOr<std::vector<CheckAnswer>> Decode(const StatusOr<redis::Reply>& reply,
 struct SettleCall {
   std::vector<std::string> keys;
   std::vector<LimitCall> limits;
+  std::string once_key;     // "": none (SettleRequest::once)
+  int64_t once_ttl_ms = 0;  // > 0 with a once key
 };
 EncodedCall EncodeSettle(std::optional<int64_t> now_us, const SettleCall& call);
-// The state after the settlement (core::Probe's numbers), or why the call failed.
+// The state after the settlement (core::Probe's numbers; already_settled for
+// a once key seen before), or why the call failed.
 StatusOr<CheckResult> DecodeSettle(const StatusOr<redis::Reply>& reply, const SettleCall& call);
 
 }  // namespace ratelimit::store::lua
