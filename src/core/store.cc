@@ -35,20 +35,6 @@ StatusOr<CheckResult> Store::SettleSync(const SettleRequest& request) {
   return Wait([&](CheckCallback cb) { Settle(request, std::move(cb)); });
 }
 
-void Store::Settle(const SettleRequest& /*request*/, CheckCallback done) {
-  done(InvalidArgument("this store cannot settle costs"));
-}
-
-void Store::Blocks(std::string_view /*key*/, std::span<const Limit* const> limits,
-                   BlocksCallback done) {
-  done(std::vector<std::chrono::microseconds>(limits.size()));
-}
-
-void Store::Unblock(std::string_view /*key*/, std::span<const Limit* const> /*limits*/,
-                    ResetCallback done) {
-  done(Status::Ok());
-}
-
 void Store::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
   static const std::string kSecret = [] {
     std::random_device rd;

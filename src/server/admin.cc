@@ -614,7 +614,8 @@ void AdminApi::BlocksNext(std::shared_ptr<BlocksOp> op) {
     return op->done(
         JsonReply(200, {{"client", op->client}, {op->lift ? "lifted" : "blocks", op->list}}));
   }
-  const auto& [key, limits] = op->groups[op->next++];
+  const std::string& key = op->groups[op->next].first;
+  const std::vector<const Limit*>& limits = op->groups[op->next++].second;
   if (op->lift) {
     for (const Limit* l : limits) op->list.push_back(l->name());
     return store().Unblock(key, limits, [this, op, unavailable](const Status& s) {

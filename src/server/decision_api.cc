@@ -617,7 +617,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
                     r.headers.reserve(6);
                     AddOutcomeHeaders(o, face.dialect, r);
                     if (op->check.reserve && o.allowed() && !o.degraded) {
-                      return op->api->AddReservation(op, std::move(r), std::move(done));
+                      return op->api->AddReservation(op, std::move(r), done);
                     }
                     done(std::move(r));
                   });

@@ -15,10 +15,10 @@
 
 #include <algorithm>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <vector>
 
+#include "ratelimit/thread_annotations.h"
 #include "store/check_admission.h"
 #include "store/check_batcher.h"
 #include "store/lua/check_codec.h"
@@ -37,8 +37,8 @@ struct RedisStore::Impl {
   store::RedisKeys keys;
   store::PendingBound bound;
   std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_failures{0};
-  std::mutex secret_mu;
-  std::string secret;  // GUARDED_BY(secret_mu); "" until fetched (SharedSecret)
+  Mutex secret_mu;
+  std::string secret RL_GUARDED_BY(secret_mu);  // "" until fetched (SharedSecret)
   store::CheckAdmission admission;
   std::unique_ptr<store::CheckBatcher> batcher;
   const store::CheckAdmission::Dispatch dispatch = [this](PendingCheck p) {
@@ -269,10 +269,12 @@ void RedisStore::Unblock(std::string_view key, std::span<const Limit* const> lim
 // GET), then kept by each instance. Anyone who can read it can also change
 // every limit's state in this Redis directly.
 void RedisStore::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
+  std::string known;
   {
-    std::lock_guard lock(impl_->secret_mu);
-    if (!impl_->secret.empty()) return done(impl_->secret);
+    LockGuard lock(impl_->secret_mu);
+    known = impl_->secret;
   }
+  if (!known.empty()) return done(std::move(known));
   std::random_device rd;
   std::string mine;
   for (int i = 0; i < 64; ++i) mine += "0123456789abcdef"[rd() % 16];
@@ -284,9 +286,13 @@ void RedisStore::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
         if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
         // nil: ours was set; a string: another instance's was there first.
         const std::string secret = r->type == redis::Reply::Type::kString ? r->str : mine;
-        std::lock_guard lock(impl_->secret_mu);
-        if (impl_->secret.empty()) impl_->secret = secret;
-        done(impl_->secret);
+        std::string kept;
+        {
+          LockGuard lock(impl_->secret_mu);
+          if (impl_->secret.empty()) impl_->secret = secret;
+          kept = impl_->secret;
+        }
+        done(std::move(kept));
       });
 }
 

@@ -377,6 +377,32 @@ TEST_P(Conformance, Settle) {
   }
 }
 
+// A settlement with a `once` id applies once: the second answers
+// already_settled and changes nothing; another id applies again.
+TEST_P(Conformance, SettleOnce) {
+  const Limit tokens = TB("once", 100, 1);
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> store = Make(&clock);
+  LimitCheck c[] = {{&tokens, 10}};
+  ASSERT_TRUE(store->CheckSync({"once:ada", c})->overall.allowed);
+  LimitSettle s[] = {{&tokens, 5}};
+  const SettleRequest first{
+      .key = "once:ada", .settlements = s, .once = "n1", .once_ttl = microseconds(60 * kS)};
+  StatusOr<CheckResult> r = store->SettleSync(first);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->already_settled);
+  EXPECT_EQ(r->overall.remaining, 85);
+  r = store->SettleSync(first);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->already_settled);
+  EXPECT_TRUE(r->decisions.empty());
+  SettleRequest second = first;
+  second.once = "n2";
+  EXPECT_EQ(store->SettleSync(second)->overall.remaining, 80);
+  LimitCheck peek[] = {{&tokens, 0}};
+  EXPECT_EQ(store->PeekSync({"once:ada", peek})->overall.remaining, 80);
+}
+
 // Block periods (issue 21): a login limit of 5 a minute with block_for 10m.
 // The 6th attempt is denied and blocks the client for 10 minutes: every
 // check is denied until then (retry_after: the block's end), though the
