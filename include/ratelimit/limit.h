@@ -157,6 +157,14 @@ class Limit {
   StatusOr<Limit> WithLease(int64_t n) const { return WithPrefetch(n, "lease"); }
   int64_t lease() const { return prefetch_; }
 
+  // Block period (issue 21): with d > 0, a check this limit denies blocks
+  // the client on it for d: every check of it is denied until then
+  // (retry_after: the end of the block), in every instance sharing the
+  // store, unless an admin lifts it (Store::Unblock). 0: off. At most 366
+  // days; not with prefetch. Not part of the limit's identity in the store.
+  StatusOr<Limit> WithBlockFor(std::chrono::microseconds d) const;
+  std::chrono::microseconds block_for() const { return std::chrono::microseconds(block_for_us_); }
+
   // OK iff a request of this cost can ever be allowed. A cost above the limit
   // can never succeed and is an error, not a denial.
   Status ValidateCost(int64_t cost) const;
@@ -184,6 +192,7 @@ class Limit {
   uint64_t identity_hash_;
   int64_t prefetch_ = 0;
   std::shared_ptr<const Calendar> calendar_;
+  int64_t block_for_us_ = 0;
 };
 
 // Names are 1..64 characters of [A-Za-z0-9_.-]; they become part of store keys.

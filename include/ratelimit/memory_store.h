@@ -50,6 +50,11 @@ class MemoryStore final : public Store {
   void Peek(const CheckRequest& request, CheckCallback done) override;
   void Reset(std::string_view key, std::span<const Limit* const> limits,
              ResetCallback done) override;
+  void Settle(const SettleRequest& request, CheckCallback done) override;
+  void Blocks(std::string_view key, std::span<const Limit* const> limits,
+              BlocksCallback done) override;
+  void Unblock(std::string_view key, std::span<const Limit* const> limits,
+               ResetCallback done) override;
 
   // The same as Check, returning directly.
   StatusOr<CheckResult> Decide(const CheckRequest& request);

@@ -130,6 +130,14 @@ class RedisStore final : public Store {
   void Peek(const CheckRequest& request, CheckCallback done) override;
   void Reset(std::string_view key, std::span<const Limit* const> limits,
              ResetCallback done) override;
+  // One script call of its own (check.lua's settlement), never batched.
+  void Settle(const SettleRequest& request, CheckCallback done) override;
+  void Blocks(std::string_view key, std::span<const Limit* const> limits,
+              BlocksCallback done) override;
+  void Unblock(std::string_view key, std::span<const Limit* const> limits,
+               ResetCallback done) override;
+  // Kept in Redis under <prefix>reservation-secret, made by the first instance to ask.
+  void SharedSecret(std::function<void(StatusOr<std::string>)> done) override;
 
   // Closes the connections: the calls in flight fail (as kUnavailable) and
   // later checks fail at once. `done` runs on the client's executor once no

@@ -23,6 +23,7 @@
 // later on a store thread (RedisStore); it must not block.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <span>
 #include <string>
@@ -56,6 +57,9 @@ struct CheckResult {
   // decision is then a denial with retry_after 1 s).
   bool degraded = false;
   bool failed_closed = false;
+  // Settle only: the request's `once` was settled before; nothing applied,
+  // no decisions.
+  bool already_settled = false;
 };
 
 // Counters since start that a store keeps (0 for those it has not).
@@ -67,8 +71,50 @@ struct StoreStats {
   uint64_t failures = 0;       // checks that completed with an error
 };
 
+// Settlement: the difference between what a request reserved (the cost it
+// was checked with) and what it turned out to cost, applied to the same
+// limits of the same client after the fact (issue 21). `delta` > 0 debits
+// (takes more), < 0 refunds (gives back), 0 only reports. Per algorithm:
+//   token / leaky bucket  a debit may go below zero (a debt, at most one year
+//                         of refill beyond the capacity): checks are denied
+//                         until it is paid back, `remaining` 0 and
+//                         `retry_after` when; a refund never fills the
+//                         bucket above its capacity.
+//   fixed / sliding window  added to or taken from the current window's
+//                         counter, kept within [0, limit] (a window has no
+//                         debt: a debit past the limit fills it until it
+//                         ends). A refund for a request reserved in an
+//                         earlier window is taken from the current one.
+//   sliding log           not settled (kInvalidArgument): it keeps one
+//                         entry per unit for small limits of requests
+//                         (login: 5/15m), not metered costs, and removing
+//                         "the reservation's" entries is not well defined
+//                         once later requests have added theirs.
+// A settlement always applies (it decides nothing) and is one atomic step
+// over all its limits. Its decisions report the state afterwards as the
+// next request of cost 1 would meet it (without taking anything):
+// `allowed` whether it would pass, `retry_after` when it would, `remaining`
+// and `reset_after` as a cost-0 check reports them.
+struct LimitSettle {
+  const Limit* limit = nullptr;  // not owned; read only during the call
+  int64_t delta = 0;             // actual cost - reserved cost
+};
+
+struct SettleRequest {
+  std::string_view key;                      // the client's identity, as checked
+  std::span<const LimitSettle> settlements;  // at least one
+  OnFailure on_failure;                      // read by a ResilientStore only
+  // Settle at most once: with a non-empty `once`, a second settlement of the
+  // same key and `once` within `once_ttl` applies nothing and answers
+  // CheckResult::already_settled (decided in the same atomic step).
+  std::string_view once;
+  std::chrono::microseconds once_ttl{0};
+};
+
 using CheckCallback = std::function<void(StatusOr<CheckResult>)>;
 using ResetCallback = std::function<void(Status)>;
+// Per limit asked, how much longer its block lasts (0: none).
+using BlocksCallback = std::function<void(StatusOr<std::vector<std::chrono::microseconds>>)>;
 
 class Store {
  public:
@@ -81,6 +127,34 @@ class Store {
   // Forgets the state of `key` for these limits (a full bucket afterwards).
   virtual void Reset(std::string_view key, std::span<const Limit* const> limits,
                      ResetCallback done) = 0;
+
+  // Applies a settlement (see SettleRequest) atomically; `done` gets the
+  // state afterwards. A store without settlements answers kInvalidArgument.
+  // A failed call is never replayed (it may have applied).
+  // (The defaults spell their callbacks' std::function types: a sink by the
+  // project's convention, .clang-tidy's AllowedTypes.)
+  virtual void Settle(const SettleRequest& /*request*/,
+                      std::function<void(StatusOr<CheckResult>)> done) {
+    done(InvalidArgument("this store cannot settle costs"));
+  }
+
+  // Block periods (Limit::block_for): the blocks of `key` in force on these
+  // limits, and lifting them. Reset lifts them too. The defaults: none, and
+  // nothing to lift.
+  virtual void Blocks(std::string_view /*key*/, std::span<const Limit* const> limits,
+                      std::function<void(StatusOr<std::vector<std::chrono::microseconds>>)> done) {
+    done(std::vector<std::chrono::microseconds>(limits.size()));
+  }
+  virtual void Unblock(std::string_view /*key*/, std::span<const Limit* const> /*limits*/,
+                       std::function<void(Status)> done) {
+    done(Status::Ok());
+  }
+
+  // A secret shared by every instance that shares this store's state (32+
+  // bytes): it signs decision-API reservations (issue 21) so that any of
+  // those instances can settle one. The default: random, made once per
+  // process (the instances of a store in memory are one process).
+  virtual void SharedSecret(std::function<void(StatusOr<std::string>)> done);
 
   // True when the state lives in another process (Redis): readiness probes it.
   virtual bool remote() const { return false; }
@@ -103,6 +177,7 @@ class Store {
   StatusOr<CheckResult> CheckSync(const CheckRequest& request);
   StatusOr<CheckResult> PeekSync(const CheckRequest& request);
   Status ResetSync(std::string_view key, std::span<const Limit* const> limits);
+  StatusOr<CheckResult> SettleSync(const SettleRequest& request);
 };
 
 // The one key validator: 1..max_key_length bytes. Messages name the key as
@@ -112,6 +187,12 @@ Status ValidateKey(std::string_view key, size_t max_key_length, std::string_view
 // Validates a request before it reaches any store: key length, at least one
 // check, each cost in [0, limit]. Stores call it; callers may too.
 Status ValidateRequest(const CheckRequest& request, size_t max_key_length);
+
+// Validates a settlement as ValidateRequest does a check: key length, at
+// least one limit, each named once and not a sliding log, |delta| <=
+// kMaxSettleDelta.
+Status ValidateSettle(const SettleRequest& request, size_t max_key_length);
+inline constexpr int64_t kMaxSettleDelta = 2'147'483'647;
 
 // The largest key accepted by default (bytes).
 inline constexpr size_t kDefaultMaxKeyLength = 512;

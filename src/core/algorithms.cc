@@ -173,6 +173,38 @@ int64_t ExpiresAt(const Limit& limit, const CompactState& state) {
   return 0;
 }
 
+CompactState SettleState(const Limit& limit, const CompactState& state, int64_t now,
+                         int64_t delta) {
+  using Wide = __int128;
+  if (limit.is_gcra()) {
+    const Wide base = std::max(state.t, now);
+    const Wide most = Wide{now} + limit.window_micros() + kMaxDebtMicros;
+    Wide next = base + Wide{delta} * limit.interval_micros();
+    if (delta > 0) next = std::max(base, std::min(next, most));
+    next = std::max(next, Wide{now});  // a refund fills the bucket at most
+    return {.t = static_cast<int64_t>(next)};
+  }
+  const int64_t w = limit.window_micros();
+  const int64_t idx = now / w;
+  int64_t prev = 0, cur = 0;
+  if (state.t == idx) {
+    prev = state.n0;
+    cur = state.n1;
+  } else if (state.t == idx - 1 && limit.algorithm() == Algorithm::kSlidingWindow) {
+    prev = state.n1;
+  }
+  const int64_t after = std::clamp<int64_t>(cur + delta, 0, limit.limit());
+  return {.t = idx, .n0 = static_cast<int32_t>(prev), .n1 = static_cast<int32_t>(after)};
+}
+
+Decision Probe(const Limit& limit, const CompactState& state, int64_t now) {
+  Decision d = Standing(limit, state, now);
+  const Decision one = Evaluate(limit, state, now, 1).decision;
+  d.allowed = one.allowed;
+  d.retry_after = one.retry_after;
+  return d;
+}
+
 Decision EvaluateLog(const Limit& limit, std::span<const int64_t> log, int64_t now, int64_t cost) {
   const int64_t w = limit.window_micros();
   // Entries at or before now - w have left the window.

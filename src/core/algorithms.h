@@ -61,6 +61,17 @@ std::chrono::microseconds LeakyDelay(int64_t interval_us, std::chrono::microseco
 // state and may be forgotten. REQUIRES: not sliding log.
 int64_t ExpiresAt(const Limit& limit, const CompactState& state);
 
+// Settlement (include/ratelimit/store.h, SettleRequest): the state after
+// adding `delta` (< 0: a refund) to what the state holds. A bucket may go
+// into debt, at most kMaxDebtMicros of refill beyond its capacity; a refund
+// stops at a full bucket. A window's current counter stays in [0, limit].
+// REQUIRES: not sliding log; |delta| <= kMaxSettleDelta; now >= 0.
+inline constexpr int64_t kMaxDebtMicros = Limit::kMaxWindowMicros;
+CompactState SettleState(const Limit& limit, const CompactState& state, int64_t now, int64_t delta);
+// The state as the next request of cost 1 meets it, taking nothing: allowed
+// and retry_after of a cost-1 Evaluate, remaining and reset_after of Standing.
+Decision Probe(const Limit& limit, const CompactState& state, int64_t now);
+
 // Sliding log. `log` holds one timestamp per unit of cost, ascending. Entries
 // at or before now - window are no longer counted. When allowed, the caller
 // prunes and appends `cost` copies of `now` (see ApplyLog).

@@ -232,6 +232,9 @@ StatusOr<Limit> Limit::WithPrefetch(int64_t n, std::string_view key) const {
   if (algorithm_ != Algorithm::kTokenBucket) {
     return InvalidArgument(std::string(key) + " is for token_bucket limits only");
   }
+  if (block_for_us_ > 0) {
+    return InvalidArgument(std::string(key) + " and block_for do not go together");
+  }
   if (n < 2 || n > std::min(limit_, kMaxPrefetch)) {
     return InvalidArgument(std::string(key) + " must be 0 (off) or 2.." +
                            std::to_string(std::min(limit_, kMaxPrefetch)) +
@@ -240,6 +243,20 @@ StatusOr<Limit> Limit::WithPrefetch(int64_t n, std::string_view key) const {
   }
   Limit l = *this;
   l.prefetch_ = n;
+  return l;
+}
+
+StatusOr<Limit> Limit::WithBlockFor(std::chrono::microseconds d) const {
+  if (d.count() < 0 || d.count() > kMaxWindowMicros) {
+    return InvalidArgument("block_for must be at most 366 days");
+  }
+  if (d.count() > 0 && prefetch_ > 0) {
+    return InvalidArgument(
+        "block_for and prefetch do not go together (prefetched tokens are spent without asking "
+        "the store, which keeps the block)");
+  }
+  Limit l = *this;
+  l.block_for_us_ = d.count();
   return l;
 }
 
@@ -255,6 +272,7 @@ std::string Limit::ToString() const {
     o << "limit=" << limit_ << ", window=" << WindowText(*this);
     if (calendar_) o << ", align=calendar, timezone=" << calendar_->zone().name();
   }
+  if (block_for_us_ > 0) o << ", block_for=" << FormatDuration(block_for());
   o << ")";
   return o.str();
 }

@@ -1,6 +1,7 @@
 #include "ratelimit/store.h"
 
 #include <future>
+#include <random>
 
 namespace ratelimit {
 namespace {
@@ -28,6 +29,60 @@ Status Store::ResetSync(std::string_view key, std::span<const Limit* const> limi
   auto f = p.get_future();
   Reset(key, limits, [&p](Status s) { p.set_value(std::move(s)); });
   return f.get();
+}
+
+StatusOr<CheckResult> Store::SettleSync(const SettleRequest& request) {
+  return Wait([&](CheckCallback cb) { Settle(request, std::move(cb)); });
+}
+
+void Store::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
+  static const std::string kSecret = [] {
+    std::random_device rd;
+    std::string s(32, '\0');
+    for (char& c : s) c = static_cast<char>(rd());
+    return s;
+  }();
+  done(kSecret);
+}
+
+Status ValidateSettle(const SettleRequest& request, size_t max_key_length) {
+  if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
+  const auto& list = request.settlements;
+  if (!request.once.empty() && (request.once.size() > 128 || request.once_ttl.count() <= 0 ||
+                                request.once_ttl.count() > Limit::kMaxWindowMicros)) {
+    return InvalidArgument("a settlement's once id is 1..128 bytes with a ttl of up to 366 days");
+  }
+  if (list.empty()) return InvalidArgument("a settlement needs at least one limit");
+  if (list.size() > kMaxChecksPerRequest) {
+    return InvalidArgument("a settlement may name at most " + std::to_string(kMaxChecksPerRequest) +
+                           " limits, got " + std::to_string(list.size()));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].limit == nullptr)
+      return InvalidArgument("limit " + std::to_string(i) + " is missing");
+    if (list[i].limit->algorithm() == Algorithm::kSlidingLog) {
+      return InvalidArgument("limit '" + list[i].limit->name() +
+                             "' is a sliding log, which cannot be settled (use a bucket or a "
+                             "window for costs known afterwards)");
+    }
+    if (list[i].limit->calendar() != nullptr) {
+      return InvalidArgument("limit '" + list[i].limit->name() +
+                             "' is a calendar quota, which cannot be settled (settle on a "
+                             "bucket or a window aligned to the epoch)");
+    }
+    if (list[i].delta < -kMaxSettleDelta || list[i].delta > kMaxSettleDelta) {
+      return InvalidArgument("a settlement's difference must be within +-" +
+                             std::to_string(kMaxSettleDelta) + ", got " +
+                             std::to_string(list[i].delta));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (list[j].limit->name() == list[i].limit->name()) {
+        return InvalidArgument("limit '" + list[i].limit->name() +
+                               "' appears twice in one settlement");
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Status ValidateKey(std::string_view key, size_t max_key_length, std::string_view what) {

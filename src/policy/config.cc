@@ -593,6 +593,15 @@ Status Loader::LimitSpec(const YAML::Node& spec, const std::string& name,
       if (!limit.ok()) return Error(node, what + ": " + limit.status().message());
     }
   }
+  // A block period (issue 21): `block_for: 10m` after a denial.
+  if (YAML::Node node = Get(spec, "block_for"); node.IsDefined()) {
+    std::string text;
+    RL_RETURN_IF_ERROR(Scalar(node, "block_for", &text));
+    StatusOr<std::chrono::microseconds> d = ParseDuration(text);
+    if (!d.ok()) return Error(node, what + ": block_for: " + d.status().message());
+    limit = limit->WithBlockFor(*d);
+    if (!limit.ok()) return Error(node, what + ": " + limit.status().message());
+  }
   *out = *limit;
   return Status::Ok();
 }
@@ -633,7 +642,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       RL_RETURN_IF_ERROR(CheckMap(
           e, "limit of " + what,
           {"name", "algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
-           "limit", "window", "align", "timezone", "prefetch", "lease", "shadow", "failure_mode"}));
+           "limit", "window", "align", "timezone", "prefetch", "lease", "block_for", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -644,7 +653,7 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         rule.limit = *limit;
       } else {
         for (const char* key : {"capacity", "refill_per_second", "depth", "rate_per_second",
-                                "limit", "window", "align", "timezone", "prefetch", "lease"}) {
+                                "limit", "window", "align", "timezone", "prefetch", "lease", "block_for"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);
@@ -874,7 +883,7 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
       RL_RETURN_IF_ERROR(
           CheckMap(kv.second, "limit " + Quote(name),
                    {"algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
-                    "limit", "window", "align", "timezone", "prefetch", "lease"}));
+                    "limit", "window", "align", "timezone", "prefetch", "lease", "block_for"}));
       std::optional<Limit> limit;
       RL_RETURN_IF_ERROR(LimitSpec(kv.second, name, kv.first, &limit));
       RL_RETURN_IF_ERROR(Define(*limit, kv.first));

@@ -28,6 +28,9 @@ void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
       out << YAML::Key << "timezone" << YAML::Value << c->zone().name();
     }
   }
+  if (l.block_for().count() > 0) {
+    out << YAML::Key << "block_for" << YAML::Value << FormatDuration(l.block_for());
+  }
 }
 
 void EmitRules(YAML::Emitter& out, const std::vector<RuleLimit>& rules) {

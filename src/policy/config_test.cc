@@ -442,3 +442,43 @@ TEST(EmbeddedDefault, IsTheDemo) {
 
 }  // namespace
 }  // namespace ratelimit::policy
+
+namespace ratelimit::policy {
+namespace {
+
+// Block periods (issue 21): `block_for` on a named or inline limit, in the
+// dump, and the errors.
+TEST(ParseConfig, BlockFor) {
+  StatusOr<Config> c = ParseConfig(
+      "limits:\n"
+      "  login: {algorithm: fixed_window, limit: 5, window: 1m, block_for: 10m}\n"
+      "routes:\n"
+      "  - {name: r, path: /, limits: [{name: tb, algorithm: token_bucket, capacity: 2,\n"
+      "      refill_per_second: 1, block_for: 30s}]}\n",
+      "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->named_limits.at("login").block_for(), std::chrono::minutes(10));
+  EXPECT_EQ(c->named_limits.at("tb").block_for(), std::chrono::seconds(30));
+  const std::string dump = DumpRedacted(*c);
+  EXPECT_NE(dump.find("block_for: 10m"), std::string::npos) << dump;
+  StatusOr<Config> again = ParseConfig(dump, "dump");
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->named_limits.at("login"), c->named_limits.at("login"));
+
+  StatusOr<Config> bad = ParseConfig(
+      "limits: {l: {algorithm: fixed_window, limit: 5, window: 1m, block_for: 10x}}\n", "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.yaml:1: limit 'l': block_for:"), std::string::npos)
+      << bad.status().message();
+  bad = ParseConfig(
+      "limits: {l: {algorithm: token_bucket, capacity: 10, refill_per_second: 1, prefetch: 5, "
+      "block_for: 1m}}\n",
+      "t.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("block_for and prefetch do not go together"),
+            std::string::npos)
+      << bad.status().message();
+}
+
+}  // namespace
+}  // namespace ratelimit::policy

@@ -423,6 +423,13 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
       if (req.method() != http::verb::post) return done(MethodNotAllowed(path, "POST"));
       return Reset(std::move(policy), std::move(*who), instance, std::move(done));
     }
+    if (action == "blocks") {
+      if (req.method() == http::verb::delete_) {
+        return Blocks(std::move(*who), true, instance, std::move(done));
+      }
+      if (!get) return done(MethodNotAllowed(path, "GET, DELETE"));
+      return Blocks(std::move(*who), false, instance, std::move(done));
+    }
     if (action == "denials") {
       if (!get) return done(MethodNotAllowed(path, "GET"));
       json list = json::array();
@@ -598,6 +605,73 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
     }
     ResetNext(op);
   });
+}
+
+// Block periods: the client's limits with `block_for`, group by group (a
+// group is one store key: the client's, or its IP's).
+struct AdminApi::BlocksOp {
+  std::vector<std::pair<std::string, std::vector<const Limit*>>> groups;  // key, limits
+  std::string client, instance;
+  bool lift = false;
+  size_t next = 0;
+  json list = json::array();
+  std::function<void(Reply)> done;
+};
+
+void AdminApi::Blocks(Client who, bool lift, std::string instance,
+                      std::function<void(Reply)> done) {
+  auto op = std::make_shared<BlocksOp>();
+  for (const policy::CheckGroup& g : who.groups) {
+    std::vector<const Limit*> ls;
+    for (const LimitCheck& c : g.checks) {
+      if (c.limit->block_for().count() > 0) ls.push_back(c.limit);
+    }
+    if (!ls.empty()) op->groups.emplace_back(g.key, std::move(ls));
+  }
+  op->client = std::move(who.shown);
+  op->lift = lift;
+  op->instance = std::move(instance);
+  op->done = std::move(done);
+  BlocksNext(std::move(op));
+}
+
+void AdminApi::BlocksNext(std::shared_ptr<BlocksOp> op) {
+  auto unavailable = [op](const Status& s) {
+    Reply r =
+        ProblemReply(503, "the rate limit store could not answer: " + s.message(), op->instance);
+    r.Add("Retry-After", "1");
+    op->done(std::move(r));
+  };
+  if (op->next == op->groups.size()) {
+    if (op->lift) Log(Level::kInfo, "admin: blocks lifted", {{"key", op->client}});
+    return op->done(
+        JsonReply(200, {{"client", op->client}, {op->lift ? "lifted" : "blocks", op->list}}));
+  }
+  const std::string& key = op->groups[op->next].first;
+  const std::vector<const Limit*>& limits = op->groups[op->next++].second;
+  if (op->lift) {
+    for (const Limit* l : limits) op->list.push_back(l->name());
+    return store().Unblock(key, limits, [this, op, unavailable](const Status& s) {
+      if (!s.ok()) return unavailable(s);
+      BlocksNext(op);
+    });
+  }
+  store().Blocks(
+      key, limits,
+      [this, op, unavailable, &limits](StatusOr<std::vector<std::chrono::microseconds>> r) {
+        if (!r.ok()) return unavailable(r.status());
+        const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count();
+        for (size_t i = 0; i < limits.size() && i < r->size(); ++i) {
+          if ((*r)[i].count() <= 0) continue;
+          op->list.push_back({{"limit", limits[i]->name()},
+                              {"block_for_ms", Ms(limits[i]->block_for())},
+                              {"remaining_ms", Ms((*r)[i])},
+                              {"until", IsoTime(now_ms + Ms((*r)[i]))}});
+        }
+        BlocksNext(op);
+      });
 }
 
 void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,

@@ -16,6 +16,7 @@
 #include "server/headers.h"
 #include "server/outcome_reply.h"
 #include "server/problem.h"
+#include "server/reservation.h"
 
 namespace ratelimit::server {
 namespace {
@@ -79,6 +80,7 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   const json* name = nullptr;
   const json* align = nullptr;     // a calendar quota's: "calendar" (or "epoch")
   const json* timezone = nullptr;  // and its IANA time zone
+  const json* block_for = nullptr;
   // The count and the rate or window, under the names the algorithm uses.
   static constexpr std::string_view kFields[] = {
       "capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"};
@@ -91,6 +93,8 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
       (k == "align" ? align : timezone) = &it.value();
     } else if (k == "name") {
       name = &it.value();
+    } else if (k == "block_for") {
+      block_for = &it.value();
     } else {
       const auto* f = std::find(std::begin(kFields), std::end(kFields), k);
       if (f == std::end(kFields)) return Bad(where + ": unknown field '" + k + "'");
@@ -169,6 +173,15 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     if (m.starts_with(named)) m.remove_prefix(named.size());
     return Bad(where + ": " + std::string(m));
   }
+  if (block_for != nullptr) {  // a block period (issue 21), "10m"
+    if (!block_for->is_string()) {
+      return Bad(where + ": field 'block_for' must be a duration string such as \"10m\"");
+    }
+    StatusOr<std::chrono::microseconds> d = ParseDuration(block_for->get_ref<const std::string&>());
+    if (!d.ok()) return Bad(where + ": field 'block_for': " + d.status().message());
+    out = out->WithBlockFor(*d);
+    if (!out.ok()) return Bad(where + ": " + out.status().message());
+  }
   return out;
 }
 
@@ -204,10 +217,15 @@ void AppendDecisionFields(std::string& out, const Decision& d) {
   AppendInt(out, d.allowed ? CeilMillis(d.delay) : 0);
 }
 
+}  // namespace
+
 struct CheckOp {
   std::shared_ptr<const policy::Policy> policy;
   ParsedCheck check;
+  DecisionApi* api = nullptr;
 };
+
+namespace {
 
 // Points out.checks at the requested limits in request order: named[i], or
 // (where it is null) the next of out.owned. Rejects a limit named twice and a
@@ -346,7 +364,8 @@ bool operator==(const ParsedCheck& a, const ParsedCheck& b) {
     if (a.checks[i].cost != b.checks[i].cost || x.name() != y.name() ||
         x.algorithm() != y.algorithm() || x.limit() != y.limit() ||
         x.window_micros() != y.window_micros() || x.interval_micros() != y.interval_micros() ||
-        x.identity_hash() != y.identity_hash() || x.calendar() != y.calendar()) {
+        x.identity_hash() != y.identity_hash() || x.calendar() != y.calendar() ||
+        x.block_for() != y.block_for()) {
       return false;
     }
   }
@@ -450,6 +469,32 @@ StatusOr<json> ParseBody(std::string_view body) {
   return Bad("request body is not valid JSON");
 }
 
+namespace {
+
+// "reserve": true and "reserve_ttl": "<duration>" (issue 21).
+Status ParseReserve(const json* reserve, const json* ttl, const json& limits, ParsedCheck& out) {
+  if (reserve != nullptr && !reserve->is_boolean())
+    return Bad("field 'reserve' must be true or false");
+  out.reserve = reserve != nullptr && reserve->get<bool>();
+  if (ttl != nullptr && !out.reserve) return Bad("field 'reserve_ttl' needs \"reserve\": true");
+  if (!out.reserve) return Status::Ok();
+  out.reserve_ttl_ms = kDefaultReservationTtlMs;
+  if (ttl != nullptr) {
+    if (!ttl->is_string())
+      return Bad("field 'reserve_ttl' must be a duration string such as \"30s\"");
+    StatusOr<std::chrono::microseconds> d = ParseDuration(ttl->get_ref<const std::string&>());
+    if (!d.ok()) return Bad("field 'reserve_ttl': " + d.status().message());
+    if (d->count() < 1000 || d->count() > kMaxReservationTtlMs * 1000) {
+      return Bad("field 'reserve_ttl' must be 1ms..1h");
+    }
+    out.reserve_ttl_ms = d->count() / 1000;
+  }
+  out.limits_json = limits.dump();
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
                                  size_t max_key_length) {
   if (!j.is_object()) return Bad("a check must be a JSON object");
@@ -457,9 +502,15 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   const json* cost = nullptr;
   const json* limits = nullptr;
   const json* limit = nullptr;
+  const json* reserve = nullptr;
+  const json* reserve_ttl = nullptr;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k == "key")
+    if (k == "reserve")
+      reserve = &it.value();
+    else if (k == "reserve_ttl")
+      reserve_ttl = &it.value();
+    else if (k == "key")
       key = &it.value();
     else if (k == "cost")
       cost = &it.value();
@@ -468,7 +519,8 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
     else if (k == "limit")
       limit = &it.value();
     else
-      return Bad("unknown field '" + k + "' (expected key, cost, limits or limit)");
+      return Bad("unknown field '" + k +
+                 "' (expected key, cost, limits or limit, or reserve and reserve_ttl)");
   }
   ParsedCheck out;
   if (key == nullptr) return Bad("field 'key' is required");
@@ -514,6 +566,7 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
     }
   }
   if (Status s = AssembleChecks(named, out); !s.ok()) return s;
+  if (Status s = ParseReserve(reserve, reserve_ttl, *limits, out); !s.ok()) return s;
   return out;
 }
 
@@ -570,7 +623,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
     if (!full.ok()) return done(ProblemReply(400, full.status().message(), path));
     parsed = std::move(*full);
   }
-  auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed)});
+  auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed), this});
   const policy::StoreConfig& store_config = op->policy->config().store;
   enforcer_.Check(op->check.key, op->check.checks, store_config, path, Face::kDecisionApi,
                   [op, path, done = std::move(done)](const Outcome& o) {
@@ -588,8 +641,146 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
                     AppendOutcomeBody(o, r.body);
                     r.headers.reserve(6);
                     AddOutcomeHeaders(o, face.dialect, r);
+                    if (op->check.reserve && o.allowed() && !o.degraded) {
+                      return op->api->AddReservation(op, std::move(r), done);
+                    }
                     done(std::move(r));
                   });
+}
+
+// An allowed, reserved check: the reservation signed under the store's
+// shared secret, added to the answer as "reservation": {id, cost,
+// expires_in_ms, expires_at_unix_ms}. A degraded answer (a failure mode
+// decided) carries none: nothing was taken from the store to settle against.
+void DecisionApi::AddReservation(std::shared_ptr<CheckOp> op, Reply r,
+                                 std::function<void(Reply)> done) {
+  enforcer_.store().SharedSecret([op, r = std::move(r),
+                                  done = std::move(done)](StatusOr<std::string> secret) mutable {
+    if (!secret.ok()) {
+      Reply failed = ProblemReply(
+          503, "the rate limit store could not sign the reservation: " + secret.status().message(),
+          "/v1/check");
+      failed.Add("Retry-After", "1");
+      return done(std::move(failed));
+    }
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    const Reservation res{.key = op->check.key,
+                          .cost = op->check.cost,
+                          .expires_unix_ms = now_ms + op->check.reserve_ttl_ms,
+                          .nonce = NewReservationNonce(),
+                          .limits = json::parse(op->check.limits_json)};
+    const json obj = {{"id", SignReservation(res, *secret)},
+                      {"cost", res.cost},
+                      {"expires_in_ms", op->check.reserve_ttl_ms},
+                      {"expires_at_unix_ms", res.expires_unix_ms}};
+    r.body.pop_back();  // the closing '}'
+    r.body += ",\"reservation\":" + obj.dump() + "}";
+    done(std::move(r));
+  });
+}
+
+namespace {
+
+// What a settlement answers: the reservation's numbers and the limits'
+// state afterwards (each limit's decision: the next cost-1 request's view).
+std::string SettledBody(const Reservation& res, int64_t cost, const CheckResult& result,
+                        std::span<const LimitCheck> checks) {
+  std::string body = "{\"settled\":true,\"reserved\":" + std::to_string(res.cost) +
+                     ",\"cost\":" + std::to_string(cost) +
+                     ",\"difference\":" + std::to_string(cost - res.cost) + ",\"state\":";
+  AppendCheckBody(result, checks, result.degraded, body);
+  body += "}";
+  return body;
+}
+
+}  // namespace
+
+void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+                         std::string_view path, std::function<void(Reply)> done) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+  if (!j->is_object()) return done(ProblemReply(400, "the body must be a JSON object", path));
+  std::string id;
+  int64_t cost = -1;
+  for (auto it = j->begin(); it != j->end(); ++it) {
+    if (it.key() == "reservation" && it.value().is_string()) {
+      id = it.value().get<std::string>();
+    } else if (it.key() == "cost") {
+      if (!GetInt(it.value(), 0, cost) || cost > kMaxSettleDelta) {
+        return done(ProblemReply(400, "field 'cost' must be an integer in 0..2147483647", path));
+      }
+    } else {
+      return done(ProblemReply(
+          400, "field '" + it.key() + "' is unknown or not a string (expected reservation, cost)",
+          path));
+    }
+  }
+  if (id.empty()) return done(ProblemReply(400, "field 'reservation' is required", path));
+  if (cost < 0) return done(ProblemReply(400, "field 'cost' is required (the actual cost)", path));
+  auto where = std::make_shared<std::string>(path);
+  enforcer_.store().SharedSecret([this, policy = std::move(policy), id = std::move(id), cost, where,
+                                  done = std::move(done)](StatusOr<std::string> secret) mutable {
+    if (!secret.ok()) {
+      Reply r = ProblemReply(
+          503, "the rate limit store could not answer: " + secret.status().message(), *where);
+      r.Add("Retry-After", "1");
+      return done(std::move(r));
+    }
+    StatusOr<Reservation> res = VerifyReservation(id, *secret);
+    if (!res.ok()) return done(ProblemReply(400, res.status().message(), *where));
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    if (now_ms >= res->expires_unix_ms) {
+      return done(ProblemReply(
+          409,
+          "the reservation expired " + std::to_string(now_ms - res->expires_unix_ms) +
+              " ms ago: it stands at its reserved cost (" + std::to_string(res->cost) + ")",
+          *where));
+    }
+    const policy::StoreConfig& config = policy->config().store;
+    StatusOr<ParsedCheck> parsed =
+        ParseCheck(json{{"key", res->key}, {"cost", res->cost}, {"limits", res->limits}},
+                   policy.get(), config.max_key_length);
+    if (!parsed.ok()) {
+      return done(ProblemReply(
+          409, "the reservation's limits no longer apply: " + parsed.status().message(), *where));
+    }
+    auto held =
+        std::make_shared<std::pair<Reservation, ParsedCheck>>(*std::move(res), *std::move(parsed));
+    std::vector<LimitSettle> settlements;
+    for (const LimitCheck& c : held->second.checks) {
+      settlements.push_back({c.limit, cost - held->first.cost});
+    }
+    const SettleRequest request{
+        .key = held->second.key,
+        .settlements = settlements,
+        .on_failure = {.mode = config.failure_mode,
+                       .expected_instances = config.expected_instances},
+        .once = held->first.nonce,
+        .once_ttl = std::chrono::milliseconds(held->first.expires_unix_ms - now_ms + 1000)};
+    enforcer_.store().Settle(request, [policy, held, cost, where,
+                                       done = std::move(done)](StatusOr<CheckResult> r) {
+      if (!r.ok()) {
+        const bool bad = r.status().code() == StatusCode::kInvalidArgument;
+        Reply reply = ProblemReply(
+            bad ? 400 : 503,
+            (bad ? "" : "the rate limit store could not settle: ") + r.status().message(), *where);
+        if (!bad) reply.Add("Retry-After", "1");
+        return done(std::move(reply));
+      }
+      if (r->already_settled) {
+        return done(ProblemReply(409, "the reservation was settled already", *where));
+      }
+      Reply reply;
+      reply.status = 200;
+      reply.content_type = "application/json";
+      reply.body = SettledBody(held->first, cost, *r, held->second.checks);
+      done(std::move(reply));
+    });
+  });
 }
 
 namespace {
@@ -660,6 +851,12 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     if (!parsed.ok()) {
       op->results[i] =
           ErrorEntry(400, "checks[" + std::to_string(i) + "]: " + parsed.status().message());
+      op->CompleteOne();
+      continue;
+    }
+    if (parsed->reserve) {
+      op->results[i] = ErrorEntry(
+          400, "checks[" + std::to_string(i) + "]: 'reserve' is for POST /v1/check only");
       op->CompleteOne();
       continue;
     }

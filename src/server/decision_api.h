@@ -44,6 +44,13 @@ struct ParsedCheck {
   int64_t cost = 1;
   std::vector<Limit> owned;        // limits defined inline
   std::vector<LimitCheck> checks;  // one per requested limit, in request order
+  // "reserve": true (POST /v1/check only): an allowed answer carries a
+  // reservation to settle later (server/reservation.h), held for
+  // reserve_ttl_ms ("reserve_ttl": "30s"); `limits_json` is the request's
+  // limits (JSON text), which the reservation carries.
+  bool reserve = false;
+  int64_t reserve_ttl_ms = 0;
+  std::string limits_json;
 };
 
 // Same key, cost and limits (by name and parameters) in the same order.
@@ -87,9 +94,17 @@ class DecisionApi {
   // POST /v1/check
   void Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
              std::string_view path, std::function<void(Reply)> done);
+  // POST /v1/settle {"reservation": "<id>", "cost": <actual>}: debits or
+  // refunds actual - reserved on the reservation's limits, once (issue 21;
+  // docs/http-api.md).
+  void Settle(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+              std::string_view path, std::function<void(Reply)> done);
   // POST /v1/check/batch {"checks": [...]} -> 200 {"results": [...]}
   void Batch(std::shared_ptr<const policy::Policy> policy, std::string_view body,
              std::string_view path, std::function<void(Reply)> done);
+
+  // An allowed check that asked to reserve: its reservation added (decision_api.cc).
+  void AddReservation(std::shared_ptr<struct CheckOp> op, Reply r, std::function<void(Reply)> done);
 
  private:
   Enforcer& enforcer_;

@@ -42,6 +42,33 @@ TEST(ParseCheck, ShorthandAndDefaults) {
   EXPECT_EQ(c->checks[0].limit->name(), "default");
 }
 
+// Issue 21: "reserve" (with "reserve_ttl") and an inline limit's "block_for".
+TEST(ParseCheck, ReserveAndBlockFor) {
+  StatusOr<json> j = ParseBody(R"({"key": "k", "cost": 3, "reserve": true, "reserve_ttl": "30s",
+      "limit": {"algorithm": "fixed_window", "limit": 5, "window": "1m", "block_for": "10m"}})");
+  StatusOr<ParsedCheck> c = ParseCheck(*j, nullptr, 512);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->reserve);
+  EXPECT_EQ(c->reserve_ttl_ms, 30000);
+  EXPECT_EQ(json::parse(c->limits_json)[0]["block_for"], "10m");
+  EXPECT_EQ(c->checks[0].limit->block_for(), std::chrono::minutes(10));
+  j = ParseBody(R"({"key": "k", "reserve": true, "limit": "x"})");
+  EXPECT_EQ(ParseError(R"({"key": "k", "reserve": true, "limit": {"algorithm": "fixed_window",
+      "limit": 5, "window": "1m"}})"),
+            "");
+  const std::string fw = R"({"algorithm": "fixed_window", "limit": 5, "window": "1m"})";
+  EXPECT_EQ(ParseError(R"({"key": "k", "reserve": 1, "limit": )" + fw + "}"),
+            "field 'reserve' must be true or false");
+  EXPECT_EQ(ParseError(R"({"key": "k", "reserve_ttl": "1s", "limit": )" + fw + "}"),
+            "field 'reserve_ttl' needs \"reserve\": true");
+  EXPECT_EQ(
+      ParseError(R"({"key": "k", "reserve": true, "reserve_ttl": "2h", "limit": )" + fw + "}"),
+      "field 'reserve_ttl' must be 1ms..1h");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": {"algorithm": "fixed_window", "limit": 5,
+      "window": "1m", "block_for": 600}})"),
+            "limit: field 'block_for' must be a duration string such as \"10m\"");
+}
+
 // The fast path of /v1/check answers the plain bodies, each as the full
 // parser does, and leaves everything else to the full parser.
 TEST(FastParseCheck, AgreesWithTheFullParserOrStepsAside) {
@@ -115,8 +142,9 @@ TEST(ParseCheck, Errors) {
   EXPECT_NE(
       ParseError(R"({"key": "k", "cost": 1e400, "limit": )" + tb + "}").find("not valid JSON"),
       std::string::npos);
-  EXPECT_EQ(ParseError(R"({"key": "k", "cots": 1, "limit": )" + tb + "}"),
-            "unknown field 'cots' (expected key, cost, limits or limit)");
+  EXPECT_EQ(
+      ParseError(R"({"key": "k", "cots": 1, "limit": )" + tb + "}"),
+      "unknown field 'cots' (expected key, cost, limits or limit, or reserve and reserve_ttl)");
   EXPECT_EQ(ParseError(R"({"cost": 1, "limit": )" + tb + "}"), "field 'key' is required");
   EXPECT_EQ(ParseError(R"({"key": "", "limit": )" + tb + "}"), "field 'key' must not be empty");
   EXPECT_EQ(ParseError(R"({"key": ")" + std::string(33, 'a') + R"(", "limit": )" + tb + "}"),

@@ -41,7 +41,8 @@ class LeasedBody final : public BodyStream {
 }  // namespace
 
 bool IsOwnPath(std::string_view canonical) {
-  for (std::string_view own : {"/v1/check", "/v1/auth", "/v1/acquire", "/v1/release"}) {
+  for (std::string_view own :
+       {"/v1/check", "/v1/auth", "/v1/acquire", "/v1/release", "/v1/settle"}) {
     if (canonical.starts_with(own) &&
         (canonical.size() == own.size() || canonical[own.size()] == '/')) {
       return true;
@@ -110,6 +111,14 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
         return decision_api_.Check(std::move(policy), req.body(), path, std::move(done));
       }
       return decision_api_.Batch(std::move(policy), req.body(), path, std::move(done));
+    }
+    if (path == "/v1/settle") {  // reservations (issue 21)
+      if (req.method() != http::verb::post) {
+        Reply r = ProblemReply(405, "use POST for " + std::string(path), path);
+        r.Add("Allow", "POST");
+        return done(std::move(r));
+      }
+      return decision_api_.Settle(std::move(policy), req.body(), path, std::move(done));
     }
     if (concurrency_api_ && (path == "/v1/acquire" || path == "/v1/release")) {
       if (req.method() != http::verb::post) {

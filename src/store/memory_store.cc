@@ -112,8 +112,37 @@ struct alignas(64) Shard {
   store::ShardMutex mu;
   Table table RL_GUARDED_BY(mu);
   std::unordered_map<uint64_t, LogEntry> logs RL_GUARDED_BY(mu);  // sliding logs
+  // Block periods (Limit::block_for): when each ends (us), by fingerprint.
+  // Not counted as keys: a block needs a denial, which needs state.
+  std::unordered_map<uint64_t, int64_t> blocks RL_GUARDED_BY(mu);
+  // Settlements made once (SettleRequest::once): until when each is remembered.
+  std::unordered_map<uint64_t, int64_t> settled RL_GUARDED_BY(mu);
 };
 
+// A limit with a block period: `d` (the limit's own answer) and `standing`
+// (its state as it stands) become a block's answer while one is in force;
+// a denial that is not a peek starts one. check.lua's blocking() does the same.
+Decision ApplyBlock(Shard& shard, uint64_t fp, const Limit& limit, Decision d,
+                    const Decision& standing, int64_t now, bool peek) RL_REQUIRES(shard.mu) {
+  auto it = shard.blocks.find(fp);
+  int64_t until = it != shard.blocks.end() && it->second > now ? it->second : 0;
+  if (until == 0 && !d.allowed && !peek) {
+    until = now + limit.block_for().count();
+    shard.blocks[fp] = until;
+  }
+  if (until == 0) return d;
+  d.allowed = false;
+  d.remaining = 0;
+  d.delay = std::chrono::microseconds(0);
+  d.retry_after = std::chrono::microseconds(until - now);
+  d.reset_after = std::max(standing.reset_after, d.retry_after);
+  return d;
+}
+
+}  // namespace
+
+namespace {
+class ShardLocks;
 }  // namespace
 
 struct MemoryStore::Impl {
@@ -162,9 +191,32 @@ struct MemoryStore::Impl {
     keys.fetch_sub(shard.table.Rebuild(next, now), std::memory_order_relaxed);
   }
 
+  // fn(shard, fp) for the state of `key` and each limit, under its shard's lock.
+  // (`fn` states RL_REQUIRES(shard.mu) itself: the analysis cannot follow
+  // the call through the template.)
+  template <typename Fn>
+  void ForEachLocked(std::string_view key, std::span<const Limit* const> limits,
+                     Fn fn) RL_NO_THREAD_SAFETY_ANALYSIS {
+    const uint64_t key_hash = store::Hash64(key, seed);
+    for (const Limit* limit : limits) {
+      const uint64_t fp = Fingerprint(key_hash, *limit);
+      Shard& shard = ShardFor(fp);
+      LockGuard lock(shard.mu);
+      fn(shard, fp);
+    }
+  }
+
+  // The fingerprints of `key` with each item's limit, and their shards locked.
+  template <typename Item>
+  std::array<uint64_t, kMaxChecksPerRequest> LockAll(std::string_view key,
+                                                     std::span<const Item> items,
+                                                     ShardLocks& locks);
+
   // Holds the shards of all of `req`'s limits at once (ShardLocks): a set
   // known at run time, which the analysis cannot follow.
   StatusOr<CheckResult> Run(const CheckRequest& req, bool peek) RL_NO_THREAD_SAFETY_ANALYSIS;
+  // The same for a settlement: every limit's state changes under all the locks.
+  StatusOr<CheckResult> Settle(const SettleRequest& req) RL_NO_THREAD_SAFETY_ANALYSIS;
 };
 
 namespace {
@@ -194,17 +246,25 @@ class ShardLocks {
 
 }  // namespace
 
-StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek) {
-  if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return s;
-  const size_t n = req.checks.size();
-  const uint64_t key_hash = Hash64(req.key, seed);
-  std::array<uint64_t, kMaxChecksPerRequest> fps;
-  ShardLocks locks;
-  for (size_t i = 0; i < n; ++i) {
-    fps[i] = Fingerprint(key_hash, *req.checks[i].limit);
+template <typename Item>
+std::array<uint64_t, kMaxChecksPerRequest> MemoryStore::Impl::LockAll(std::string_view key,
+                                                                      std::span<const Item> items,
+                                                                      ShardLocks& locks) {
+  std::array<uint64_t, kMaxChecksPerRequest> fps{};
+  const uint64_t key_hash = Hash64(key, seed);
+  for (size_t i = 0; i < items.size(); ++i) {
+    fps[i] = Fingerprint(key_hash, *items[i].limit);
     locks.Add(&ShardFor(fps[i]));
   }
   locks.LockAll();
+  return fps;
+}
+
+StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek) {
+  if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return s;
+  const size_t n = req.checks.size();
+  ShardLocks locks;
+  const std::array<uint64_t, kMaxChecksPerRequest> fps = LockAll(req.key, req.checks, locks);
   const int64_t now = clock->NowMicros();
 
   CheckResult result;
@@ -230,6 +290,12 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
       result.decisions[i] = e.decision;
       next[i] = e.next;
       new_keys += slot == nullptr ? 1 : 0;
+    }
+    if (limit.block_for().count() > 0) {
+      const Decision standing = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
+                                                   : core::Standing(limit, state[i], now);
+      result.decisions[i] =
+          ApplyBlock(shard, fps[i], limit, result.decisions[i], standing, now, peek);
     }
     all = all && result.decisions[i].allowed;
   }
@@ -271,6 +337,60 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
   return result;
 }
 
+StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
+  if (Status s = ValidateSettle(req, opts.max_key_length); !s.ok()) return s;
+  ShardLocks locks;
+  const std::array<uint64_t, kMaxChecksPerRequest> fps = LockAll(req.key, req.settlements, locks);
+  const int64_t now = clock->NowMicros();
+  const size_t n = req.settlements.size();
+  std::array<Slot*, kMaxChecksPerRequest> slots{};
+  std::array<CompactState, kMaxChecksPerRequest> next;
+  size_t new_keys = 0;
+  for (size_t i = 0; i < n; ++i) {
+    slots[i] = ShardFor(fps[i]).table.Find(fps[i]);
+    const CompactState state =
+        (slots[i] != nullptr && slots[i]->expires > now) ? slots[i]->state : CompactState{};
+    next[i] = core::SettleState(*req.settlements[i].limit, state, now, req.settlements[i].delta);
+    const bool fresh = core::ExpiresAt(*req.settlements[i].limit, next[i]) <= now;
+    new_keys += (slots[i] == nullptr && !fresh) ? 1 : 0;
+  }
+  if (new_keys > 0) {
+    if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
+  }
+  if (!req.once.empty()) {  // remembered in the first limit's shard, locked above
+    Shard& first = ShardFor(fps[0]);
+    const uint64_t once_fp = Mix(Hash64(req.once, seed), fps[0]);
+    auto [it, inserted] = first.settled.try_emplace(once_fp, now + req.once_ttl.count());
+    if (!inserted && it->second > now) return CheckResult{.already_settled = true};
+    it->second = now + req.once_ttl.count();
+  }
+  CheckResult result;
+  result.decisions.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Limit& limit = *req.settlements[i].limit;
+    Shard& shard = ShardFor(fps[i]);
+    const int64_t expires = core::ExpiresAt(limit, next[i]);
+    Slot* slot = shard.table.Find(fps[i]);  // an Erase or a growth above may have moved it
+    if (expires <= now) {                   // the fresh state: nothing to keep
+      if (slot != nullptr) {
+        shard.table.Erase(slot);
+        keys.fetch_sub(1, std::memory_order_relaxed);
+      }
+    } else {
+      if (slot == nullptr) {
+        EnsureRoom(shard, now);
+        slot = shard.table.Insert(fps[i]);
+        keys.fetch_add(1, std::memory_order_relaxed);
+      }
+      slot->state = next[i];
+      slot->expires = expires;
+    }
+    result.decisions[i] = core::Probe(limit, next[i], now);
+  }
+  result.overall = Combine(result.decisions);
+  return result;
+}
+
 MemoryStore::MemoryStore() : MemoryStore(Options{}) {}
 MemoryStore::MemoryStore(Options options) : impl_(std::make_unique<Impl>(options)) {}
 MemoryStore::~MemoryStore() = default;
@@ -287,6 +407,10 @@ void MemoryStore::Peek(const CheckRequest& request, CheckCallback done) {
   done(impl_->Run(request, /*peek=*/true));
 }
 
+void MemoryStore::Settle(const SettleRequest& request, CheckCallback done) {
+  done(impl_->Settle(request));
+}
+
 StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& limit, int64_t cost) {
   Impl& m = *impl_;
   if (key.empty() || key.size() > m.opts.max_key_length) {
@@ -294,7 +418,7 @@ StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& lim
     return ValidateRequest({key, {&c, 1}}, m.opts.max_key_length);
   }
   if (cost < 0 || cost > limit.limit()) return limit.ValidateCost(cost);
-  if (limit.algorithm() == Algorithm::kSlidingLog) {
+  if (limit.algorithm() == Algorithm::kSlidingLog || limit.block_for().count() > 0) {
     LimitCheck c{&limit, cost};
     StatusOr<CheckResult> r = m.Run({key, {&c, 1}}, false);
     if (!r.ok()) return r.status();
@@ -323,17 +447,33 @@ StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& lim
 void MemoryStore::Reset(std::string_view key, std::span<const Limit* const> limits,
                         ResetCallback done) {
   Impl& m = *impl_;
-  const uint64_t key_hash = Hash64(key, m.seed);
-  for (const Limit* limit : limits) {
-    const uint64_t fp = m.Fingerprint(key_hash, *limit);
-    Shard& shard = m.ShardFor(fp);
-    LockGuard lock(shard.mu);
+  m.ForEachLocked(key, limits, [&m](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) {
     if (Slot* slot = shard.table.Find(fp); slot != nullptr) {
       shard.table.Erase(slot);
       m.keys.fetch_sub(1, std::memory_order_relaxed);
     }
     if (shard.logs.erase(fp) > 0) m.keys.fetch_sub(1, std::memory_order_relaxed);
-  }
+    shard.blocks.erase(fp);
+  });
+  done(Status::Ok());
+}
+
+void MemoryStore::Blocks(std::string_view key, std::span<const Limit* const> limits,
+                         BlocksCallback done) {
+  Impl& m = *impl_;
+  std::vector<std::chrono::microseconds> out;
+  m.ForEachLocked(key, limits, [&](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) {
+    const auto it = shard.blocks.find(fp);
+    const int64_t now = m.clock->NowMicros();
+    out.emplace_back(it != shard.blocks.end() ? std::max<int64_t>(0, it->second - now) : 0);
+  });
+  done(std::move(out));
+}
+
+void MemoryStore::Unblock(std::string_view key, std::span<const Limit* const> limits,
+                          ResetCallback done) {
+  impl_->ForEachLocked(
+      key, limits, [](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) { shard.blocks.erase(fp); });
   done(Status::Ok());
 }
 
@@ -349,6 +489,8 @@ size_t MemoryStore::Sweep() {
     // Shrink tables that are mostly empty after a flood went away.
     while (cap > 8 && live * 4 < cap) cap /= 2;
     size_t n = shard.table.Rebuild(cap, now);
+    std::erase_if(shard.blocks, [now](const auto& b) { return b.second <= now; });
+    std::erase_if(shard.settled, [now](const auto& b) { return b.second <= now; });
     for (auto it = shard.logs.begin(); it != shard.logs.end();) {
       if (it->second.expires <= now) {
         it = shard.logs.erase(it);

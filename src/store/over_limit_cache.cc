@@ -15,7 +15,9 @@ OverLimitCache::OverLimitCache(Options options)
 std::optional<uint64_t> OverLimitCache::Fingerprint(const CheckRequest& request) const {
   uint64_t h = Hash64(request.key, seed_);
   for (const LimitCheck& c : request.checks) {
-    if (c.cost != 1) return std::nullopt;
+    // A limit with a block period is always asked: the denial that starts a
+    // block must reach the store (it could not start one from here).
+    if (c.cost != 1 || c.limit->block_for().count() > 0) return std::nullopt;
     const Limit& l = *c.limit;
     h = Mix(h ^ Hash64(l.name(), seed_), static_cast<uint64_t>(l.window_micros()) * 31 +
                                              static_cast<uint64_t>(l.limit()) +

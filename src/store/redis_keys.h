@@ -14,6 +14,7 @@
 // A calendar quota keeps one key per window, named by the window's start in
 // Unix seconds ('@' is no character of a limit name): a new window is a new
 // key, and the old one expires at its boundary.
+//   keys.Block("ip:127.0.0.1", "login");        // "rl:{ip:127.0.0.1}login!b"
 //
 // Thread-safety: immutable after construction.
 #pragma once
@@ -36,6 +37,15 @@ class RedisKeys {
                      int64_t start_us) const {
     return Make(client_key, "",
                 std::string(limit_name) + "@" + std::to_string(start_us / 1'000'000));
+  }
+  // A block period's key (Limit::block_for): the limit's key and "!b", a
+  // character no limit name has; check.lua derives it the same way.
+  std::string Block(std::string_view client_key, std::string_view limit_name) const {
+    return Rate(client_key, limit_name) + "!b";
+  }
+  // A settlement made once (SettleRequest::once), in the client's slot.
+  std::string Settled(std::string_view client_key, std::string_view once) const {
+    return Make(client_key, "~s:", once);
   }
   std::string Concurrency(std::string_view client_key, std::string_view name) const {
     return Make(client_key, "~c:", name);

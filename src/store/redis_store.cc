@@ -15,8 +15,10 @@
 
 #include <algorithm>
 #include <memory>
+#include <random>
 #include <vector>
 
+#include "ratelimit/thread_annotations.h"
 #include "store/check_admission.h"
 #include "store/check_batcher.h"
 #include "store/lua/check_codec.h"
@@ -35,6 +37,8 @@ struct RedisStore::Impl {
   store::RedisKeys keys;
   store::PendingBound bound;
   std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_failures{0};
+  Mutex secret_mu;
+  std::string secret RL_GUARDED_BY(secret_mu);  // "" until fetched (SharedSecret)
   store::CheckAdmission admission;
   std::unique_ptr<store::CheckBatcher> batcher;
   const store::CheckAdmission::Dispatch dispatch = [this](PendingCheck p) {
@@ -230,10 +234,11 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   if (limits.empty()) return done(Status::Ok());
   impl_->admission.Clear();
   std::vector<std::string> owned;
-  owned.reserve(limits.size());
+  owned.reserve(3 * limits.size());
   for (const Limit* l : limits) {
     for (std::string& k : impl_->KeysOf(key, *l)) owned.push_back(std::move(k));
   }
+  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
   std::vector<std::string_view> args = {"DEL"};
   args.insert(args.end(), owned.begin(), owned.end());  // the keys share one slot
   impl_->backend->Execute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
@@ -241,6 +246,109 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
     if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
     done(Status::Ok());
   });
+}
+
+// Blocks are read with one MGET (the keys share the client's slot) and
+// measured against this instance's clock: with time_source redis, as close
+// as the clocks agree (an admin's view, not a decision).
+void RedisStore::Blocks(std::string_view key, std::span<const Limit* const> limits,
+                        BlocksCallback done) {
+  if (limits.empty()) return done(std::vector<std::chrono::microseconds>());
+  std::vector<std::string> owned;
+  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
+  std::vector<std::string_view> args = {"MGET"};
+  args.insert(args.end(), owned.begin(), owned.end());
+  const size_t n = limits.size();
+  impl_->backend->GuardedExecute(args, [this, n, done = std::move(done)](StatusOr<redis::Reply> r) {
+    if (!r.ok()) return done(r.status());
+    if (r->type != redis::Reply::Type::kArray || r->elements.size() != n) {
+      return done(Internal("redis: unexpected reply to MGET of the blocks"));
+    }
+    const int64_t now = impl_->clock->NowMicros();
+    std::vector<std::chrono::microseconds> out;
+    for (const redis::Reply& e : r->elements) {
+      int64_t ends = 0;
+      if (e.type == redis::Reply::Type::kString) ends = std::strtoll(e.str.c_str(), nullptr, 10);
+      out.emplace_back(std::max<int64_t>(0, ends - now));
+    }
+    done(std::move(out));
+  });
+}
+
+void RedisStore::Unblock(std::string_view key, std::span<const Limit* const> limits,
+                         ResetCallback done) {
+  if (limits.empty()) return done(Status::Ok());
+  impl_->admission.Clear();  // a cached denial may be the block's
+  std::vector<std::string> owned;
+  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
+  std::vector<std::string_view> args = {"DEL"};
+  args.insert(args.end(), owned.begin(), owned.end());
+  impl_->backend->GuardedExecute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+    if (!r.ok()) return done(r.status());
+    if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
+    done(Status::Ok());
+  });
+}
+
+// The secret: one key, set once by whichever instance asks first (SET NX
+// GET), then kept by each instance. Anyone who can read it can also change
+// every limit's state in this Redis directly.
+void RedisStore::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
+  std::string known;
+  {
+    LockGuard lock(impl_->secret_mu);
+    known = impl_->secret;
+  }
+  if (!known.empty()) return done(std::move(known));
+  std::random_device rd;
+  std::string mine;
+  for (int i = 0; i < 64; ++i) mine += "0123456789abcdef"[rd() % 16];
+  const std::string key = impl_->opts.key_prefix + "reservation-secret";
+  const std::string_view args[] = {"SET", key, mine, "NX", "GET"};
+  impl_->backend->GuardedExecute(
+      args, [this, mine, done = std::move(done)](StatusOr<redis::Reply> r) {
+        if (!r.ok()) return done(r.status());
+        if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
+        // nil: ours was set; a string: another instance's was there first.
+        const std::string secret = r->type == redis::Reply::Type::kString ? r->str : mine;
+        std::string kept;
+        {
+          LockGuard lock(impl_->secret_mu);
+          if (impl_->secret.empty()) impl_->secret = secret;
+          kept = impl_->secret;
+        }
+        done(std::move(kept));
+      });
+}
+
+// A settlement is its own script call (check.lua's "S"), not batched: it is
+// rare next to checks (one per reserved request), and it must never wait
+// behind or be answered by the over-limit cache. A denial cached before a
+// refund stands until its retry time (conservative: the cache only holds
+// cost-1 denials, for at most their retry_after).
+void RedisStore::Settle(const SettleRequest& request, CheckCallback done) {
+  Impl& m = *impl_;
+  if (Status s = ValidateSettle(request, m.opts.max_key_length); !s.ok()) return done(s);
+  auto call = std::make_shared<store::lua::SettleCall>();
+  for (const LimitSettle& l : request.settlements) {
+    call->keys.push_back(m.keys.Rate(request.key, l.limit->name()));
+    call->limits.push_back({.spec = store::lua::WireOf(*l.limit), .cost = l.delta});
+  }
+  if (!request.once.empty()) {
+    call->once_key = m.keys.Settled(request.key, request.once);
+    call->once_ttl_ms = (request.once_ttl.count() + 999) / 1000;
+  }
+  const std::optional<int64_t> now = m.opts.time_source == TimeSource::kLocal
+                                         ? std::optional<int64_t>(m.clock->NowMicros())
+                                         : std::nullopt;
+  store::lua::EncodedCall e = store::lua::EncodeSettle(now, *call);
+  m.stat_calls.fetch_add(1, std::memory_order_relaxed);
+  m.backend->GuardedEval(e.keys, e.args,
+                         [&m, call, done = std::move(done)](StatusOr<redis::Reply> reply) {
+                           StatusOr<CheckResult> r = store::lua::DecodeSettle(reply, *call);
+                           if (!r.ok()) m.stat_failures.fetch_add(1, std::memory_order_relaxed);
+                           done(std::move(r));
+                         });
 }
 
 std::string RedisStore::KeyFor(std::string_view client_key, const Limit& limit) const {

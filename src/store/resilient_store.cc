@@ -26,6 +26,7 @@ Limit ResilientStore::Scaled(const Limit& limit, int instances) {
   spec.count = std::max<int64_t>(1, (spec.count + n - 1) / n);
   if (TakesRate(spec.algorithm)) spec.per_second /= static_cast<double>(n);
   StatusOr<Limit> out = MakeLimit(std::move(spec));
+  if (out.ok()) out = out->WithBlockFor(limit.block_for());  // blocks hold locally too
   return out.ok() ? *out : limit;  // a refill too slow to express: keep the full limit
 }
 
@@ -110,6 +111,54 @@ void ResilientStore::Reset(std::string_view key, std::span<const Limit* const> l
   // algorithm, so the same key): a reset client starts full everywhere.
   (void)local_.ResetSync(key, limits);
   inner_->Reset(key, limits, std::move(done));
+}
+
+// A settlement decides nothing, so a failure mode has no answer to give for
+// it; what it decides is where the difference goes when the store fails:
+//   local   the local fallback, on the scaled limits (where this instance's
+//           checks are decided while the store is down): degraded
+//   open, closed, error   nowhere: the failure (the caller counts it; the
+//           reservation stands as charged)
+// The call is never replayed: a failed call may have applied.
+void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
+  if (request.settlements.size() > kMaxChecksPerRequest)
+    return inner_->Settle(request, std::move(done));
+  struct Saved {
+    std::string key;
+    std::vector<LimitSettle> settlements;
+    OnFailure on_failure;
+    std::string once;
+    std::chrono::microseconds once_ttl;
+  };
+  Saved saved{std::string(request.key),
+              {request.settlements.begin(), request.settlements.end()},
+              request.on_failure,
+              std::string(request.once),
+              request.once_ttl};
+  inner_->Settle(request, [this, saved = std::move(saved),
+                           done = std::move(done)](StatusOr<CheckResult> r) mutable {
+    if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
+    if (on_failure_) on_failure_(r.status(), saved.on_failure.mode);
+    if (saved.on_failure.mode != FailureMode::kLocal) return done(std::move(r));
+    std::vector<Limit> scaled;
+    for (const LimitSettle& l : saved.settlements) {
+      scaled.push_back(Scaled(*l.limit, saved.on_failure.expected_instances));
+    }
+    std::vector<LimitSettle> local;
+    for (size_t i = 0; i < scaled.size(); ++i)
+      local.push_back({&scaled[i], saved.settlements[i].delta});
+    StatusOr<CheckResult> l = local_.SettleSync(
+        {.key = saved.key, .settlements = local, .once = saved.once, .once_ttl = saved.once_ttl});
+    if (!l.ok()) return done(std::move(r));  // the local store is full too: the failure
+    l->degraded = true;
+    done(std::move(l));
+  });
+}
+
+void ResilientStore::Unblock(std::string_view key, std::span<const Limit* const> limits,
+                             ResetCallback done) {
+  local_.Unblock(key, limits, [](const Status&) {});  // in memory: cannot fail
+  inner_->Unblock(key, limits, std::move(done));
 }
 
 size_t ResilientStore::Sweep() { return inner_->Sweep() + local_.Sweep(); }

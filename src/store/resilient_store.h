@@ -22,7 +22,9 @@
 // Every failure, whatever the mode, is reported once to Options::on_failure
 // (the daemon counts it by cause and logs it sampled). Peek and Reset pass
 // failures through: they answer questions, they decide nothing. Reset
-// forgets the local fallback's state of the key as well.
+// forgets the local fallback's state of the key as well. Settle (a cost
+// known afterwards) goes to the local fallback in mode local and fails in
+// the others: a settlement decides nothing for a mode to answer.
 //
 // Concurrency: open admits without a lease, closed refuses (failed_closed),
 // local takes a lease from a process-local MemoryConcurrencyStore with
@@ -66,6 +68,19 @@ class ResilientStore final : public Store {
   void Peek(const CheckRequest& request, CheckCallback done) override;
   void Reset(std::string_view key, std::span<const Limit* const> limits,
              ResetCallback done) override;
+  // The inner store's; on a failure, mode local applies it to the local
+  // fallback (degraded), every other mode returns the failure (see the .cc).
+  void Settle(const SettleRequest& request, CheckCallback done) override;
+  // The inner store's blocks; Unblock lifts the local fallback's too.
+  void Blocks(std::string_view key, std::span<const Limit* const> limits,
+              BlocksCallback done) override {
+    inner_->Blocks(key, limits, std::move(done));
+  }
+  void Unblock(std::string_view key, std::span<const Limit* const> limits,
+               ResetCallback done) override;
+  void SharedSecret(std::function<void(StatusOr<std::string>)> done) override {
+    inner_->SharedSecret(std::move(done));
+  }
 
   bool remote() const override { return inner_->remote(); }
   CircuitBreaker::State breaker_state() const override { return inner_->breaker_state(); }

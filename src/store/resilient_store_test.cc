@@ -32,6 +32,10 @@ class FlakyStore final : public Store {
              ResetCallback done) override {
     memory_.Reset(key, limits, std::move(done));
   }
+  void Settle(const SettleRequest& r, CheckCallback done) override {
+    if (!status.ok()) return done(status);
+    memory_.Settle(r, std::move(done));
+  }
   bool remote() const override { return true; }
   CircuitBreaker::State breaker_state() const override { return CircuitBreaker::State::kOpen; }
 
@@ -218,6 +222,35 @@ TEST(ResilientConcurrencyStore, FailureModes) {
   s.Detach();
   EXPECT_TRUE(acquire(FailureMode::kOpen)->acquired);
   EXPECT_FALSE(s.ReleaseSync("user:ada", "upload", "abcdef").ok());
+}
+
+// A settlement decides nothing: on a failure, mode local puts the difference
+// on the local fallback (where this instance decides meanwhile); the other
+// modes hand the failure back, counted, and nothing is applied anywhere.
+TEST_F(ResilientStoreTest, SettleGoesToTheStoreThenToTheLocalFallbackOnly) {
+  LimitSettle s[] = {{&limit_, 3}};
+  StatusOr<CheckResult> ok = store_->SettleSync({.key = "a", .settlements = s});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_FALSE(ok->degraded);
+  EXPECT_EQ(ok->overall.remaining, 7);  // the healthy store took 3
+
+  flaky_->status = Unavailable("redis down");
+  for (FailureMode mode : {FailureMode::kOpen, FailureMode::kClosed, FailureMode::kError}) {
+    StatusOr<CheckResult> r =
+        store_->SettleSync({.key = "b", .settlements = s, .on_failure = {mode, 1}});
+    ASSERT_FALSE(r.ok()) << FailureModeName(mode);
+    EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(failures_.size(), 3u);
+  // Nothing reached the local fallback: a local check of "b" finds it full.
+  EXPECT_EQ(Check("b", FailureMode::kLocal)->overall.remaining, 9);
+
+  LimitSettle refund[] = {{&limit_, -1}};
+  StatusOr<CheckResult> local = store_->SettleSync(
+      {.key = "b", .settlements = refund, .on_failure = {FailureMode::kLocal, 1}});
+  ASSERT_TRUE(local.ok()) << local.status().ToString();
+  EXPECT_TRUE(local->degraded);
+  EXPECT_EQ(local->overall.remaining, 10);  // the local check's token given back
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -376,6 +377,212 @@ TEST_P(Conformance, EveryLimitOfACheck) {
                EXPECT_EQ(d.delay.count(), want.delay_us);
              }
            });
+}
+
+// Settlement (issue 21): steps that check (`settle` false: the cost) or
+// settle (the difference) every limit of the scenario; the expectation is
+// the overall answer, for a settlement the state afterwards as the next
+// cost-1 request meets it (core::Probe). check.lua's "S" call must agree.
+struct SettleStep {
+  int64_t at_us;
+  bool settle;
+  int64_t amount;
+  bool allowed;
+  int64_t remaining;
+  int64_t retry_after_us;
+  int64_t reset_after_us;
+};
+
+struct SettleScenario {
+  std::string name;
+  std::vector<Limit> limits;
+  std::vector<SettleStep> steps;
+};
+
+std::vector<SettleScenario> SettleTable() {
+  constexpr bool kCheck = false, kSettle = true;
+  return {
+      {"token bucket: a debt is waited for; a refund stops at a full bucket",
+       {TB("tb", 10, 5)},
+       {{0, kCheck, 4, true, 6, 0, 800 * kMs},
+        {0, kSettle, 10, false, 0, 1 * kS, 2800 * kMs},
+        {0, kCheck, 1, false, 0, 1 * kS, 2800 * kMs},
+        {1 * kS, kCheck, 1, true, 0, 0, 2 * kS},
+        {1 * kS, kSettle, -20, true, 10, 0, 0},
+        {1 * kS, kCheck, 10, true, 0, 0, 2 * kS},
+        {1 * kS, kSettle, -3, true, 3, 0, 1400 * kMs}}},
+      {"leaky bucket: the same arithmetic",
+       {LB("lb", 5, 1)},
+       {{0, kCheck, 2, true, 3, 0, 2 * kS}, {0, kSettle, -1, true, 4, 0, 1 * kS}}},
+      {"fixed window: the counter stays within [0, limit]",
+       {FW("fw", 10, 10 * kS)},
+       {{0, kCheck, 3, true, 7, 0, 10 * kS},
+        {0, kSettle, 20, false, 0, 10 * kS, 10 * kS},
+        {1 * kS, kSettle, -4, true, 4, 0, 9 * kS},
+        {1 * kS, kSettle, -100, true, 10, 0, 0},
+        {10 * kS, kSettle, -1, true, 10, 0, 0}}},
+      {"sliding window: a settlement changes the current window only",
+       {SW("sw", 10, 10 * kS)},
+       {{5 * kS, kCheck, 10, true, 0, 0, 15 * kS},
+        {13 * kS, kSettle, -4, true, 3, 0, 7 * kS},
+        {13 * kS, kSettle, 5, false, 0, 3 * kS, 17 * kS},
+        {13 * kS, kCheck, 1, false, 0, 3 * kS, 17 * kS}}},
+      {"token bucket: a debt is capped at a year of refill",
+       {TB("cap", 1000, 1)},
+       {{0, kSettle, 2'147'483'647, false, 0, Limit::kMaxWindowMicros + kS,
+         1000 * kS + Limit::kMaxWindowMicros}}},
+      {"two limits settle together",
+       {TB("b", 10, 1), FW("d", 100, 86400 * kS)},
+       {{0, kCheck, 5, true, 5, 0, 5 * kS},
+        {0, kSettle, 10, false, 0, 6 * kS, 15 * kS},
+        {6 * kS, kCheck, 1, true, 0, 0, 10 * kS}}},
+  };
+}
+
+TEST_P(Conformance, Settle) {
+  int index = 0;
+  for (const SettleScenario& sc : SettleTable()) {
+    ManualClock clock(kStart);
+    std::unique_ptr<Store> store = Make(&clock);
+    const std::string key = "settle:" + std::to_string(index++);
+    for (size_t i = 0; i < sc.steps.size(); ++i) {
+      const SettleStep& st = sc.steps[i];
+      SCOPED_TRACE(sc.name + ", step " + std::to_string(i));
+      clock.Set(kStart + st.at_us);
+      std::vector<LimitCheck> checks;
+      std::vector<LimitSettle> settlements;
+      for (const Limit& l : sc.limits) {
+        checks.push_back({&l, st.amount});
+        settlements.push_back({&l, st.amount});
+      }
+      StatusOr<CheckResult> r =
+          st.settle ? store->SettleSync({key, settlements}) : store->CheckSync({key, checks});
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->overall.allowed, st.allowed);
+      EXPECT_EQ(r->overall.remaining, st.remaining);
+      EXPECT_EQ(r->overall.retry_after.count(), st.retry_after_us);
+      EXPECT_EQ(r->overall.reset_after.count(), st.reset_after_us);
+    }
+  }
+}
+
+// A settlement with a `once` id applies once: the second answers
+// already_settled and changes nothing; another id applies again.
+TEST_P(Conformance, SettleOnce) {
+  const Limit tokens = TB("once", 100, 1);
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> store = Make(&clock);
+  LimitCheck c[] = {{&tokens, 10}};
+  ASSERT_TRUE(store->CheckSync({"once:ada", c})->overall.allowed);
+  LimitSettle s[] = {{&tokens, 5}};
+  const SettleRequest first{
+      .key = "once:ada", .settlements = s, .once = "n1", .once_ttl = microseconds(60 * kS)};
+  StatusOr<CheckResult> r = store->SettleSync(first);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->already_settled);
+  EXPECT_EQ(r->overall.remaining, 85);
+  r = store->SettleSync(first);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->already_settled);
+  EXPECT_TRUE(r->decisions.empty());
+  SettleRequest second = first;
+  second.once = "n2";
+  EXPECT_EQ(store->SettleSync(second)->overall.remaining, 80);
+  LimitCheck peek[] = {{&tokens, 0}};
+  EXPECT_EQ(store->PeekSync({"once:ada", peek})->overall.remaining, 80);
+}
+
+// Block periods (issue 21): a login limit of 5 a minute with block_for 10m.
+// The 6th attempt is denied and blocks the client for 10 minutes: every
+// check is denied until then (retry_after: the block's end), though the
+// window has long been empty; a peek shows the block without starting one;
+// Blocks shows it, Unblock lifts it, Reset lifts it too.
+TEST_P(Conformance, BlockFor) {
+  const Limit login = *FW("login", 5, 60 * kS).WithBlockFor(microseconds(600 * kS));
+  const Limit* limits[] = {&login};
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> store = Make(&clock);
+  auto check = [&](int64_t cost = 1) {
+    LimitCheck c[] = {{&login, cost}};
+    StatusOr<CheckResult> r = store->CheckSync({"block:ada", c});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->overall : Decision{};
+  };
+  auto blocked_for = [&] {
+    std::promise<StatusOr<std::vector<microseconds>>> p;
+    store->Blocks("block:ada", limits, [&](auto r) { p.set_value(std::move(r)); });
+    StatusOr<std::vector<microseconds>> r = p.get_future().get();
+    EXPECT_TRUE(r.ok() && r->size() == 1);
+    return r.ok() && r->size() == 1 ? (*r)[0].count() : -1;
+  };
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(check().allowed);
+  EXPECT_EQ(blocked_for(), 0);
+  LimitCheck peek[] = {{&login, 1}};
+  EXPECT_EQ(store->PeekSync({"block:ada", peek})->overall.remaining, 0);
+  EXPECT_EQ(blocked_for(), 0);  // nothing denied yet
+  clock.Advance(microseconds(10 * kS));
+  Decision sixth = check();
+  EXPECT_FALSE(sixth.allowed);
+  EXPECT_EQ(sixth.remaining, 0);
+  EXPECT_EQ(sixth.retry_after.count(), 600 * kS);
+  EXPECT_EQ(sixth.reset_after.count(), 600 * kS);
+  if (GetParam() != "memory") {  // another instance on the same Redis: blocked as well
+    std::unique_ptr<Store> other = Make(&clock);
+    LimitCheck c[] = {{&login, 1}};
+    StatusOr<CheckResult> r = other->CheckSync({"block:ada", c});
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(r->overall.allowed);
+    EXPECT_EQ(r->overall.retry_after.count(), 600 * kS);
+  }
+  clock.Advance(microseconds(61 * kS));  // a new window, still blocked
+  Decision later = check();
+  EXPECT_FALSE(later.allowed);
+  EXPECT_EQ(later.retry_after.count(), 539 * kS);
+  EXPECT_EQ(store->PeekSync({"block:ada", peek})->overall.retry_after.count(), 539 * kS);
+  EXPECT_EQ(blocked_for(), 539 * kS);
+  clock.Advance(microseconds(538 * kS));
+  EXPECT_EQ(check().retry_after.count(), 1 * kS);  // not extended by denials meanwhile
+  clock.Advance(microseconds(1 * kS));
+  EXPECT_TRUE(check().allowed);  // 10 minutes on
+  EXPECT_EQ(blocked_for(), 0);
+
+  // Block again, then lift it: Unblock, and Reset.
+  for (int i = 0; i < 5; ++i) check();
+  EXPECT_FALSE(check().allowed);
+  EXPECT_GT(blocked_for(), 0);
+  EXPECT_TRUE(store->SettleSync({"block:ada", std::vector<LimitSettle>{{&login, -5}}}).ok());
+  EXPECT_FALSE(check().allowed);  // room in the window, but the block stands
+  std::promise<Status> lifted;
+  store->Unblock("block:ada", limits, [&](Status s) { lifted.set_value(s); });
+  EXPECT_TRUE(lifted.get_future().get().ok());
+  EXPECT_EQ(blocked_for(), 0);
+  EXPECT_TRUE(check().allowed);
+  for (int i = 0; i < 5; ++i) check();
+  EXPECT_GT(blocked_for(), 0);
+  EXPECT_TRUE(store->ResetSync("block:ada", limits).ok());
+  EXPECT_EQ(blocked_for(), 0);
+  EXPECT_TRUE(check(5).allowed);
+}
+
+// A limit beside a blocked one answers for its state; the check takes from neither.
+TEST_P(Conformance, BlockForBesideAnotherLimit) {
+  const Limit login = *FW("login2", 2, 60 * kS).WithBlockFor(microseconds(300 * kS));
+  const Limit burst = TB("burst2", 10, 1);
+  ManualClock clock(kStart);
+  std::unique_ptr<Store> store = Make(&clock);
+  LimitCheck c[] = {{&login, 1}, {&burst, 1}};
+  EXPECT_TRUE(store->CheckSync({"block:bob", c})->overall.allowed);
+  EXPECT_TRUE(store->CheckSync({"block:bob", c})->overall.allowed);
+  StatusOr<CheckResult> r = store->CheckSync({"block:bob", c});
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_EQ(r->overall.retry_after.count(), 300 * kS);
+  EXPECT_EQ(r->decisions[1].remaining, 8);  // burst: nothing taken
+  clock.Advance(microseconds(120 * kS));
+  r = store->CheckSync({"block:bob", c});
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_EQ(r->overall.retry_after.count(), 180 * kS);
+  EXPECT_EQ(r->decisions[1].remaining, 10);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, Conformance, ::testing::Values("memory", "redis", "cluster"),

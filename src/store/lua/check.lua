@@ -255,11 +255,96 @@ local evaluators = {
   c = calendar_window,
 }
 
+-- Settlement (issue 21; include/ratelimit/store.h, SettleRequest): ARGV[2] is
+-- "S" instead of the number of limits, ARGV[3] the number of limits n, then
+-- for each (5 values) its algorithm code ("t", "k", "f", "s"), limit, window,
+-- interval (as above) and the difference to apply (> 0 a debit, < 0 a
+-- refund), then (with a once key) its ttl in ms. KEYS: one per limit, then
+-- the once key if any. Every limit changes in this one call, as
+-- core::SettleState: a bucket may go into debt (at most a year of refill
+-- past its capacity), a refund stops at a full bucket, a window's current
+-- counter stays in [0, limit]. The reply: per limit the 4 values of a check,
+-- the state afterwards as the next request of cost 1 meets it (core::Probe).
+local max_debt = 366 * 86400000000
+
+local function settle_state(key, code, limit, w, iv, delta)
+  if code == 't' or code == 'k' then
+    local base = math.max(tonumber(get(key)) or 0, now)
+    local nxt = base + delta * iv
+    if delta > 0 then nxt = math.max(base, math.min(nxt, now + w + max_debt)) end
+    if nxt > now then return set(key, str(nxt), ttl_ms(nxt)) end
+  else
+    local idx = floor(now / w)
+    local sidx, sn0, sn1 = parse_window(key)
+    local prev, cur = 0, 0
+    if sidx == idx then prev, cur = sn0, sn1 elseif sidx == idx - 1 and code == 's' then prev = sn1 end
+    local after = math.min(math.max(cur + delta, 0), limit)
+    local ends = (idx + 1) * w
+    if code == 's' then ends = ends + w end
+    if after > 0 or prev > 0 then
+      return set(key, str(idx) .. ':' .. str(prev) .. ':' .. str(after), ttl_ms(ends))
+    end
+  end
+  rcall('DEL', key)  -- the fresh state
+  values[key] = nil
+end
+
+local function settle_call()
+  peek = true  -- the probes below write nothing
+  local n, ai = tonumber(ARGV[3]), 4
+  -- Once (SettleRequest::once): KEYS[n + 1] marks it settled for
+  -- ARGV[4 + 5n] ms; already there, nothing is applied and the reply is {-1}.
+  if KEYS[n + 1] and not rcall('SET', KEYS[n + 1], '1', 'NX', 'PX', ARGV[4 + 5 * n]) then
+    return {-1}
+  end
+  for i = 1, n do
+    local code, limit, w, iv = ARGV[ai], tonumber(ARGV[ai + 1]), tonumber(ARGV[ai + 2]),
+                               tonumber(ARGV[ai + 3])
+    settle_state(KEYS[i], code, limit, w, iv, tonumber(ARGV[ai + 4]))
+    local evaluate = evaluators[code]
+    local allowed, _, retry = evaluate(KEYS[i], limit, w, iv, 1, false)
+    local _, rem, _, reset = evaluate(KEYS[i], limit, w, iv, 0, false)
+    out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = allowed, rem, retry, reset
+    ai = ai + 5
+  end
+  return out
+end
+if ARGV[2] == 'S' then return settle_call() end
+
+-- Block periods (issue 21; Limit::block_for): a limit's code followed by
+-- "/<us>" ("f/600000000") blocks the client on it for that long once it
+-- denies (not on a peek). The block is the key <limit's key>!b (the same hash
+-- tag, so the same Cluster slot) holding when it ends; while it stands every
+-- check of the limit is denied: remaining 0, retry_after until its end,
+-- reset_after at least that. (src/store/redis_keys.h names the key too.)
+local function blocking(evaluate, block_us)
+  return function(key, a, b, c, cost, write_now, ki)
+    -- A calendar quota's keys end in '@<window start>': its block is the
+    -- limit's, across windows.
+    local bkey = string.gsub(key, '@%d+$', '') .. '!b'
+    local ends = tonumber(rcall('GET', bkey))
+    if ends and ends > now then
+      local _, _, _, reset = evaluate(key, a, b, c, 0, false, ki)
+      return 0, 0, ends - now, math.max(reset, ends - now), nil
+    end
+    local allowed, rem, retry, reset, writer = evaluate(key, a, b, c, cost, write_now, ki)
+    if allowed > 0 or peek then return allowed, rem, retry, reset, writer end
+    rcall('SET', bkey, str(now + block_us), 'PX', ttl_ms(now + block_us))
+    return 0, 0, block_us, math.max(reset, block_us), nil
+  end
+end
+
+local function evaluator_of(code)
+  local block = tonumber(string.sub(code, 3))
+  if not block then return evaluators[code] end
+  return blocking(evaluators[string.sub(code, 1, 1)], block)
+end
+
 local specs = {}
 local nspecs = tonumber(ARGV[2])
 for s = 1, nspecs do
-  specs[s] = {evaluators[ARGV[argi]], tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
-              tonumber(ARGV[argi + 3]), ARGV[argi] == 'c' and 2 or 1}  -- [5]: keys per limit
+  specs[s] = {evaluator_of(ARGV[argi]), tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]),
+              tonumber(ARGV[argi + 3]), string.sub(ARGV[argi], 1, 1) == 'c' and 2 or 1}  -- [5]: keys per limit
   argi = argi + 4
 end
 local checks = tonumber(ARGV[argi])

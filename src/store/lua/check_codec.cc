@@ -63,7 +63,8 @@ WireLimit WireOf(const Limit& limit) {
   return {.code = AlgorithmCode(limit.algorithm()),
           .limit = limit.limit(),
           .window = limit.window_micros(),
-          .interval = limit.interval_micros()};
+          .interval = limit.interval_micros(),
+          .block = limit.block_for().count()};
 }
 
 size_t KeysPerLimit(char code) { return code == 'c' ? 2 : 1; }
@@ -75,7 +76,8 @@ CalendarCall CalendarCallOf(const Limit& limit, int64_t now_us, int64_t cost) {
   return {.call = {.spec = {.code = 'c',
                             .limit = limit.limit(),
                             .window = cur.end,
-                            .interval = next.end},
+                            .interval = next.end,
+                            .block = limit.block_for().count()},
                    .cost = cost},
           .start = cur.start,
           .next_start = next.start};
@@ -105,7 +107,9 @@ EncodedCall Encode(std::optional<int64_t> now_us, std::span<const CheckCall* con
       if (j == searched) {
         j = specs.size();
         specs.push_back(l.spec);
-        args.push_back(CodeText(l.spec.code));
+        args.push_back(l.spec.block > 0 ? w.Text(std::string(CodeText(l.spec.code)) + "/" +
+                                                 std::to_string(l.spec.block))
+                                        : CodeText(l.spec.code));
         args.push_back(w.Number(l.spec.limit));
         args.push_back(w.Number(l.spec.window));
         args.push_back(w.Number(l.spec.interval));
@@ -178,6 +182,54 @@ StatusOr<std::vector<CheckAnswer>> Decode(const StatusOr<redis::Reply>& reply,
     a.result.overall = Combine(a.result.decisions);
   }
   return out;
+}
+
+EncodedCall EncodeSettle(std::optional<int64_t> now_us, const SettleCall& call) {
+  EncodedCall e;
+  Writer w(e);
+  e.keys.assign(call.keys.begin(), call.keys.end());
+  e.args = {now_us ? w.Text(std::to_string(*now_us)) : std::string_view(), "S",
+            w.Number(static_cast<int64_t>(call.limits.size()))};
+  for (const LimitCall& l : call.limits) {
+    e.args.insert(e.args.end(),
+                  {CodeText(l.spec.code), w.Number(l.spec.limit), w.Number(l.spec.window),
+                   w.Number(l.spec.interval), w.Number(l.cost)});
+  }
+  if (!call.once_key.empty()) {
+    e.keys.push_back(call.once_key);
+    e.args.push_back(w.Number(call.once_ttl_ms));
+  }
+  return e;
+}
+
+StatusOr<CheckResult> DecodeSettle(const StatusOr<redis::Reply>& reply, const SettleCall& call) {
+  if (!reply.ok()) return reply.status();
+  if (reply->type == redis::Reply::Type::kError) {
+    return Internal("redis settle script error: " + reply->str);
+  }
+  const auto& e = reply->elements;
+  if (reply->type == redis::Reply::Type::kArray && e.size() == 1 &&
+      e[0].type == redis::Reply::Type::kInteger && e[0].integer == -1) {
+    return CheckResult{.already_settled = true};
+  }
+  const bool integers = std::all_of(e.begin(), e.end(), [](const redis::Reply& r) {
+    return r.type == redis::Reply::Type::kInteger;
+  });
+  if (reply->type != redis::Reply::Type::kArray || e.size() != 4 * call.limits.size() ||
+      !integers) {
+    return Internal("unexpected reply from the redis settle script (expected " +
+                    std::to_string(4 * call.limits.size()) + " integers)");
+  }
+  CheckResult r;
+  for (size_t i = 0; i < call.limits.size(); ++i) {
+    r.decisions.push_back({.allowed = e[4 * i].integer > 0,
+                           .limit = call.limits[i].spec.limit,
+                           .remaining = e[4 * i + 1].integer,
+                           .retry_after = std::chrono::microseconds(e[4 * i + 2].integer),
+                           .reset_after = std::chrono::microseconds(e[4 * i + 3].integer)});
+  }
+  r.overall = Combine(r.decisions);
+  return r;
 }
 
 }  // namespace ratelimit::store::lua

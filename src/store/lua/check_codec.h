@@ -45,6 +45,7 @@ struct WireLimit {
   int64_t window = 0;    // us; token and leaky bucket: capacity (depth) x interval;
                          // 'c': the end of the current window (us since the epoch)
   int64_t interval = 0;  // us; token and leaky bucket only; 'c': the end of the next window
+  int64_t block = 0;     // us; Limit::block_for (sent as "<code>/<block>"), 0: none
   friend bool operator==(const WireLimit&, const WireLimit&) = default;
 };
 
@@ -106,5 +107,19 @@ struct CheckAnswer {
 // that is not an array of 4 integers per limit.
 StatusOr<std::vector<CheckAnswer>> Decode(const StatusOr<redis::Reply>& reply,
                                           std::span<const CheckCall* const> checks);
+
+// A settlement (check.lua's "S" call): per limit its key, spec and the
+// difference to apply (LimitCall::cost, negative for a refund).
+// REQUIRES: keys.size() == limits.size() >= 1; no sliding log.
+struct SettleCall {
+  std::vector<std::string> keys;
+  std::vector<LimitCall> limits;
+  std::string once_key;     // "": none (SettleRequest::once)
+  int64_t once_ttl_ms = 0;  // > 0 with a once key
+};
+EncodedCall EncodeSettle(std::optional<int64_t> now_us, const SettleCall& call);
+// The state after the settlement (core::Probe's numbers; already_settled for
+// a once key seen before), or why the call failed.
+StatusOr<CheckResult> DecodeSettle(const StatusOr<redis::Reply>& reply, const SettleCall& call);
 
 }  // namespace ratelimit::store::lua

@@ -1,0 +1,186 @@
+// Issue 21 end to end, with two ratelimitd instances on one real Redis:
+// block periods (a denial blocks the client on every instance until the
+// block ends or an admin lifts it), and decision-API reservations settled
+// on either instance, concurrently, with the total charged exact.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "harness.h"
+#include "support/redis_server.h"
+
+namespace rltest {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+std::string Config() {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "limits:\n"
+            "  login: {algorithm: fixed_window, limit: 5, window: 1s, block_for: 3s}\n"
+            "  tokens: {algorithm: token_bucket, capacity: 100000, refill_per_second: 0.01}\n");
+  return dir + "/c.yaml";
+}
+
+HttpResponse Check(const Daemon& d, const std::string& body) {
+  return Http(d.port(), "POST", "/v1/check", {{"Content-Type", "application/json"}}, body);
+}
+
+json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
+
+TEST(SettleDaemon, ABlockHoldsOnEveryInstanceUntilItEndsOrIsLifted) {
+  ratelimit::testing::RedisServer redis;
+  const std::string config = Config();
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+  const std::string login = R"({"key": "mallory", "limit": "login"})";
+  // Until the first denial (5 a second; a window edge may let a few more through).
+  auto exceed = [&] {
+    for (int i = 0; i < 12; ++i) {
+      HttpResponse r = Check(a, login);
+      if (r.status == 429) return r;
+      EXPECT_EQ(r.status, 200) << r.body;
+    }
+    return HttpResponse{};
+  };
+  HttpResponse denied = exceed();
+  ASSERT_EQ(denied.status, 429) << denied.body;
+  EXPECT_EQ(denied.Header("Retry-After"), "3");  // the block's end, not the window's
+  // The other instance: blocked too, through Redis.
+  HttpResponse other = Check(b, login);
+  EXPECT_EQ(other.status, 429);
+  EXPECT_GT(Body(other)["retry_after_ms"].get<int64_t>(), 1000) << other.body;
+  // The admin API of either instance shows it.
+  HttpResponse shown = Http(b.admin_port(), "GET", "/v1/clients/d:mallory/blocks");
+  ASSERT_EQ(shown.status, 200) << shown.body;
+  json blocks = Body(shown)["blocks"];
+  ASSERT_EQ(blocks.size(), 1u) << shown.body;
+  EXPECT_EQ(blocks[0]["limit"], "login");
+  EXPECT_EQ(blocks[0]["block_for_ms"], 3000);
+  EXPECT_GT(blocks[0]["remaining_ms"].get<int64_t>(), 1000);
+  // A new window has room, but the block stands, on both.
+  std::this_thread::sleep_for(milliseconds(1100));
+  EXPECT_EQ(Check(a, login).status, 429);
+  EXPECT_EQ(Check(b, login).status, 429);
+  // Lifted on one instance, gone for all: the new window lets it in.
+  HttpResponse lifted = Http(b.admin_port(), "DELETE", "/v1/clients/d:mallory/blocks");
+  ASSERT_EQ(lifted.status, 200) << lifted.body;
+  EXPECT_EQ(Body(lifted)["lifted"], json::array({"login"}));
+  EXPECT_EQ(Body(Http(a.admin_port(), "GET", "/v1/clients/d:mallory/blocks"))["blocks"].size(), 0u);
+  EXPECT_EQ(Check(a, login).status, 200);
+  // Blocked again, and left to end by itself: 3 s later the client is back.
+  ASSERT_EQ(exceed().status, 429);
+  std::this_thread::sleep_for(milliseconds(2500));
+  EXPECT_EQ(Check(b, login).status, 429);
+  std::this_thread::sleep_for(milliseconds(600));
+  EXPECT_EQ(Check(b, login).status, 200);
+}
+
+// Reserve 100 on one instance, settle the actual cost (1..300) on the other,
+// 200 requests from 8 threads: the bucket ends exactly the sum of the
+// actual costs below its capacity.
+TEST(SettleDaemon, ReservationsSettledOnEitherInstanceAddUpExactly) {
+  ratelimit::testing::RedisServer redis;
+  const std::string config = Config();
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+  const std::string reserve =
+      R"({"key": "llm:acme", "cost": 100, "limit": "tokens", "reserve": true})";
+  std::atomic<int64_t> total{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = t; i < 200; i += 8) {
+        const Daemon& checker = i % 2 == 0 ? a : b;
+        const Daemon& settler = i % 2 == 0 ? b : a;
+        HttpResponse c = Check(checker, reserve);
+        json cj = Body(c);
+        if (c.status != 200 || !cj.contains("reservation")) {
+          ++failures;
+          continue;
+        }
+        const int64_t actual = 1 + (i * 37) % 300;
+        const json s = {{"reservation", cj["reservation"]["id"]}, {"cost", actual}};
+        HttpResponse r = Http(settler.port(), "POST", "/v1/settle",
+                              {{"Content-Type", "application/json"}}, s.dump());
+        if (r.status != 200) {
+          ++failures;
+          continue;
+        }
+        total += actual;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(failures.load(), 0) << a.Log() << b.Log();
+  int64_t expected = 0;
+  for (int i = 0; i < 200; ++i) expected += 1 + (i * 37) % 300;
+  EXPECT_EQ(total.load(), expected);
+  HttpResponse peek = Check(a, R"({"key": "llm:acme", "cost": 0, "limit": "tokens"})");
+  EXPECT_EQ(Body(peek)["remaining"].get<int64_t>(), 100000 - expected) << peek.body;
+}
+
+TEST(SettleDaemon, AReservationSettlesOnceBeforeItExpiresAndCannotBeForged) {
+  ratelimit::testing::RedisServer redis;
+  const std::string config = Config();
+  Daemon a({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started()) << a.Log();
+  HttpResponse c = Check(a, R"({"key": "k", "cost": 1000, "limit": "tokens", "reserve": true})");
+  ASSERT_EQ(c.status, 200) << c.body;
+  const json res = Body(c)["reservation"];
+  EXPECT_EQ(res["cost"], 1000);
+  EXPECT_EQ(res["expires_in_ms"], 300000);
+  const std::string id = res["id"];
+  auto settle = [&](const std::string& rid, int64_t cost) {
+    return Http(a.port(), "POST", "/v1/settle", {{"Content-Type", "application/json"}},
+                json{{"reservation", rid}, {"cost", cost}}.dump());
+  };
+  HttpResponse first = settle(id, 250);  // a refund of 750
+  ASSERT_EQ(first.status, 200) << first.body;
+  const json fj = Body(first);
+  EXPECT_EQ(fj["reserved"], 1000);
+  EXPECT_EQ(fj["difference"], -750);
+  EXPECT_EQ(fj["state"]["remaining"], 100000 - 250);
+  HttpResponse again = settle(id, 0);
+  EXPECT_EQ(again.status, 409);
+  EXPECT_NE(again.body.find("settled already"), std::string::npos) << again.body;
+  std::string forged = id;
+  forged[10] = forged[10] == 'A' ? 'B' : 'A';
+  EXPECT_EQ(settle(forged, 0).status, 400);
+  // Expired: it stands at its reserved cost.
+  HttpResponse quick = Check(
+      a, R"({"key": "k", "cost": 10, "limit": "tokens", "reserve": true, "reserve_ttl": "1ms"})");
+  ASSERT_EQ(quick.status, 200) << quick.body;
+  std::this_thread::sleep_for(milliseconds(5));
+  HttpResponse late = settle(Body(quick)["reservation"]["id"], 0);
+  EXPECT_EQ(late.status, 409);
+  EXPECT_NE(late.body.find("reserved cost"), std::string::npos) << late.body;
+  // A debit past the bucket: a debt, and checks wait for it.
+  HttpResponse big =
+      Check(a, R"({"key": "d", "cost": 100000, "limit": "tokens", "reserve": true})");
+  ASSERT_EQ(big.status, 200);
+  HttpResponse debt = settle(Body(big)["reservation"]["id"], 100500);
+  ASSERT_EQ(debt.status, 200) << debt.body;
+  EXPECT_FALSE(Body(debt)["state"]["allowed"].get<bool>());
+  HttpResponse waits = Check(a, R"({"key": "d", "limit": "tokens"})");
+  EXPECT_EQ(waits.status, 429);
+  EXPECT_EQ(waits.Header("Retry-After"), "50100");  // 501 tokens at 100 s each
+  EXPECT_EQ(Http(a.port(), "POST", "/v1/check/batch", {},
+                 R"({"checks": [{"key": "k", "limit": "tokens", "reserve": true}]})")
+                    .body.find("'reserve' is for POST /v1/check only") != std::string::npos,
+            true);
+}
+
+}  // namespace
+}  // namespace rltest
