@@ -639,10 +639,10 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
       }
       rule.limit = it->second;
     } else if (e.IsMap()) {
-      RL_RETURN_IF_ERROR(CheckMap(
-          e, "limit of " + what,
-          {"name", "algorithm", "capacity", "refill_per_second", "depth", "rate_per_second",
-           "limit", "window", "align", "timezone", "prefetch", "lease", "block_for", "shadow", "failure_mode"}));
+      RL_RETURN_IF_ERROR(CheckMap(e, "limit of " + what,
+                                  {"name", "algorithm", "capacity", "refill_per_second", "depth",
+                                   "rate_per_second", "limit", "window", "align", "timezone",
+                                   "prefetch", "lease", "block_for", "shadow", "failure_mode"}));
       YAML::Node name_node = Get(e, "name");
       if (!name_node.IsDefined()) return Error(e, "a limit in " + what + " needs a 'name'");
       RL_RETURN_IF_ERROR(Scalar(name_node, "name", &name));
@@ -652,8 +652,9 @@ Status Loader::Entries(const YAML::Node& n, const std::string& what, std::vector
         RL_RETURN_IF_ERROR(Define(*limit, name_node));
         rule.limit = *limit;
       } else {
-        for (const char* key : {"capacity", "refill_per_second", "depth", "rate_per_second",
-                                "limit", "window", "align", "timezone", "prefetch", "lease", "block_for"}) {
+        for (const char* key :
+             {"capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window",
+              "align", "timezone", "prefetch", "lease", "block_for"}) {
           if (Get(e, key).IsDefined()) {
             return Error(Get(e, key), Quote(key) + " given without an 'algorithm' in limit " +
                                           Quote(name) + " of " + what);

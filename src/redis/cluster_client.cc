@@ -520,7 +520,7 @@ const Status& ClusterClient::init_status() const { return state_->init_status; }
 namespace ratelimit::redis {
 
 std::optional<Options> ClusterClient::SubscriptionNode(int attempt) const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   Options o = state_->options.node;
   const auto n = static_cast<size_t>(std::max(attempt, 0));
   if (state_->has_map) {

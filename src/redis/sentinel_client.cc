@@ -465,7 +465,7 @@ const Status& SentinelClient::init_status() const { return state_->init_status; 
 namespace ratelimit::redis {
 
 std::optional<Options> SentinelClient::SubscriptionNode(int) const {
-  std::lock_guard lock(state_->mu);
+  LockGuard lock(state_->mu);
   if (state_->node < 0) return std::nullopt;
   Options o = state_->options.node;
   const NodeAddress& a = state_->nodes[static_cast<size_t>(state_->node)];

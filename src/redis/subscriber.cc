@@ -27,14 +27,14 @@ Subscriber::Subscriber(asio::any_io_executor executor, std::string channel, Node
       timer_(strand_) {}
 
 int Subscriber::subscriptions() const {
-  std::lock_guard lock(mu_);
+  LockGuard lock(mu_);
   return subscriptions_;
 }
 
 void Subscriber::Close() {
   std::shared_ptr<Client> gone;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (closed_) return;
     closed_ = true;
     gone = std::move(client_);
@@ -44,9 +44,9 @@ void Subscriber::Close() {
 }
 
 void Subscriber::Emit(Event e, std::string_view payload) {
-  std::lock_guard emit(emit_mu_);
+  LockGuard emit(emit_mu_);
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (closed_) return;
   }
   handler_(e, payload);
@@ -56,7 +56,7 @@ void Subscriber::Subscribe() {
   std::shared_ptr<Client> client;
   std::chrono::milliseconds patience{0};
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (closed_ || client_) return;
     std::optional<Options> node = pick_(attempts_++);
     if (!node) return;  // Tick tries again
@@ -81,7 +81,7 @@ void Subscriber::Subscribe() {
           return self->Drop(raw);
         }
         {
-          std::lock_guard lock(self->mu_);
+          LockGuard lock(self->mu_);
           if (self->client_.get() != raw) return;
           self->subscribed_ = true;
           ++self->subscriptions_;
@@ -96,7 +96,7 @@ void Subscriber::OnPush(const Client* from, StatusOr<Reply> r) {
   // ["message", channel, payload]
   if (r->elements.size() != 3 || r->elements[1].str != channel_) return;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (client_.get() != from) return;
   }
   Emit(Event::kMessage, r->elements[2].str);
@@ -106,7 +106,7 @@ void Subscriber::Drop(const Client* from) {
   std::shared_ptr<Client> gone;
   bool was_subscribed = false;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (client_.get() != from) return;
     gone = std::move(client_);
     was_subscribed = std::exchange(subscribed_, false);
@@ -119,7 +119,7 @@ void Subscriber::Tick() {
   std::shared_ptr<Client> client;
   bool subscribed = false;
   {
-    std::lock_guard lock(mu_);
+    LockGuard lock(mu_);
     if (closed_) return;
     client = client_;
     subscribed = subscribed_;

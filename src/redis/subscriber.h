@@ -26,7 +26,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +34,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include "ratelimit/thread_annotations.h"
 #include "redis/client.h"
 #include "redis/url.h"
 
@@ -83,13 +83,13 @@ class Subscriber : public std::enable_shared_from_this<Subscriber> {
   const Timing timing_;
   boost::asio::strand<boost::asio::any_io_executor> strand_;
   boost::asio::steady_timer timer_;
-  mutable std::mutex mu_;
-  std::shared_ptr<Client> client_;  // GUARDED_BY(mu_) the subscribed connection, if any
-  bool subscribed_ = false;         // GUARDED_BY(mu_)
-  bool closed_ = false;             // GUARDED_BY(mu_)
-  int attempts_ = 0;                // GUARDED_BY(mu_)
-  int subscriptions_ = 0;           // GUARDED_BY(mu_)
-  std::mutex emit_mu_;              // one event at a time
+  mutable Mutex mu_;
+  std::shared_ptr<Client> client_ RL_GUARDED_BY(mu_);  // the subscribed connection, if any
+  bool subscribed_ RL_GUARDED_BY(mu_) = false;
+  bool closed_ RL_GUARDED_BY(mu_) = false;
+  int attempts_ RL_GUARDED_BY(mu_) = 0;
+  int subscriptions_ RL_GUARDED_BY(mu_) = 0;
+  Mutex emit_mu_ RL_ACQUIRED_BEFORE(mu_);  // one event at a time
 };
 
 }  // namespace ratelimit::redis

@@ -139,7 +139,7 @@ std::shared_ptr<redis::Subscriber> RedisBackend::Subscribe(std::string channel,
       exec_, std::move(channel),
       [endpoint](int attempt) { return endpoint->SubscriptionNode(attempt); }, std::move(handler),
       timing);
-  std::lock_guard lock(subscribers_mu_);
+  LockGuard lock(subscribers_mu_);
   subscribers_.push_back(sub);
   return sub;
 }
@@ -147,7 +147,7 @@ std::shared_ptr<redis::Subscriber> RedisBackend::Subscribe(std::string channel,
 void RedisBackend::Close() {
   std::vector<std::shared_ptr<redis::Subscriber>> subs;
   {
-    std::lock_guard lock(subscribers_mu_);
+    LockGuard lock(subscribers_mu_);
     subs.swap(subscribers_);
   }
   for (auto& s : subs) s->Close();

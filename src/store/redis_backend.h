@@ -119,8 +119,8 @@ class RedisBackend {
   mutable Mutex breakers_mu_;
   std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_ RL_GUARDED_BY(breakers_mu_);
   std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock
-  std::mutex subscribers_mu_;
-  std::vector<std::shared_ptr<redis::Subscriber>> subscribers_;  // GUARDED_BY(subscribers_mu_)
+  Mutex subscribers_mu_;
+  std::vector<std::shared_ptr<redis::Subscriber>> subscribers_ RL_GUARDED_BY(subscribers_mu_);
   // Declared before the endpoint: destroyed after it.
   std::unique_ptr<redis::IoThread> own_io_;
   boost::asio::any_io_executor exec_;
