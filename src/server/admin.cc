@@ -30,21 +30,6 @@ using json = nlohmann::json;
 constexpr size_t kMaxClientText = 256;
 constexpr size_t kMaxTopN = 100;
 
-Reply JsonReply(unsigned status, const json& body) {
-  Reply r;
-  r.status = status;
-  r.content_type = "application/json";
-  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
-  r.Add("Cache-Control", "no-store");
-  return r;
-}
-
-Reply MethodNotAllowed(std::string_view path, std::string_view allow) {
-  Reply r = ProblemReply(405, "use " + std::string(allow) + " for " + std::string(path), path);
-  r.Add("Allow", std::string(allow));
-  return r;
-}
-
 // Percent-decodes (and '+' -> ' ' in queries). Malformed escapes: error.
 StatusOr<std::string> Decode(std::string_view s, bool query) {
   std::optional<std::string> out = core::PercentDecode(s, /*plus_is_space=*/query);
@@ -229,6 +214,21 @@ StatusOr<AdminApi::Client> DecisionApiClientOf(const policy::Policy& policy,
 
 }  // namespace
 
+Reply AdminMethodNotAllowed(std::string_view path, std::string_view allow) {
+  Reply r = ProblemReply(405, "use " + std::string(allow) + " for " + std::string(path), path);
+  r.Add("Allow", std::string(allow));
+  return r;
+}
+
+Reply AdminJsonReply(unsigned status, const json& body) {
+  Reply r;
+  r.status = status;
+  r.content_type = "application/json";
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
+  r.Add("Cache-Control", "no-store");
+  return r;
+}
+
 AdminApi::AdminApi(Enforcer& enforcer, std::string token)
     : enforcer_(enforcer), token_(std::move(token)) {}
 
@@ -276,14 +276,14 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
 
   const bool draining = draining_.load(std::memory_order_relaxed);
   if (path == "/healthz") {
-    if (!get) return done(MethodNotAllowed(path, "GET"));
+    if (!get) return done(AdminMethodNotAllowed(path, "GET"));
     // Alive while draining: a liveness probe must not kill the drain.
-    return done(JsonReply(200, {{"status", draining ? "draining" : "ok"}}));
+    return done(AdminJsonReply(200, {{"status", draining ? "draining" : "ok"}}));
   }
   if (path == "/readyz") {
-    if (!get) return done(MethodNotAllowed(path, "GET"));
+    if (!get) return done(AdminMethodNotAllowed(path, "GET"));
     if (draining) {
-      Reply r = JsonReply(503, {{"ready", false}, {"draining", true}});
+      Reply r = AdminJsonReply(503, {{"ready", false}, {"draining", true}});
       r.Add("Retry-After", "1");
       return done(std::move(r));
     }
@@ -298,14 +298,14 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
   if (!params.ok()) return done(ProblemReply(400, params.status().message(), path));
 
   if (path == "/metrics") {
-    if (!get) return done(MethodNotAllowed(path, "GET"));
+    if (!get) return done(AdminMethodNotAllowed(path, "GET"));
     Reply r;
     r.content_type = "text/plain; version=0.0.4; charset=utf-8";
     r.body = Metrics::Global().Render(&store());
     return done(std::move(r));
   }
   if (path == "/v1/config") {
-    if (!get) return done(MethodNotAllowed(path, "GET"));
+    if (!get) return done(AdminMethodNotAllowed(path, "GET"));
     Reply r;
     r.content_type = "application/yaml; charset=utf-8";
     r.body = policy::DumpRedacted(policy->config());
@@ -313,7 +313,7 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     return done(std::move(r));
   }
   if (path == "/v1/top-denied") {
-    if (!get) return done(MethodNotAllowed(path, "GET"));
+    if (!get) return done(AdminMethodNotAllowed(path, "GET"));
     size_t n = 10;
     int minutes = 5;
     std::string window = "5m";
@@ -345,11 +345,11 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     for (const TopEntry& e : enforcer_.denials().Top(n, minutes, now_ms, &others)) {
       clients.push_back({{"client", RedactKey(e.key)}, {"denials", e.denials}});
     }
-    return done(
-        JsonReply(200, {{"window", window}, {"n", n}, {"clients", clients}, {"others", others}}));
+    return done(AdminJsonReply(
+        200, {{"window", window}, {"n", n}, {"clients", clients}, {"others", others}}));
   }
   if (path == "/v1/explain") {
-    if (req.method() != http::verb::post) return done(MethodNotAllowed(path, "POST"));
+    if (req.method() != http::verb::post) return done(AdminMethodNotAllowed(path, "POST"));
     json body = json::parse(req.body(), nullptr, false);
     if (body.is_discarded()) return done(ProblemReply(400, "the body is not JSON", path));
     StatusOr<ExplainRequest> r = ParseExplainRequest(body);
@@ -359,7 +359,7 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
                                                  : Explain(*policy, *r, overrides->table().get(),
                                                            overrides->NowMillis());
     if (!answer.ok()) return done(ProblemReply(400, answer.status().message(), path));
-    return done(JsonReply(200, *answer));
+    return done(AdminJsonReply(200, *answer));
   }
   {
     std::function<json()> view;
@@ -368,8 +368,8 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
       if (auto it = views_.find(path); it != views_.end()) view = it->second;
     }
     if (view) {
-      if (!get) return done(MethodNotAllowed(path, "GET"));
-      return done(JsonReply(200, view()));
+      if (!get) return done(AdminMethodNotAllowed(path, "GET"));
+      return done(AdminJsonReply(200, view()));
     }
   }
   if (path == "/v1/overrides" || path.starts_with("/v1/overrides/")) {
@@ -416,22 +416,22 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
       if (req.method() == http::verb::delete_) {
         return Reset(std::move(policy), std::move(*who), instance, std::move(done));
       }
-      if (!get) return done(MethodNotAllowed(path, "GET, DELETE"));
+      if (!get) return done(AdminMethodNotAllowed(path, "GET, DELETE"));
       return State(std::move(policy), std::move(*who), true, instance, std::move(done));
     }
     if (action == "reset") {
-      if (req.method() != http::verb::post) return done(MethodNotAllowed(path, "POST"));
+      if (req.method() != http::verb::post) return done(AdminMethodNotAllowed(path, "POST"));
       return Reset(std::move(policy), std::move(*who), instance, std::move(done));
     }
     if (action == "blocks") {
       if (req.method() == http::verb::delete_) {
         return Blocks(std::move(*who), true, instance, std::move(done));
       }
-      if (!get) return done(MethodNotAllowed(path, "GET, DELETE"));
+      if (!get) return done(AdminMethodNotAllowed(path, "GET, DELETE"));
       return Blocks(std::move(*who), false, instance, std::move(done));
     }
     if (action == "denials") {
-      if (!get) return done(MethodNotAllowed(path, "GET"));
+      if (!get) return done(AdminMethodNotAllowed(path, "GET"));
       json list = json::array();
       const std::string recorded =
           who->source == "decision_api" ? DecisionApiClient(who->key) : who->key;
@@ -443,7 +443,7 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
                         {"path", e.path},
                         {"shadow", e.shadow}});
       }
-      return done(JsonReply(
+      return done(AdminJsonReply(
           200, {{"client", who->shown}, {"denials", list}, {"kept", AdminDenials::kRingSize}}));
     }
     return done(ProblemReply(404, "no such admin path (see docs/admin.md)", path));
@@ -509,10 +509,10 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
           404, "no state for client '" + op->who.shown + "' (unknown, or every limit full)",
           op->instance));
     }
-    return op->done(JsonReply(200, {{"client", op->who.shown},
-                                    {"source", op->who.source},
-                                    {"plan", op->who.plan},
-                                    {"limits", op->limits}}));
+    return op->done(AdminJsonReply(200, {{"client", op->who.shown},
+                                         {"source", op->who.source},
+                                         {"plan", op->who.plan},
+                                         {"limits", op->limits}}));
   }
   const policy::CheckGroup& g = op->who.groups[op->next++];
   store().Peek({g.key, g.checks}, [this, op, &g](StatusOr<CheckResult> r) {
@@ -593,7 +593,7 @@ void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, s
 void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
   if (op->next == op->groups.size()) {
     Log(Level::kInfo, "admin: client reset", {{"key", op->client}});
-    return op->done(JsonReply(200, {{"client", op->client}, {"reset", op->names}}));
+    return op->done(AdminJsonReply(200, {{"client", op->client}, {"reset", op->names}}));
   }
   const size_t i = op->next++;
   store().Reset(op->groups[i].key, op->limits[i], [this, op](const Status& s) {
@@ -645,7 +645,7 @@ void AdminApi::BlocksNext(std::shared_ptr<BlocksOp> op) {
   if (op->next == op->groups.size()) {
     if (op->lift) Log(Level::kInfo, "admin: blocks lifted", {{"key", op->client}});
     return op->done(
-        JsonReply(200, {{"client", op->client}, {op->lift ? "lifted" : "blocks", op->list}}));
+        AdminJsonReply(200, {{"client", op->client}, {op->lift ? "lifted" : "blocks", op->list}}));
   }
   const std::string& key = op->groups[op->next].first;
   const std::vector<const Limit*>& limits = op->groups[op->next++].second;
@@ -677,7 +677,7 @@ void AdminApi::BlocksNext(std::shared_ptr<BlocksOp> op) {
 void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,
                      std::function<void(Reply)> done) {
   const Store* redis = &store();
-  if (!redis->remote()) return done(JsonReply(200, {{"ready", true}, {"store", "memory"}}));
+  if (!redis->remote()) return done(AdminJsonReply(200, {{"ready", true}, {"store", "memory"}}));
   static const Limit kProbe = *Limit::TokenBucket("readyz", 1, 1.0);
   static const LimitCheck kCheck[] = {{&kProbe, 0}};
   const policy::FailureMode mode = policy->config().store.failure_mode;
@@ -687,16 +687,17 @@ void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,
                                           done = std::move(done)](StatusOr<CheckResult> r) {
     const std::string breaker(BreakerStateName(redis->breaker_state()));
     if (r.ok()) {
-      return done(JsonReply(
+      return done(AdminJsonReply(
           200, {{"ready", true}, {"store", "redis"}, {"reachable", true}, {"breaker", breaker}}));
     }
     const bool ready = mode != policy::FailureMode::kClosed;
-    Reply reply = JsonReply(ready ? 200 : 503, {{"ready", ready},
-                                                {"store", "redis"},
-                                                {"reachable", false},
-                                                {"cause", FailureCauseName(CauseOf(r.status()))},
-                                                {"breaker", breaker},
-                                                {"failure_mode", mode_name}});
+    Reply reply =
+        AdminJsonReply(ready ? 200 : 503, {{"ready", ready},
+                                           {"store", "redis"},
+                                           {"reachable", false},
+                                           {"cause", FailureCauseName(CauseOf(r.status()))},
+                                           {"breaker", breaker},
+                                           {"failure_mode", mode_name}});
     done(std::move(reply));
   });
 }

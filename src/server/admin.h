@@ -117,4 +117,9 @@ class AdminApi {
       RL_GUARDED_BY(views_mu_);
 };
 
+// A JSON answer of the admin API (never cached).
+Reply AdminJsonReply(unsigned status, const nlohmann::json& body);
+// 405 with its Allow header ("GET", "GET, PUT, DELETE").
+Reply AdminMethodNotAllowed(std::string_view path, std::string_view allow);
+
 }  // namespace ratelimit::server

@@ -26,15 +26,6 @@ using json = nlohmann::json;
 constexpr size_t kMaxReason = 500;
 constexpr int64_t kMaxPage = 1000;
 
-Reply Answer(unsigned status, const json& body) {
-  Reply out;
-  out.status = status;
-  out.content_type = "application/json";
-  out.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
-  out.Add("Cache-Control", "no-store");
-  return out;
-}
-
 // "2026-12-02T03:00:00Z" (UTC, optional fraction of a second) -> unix ms.
 StatusOr<int64_t> ParseUtc(const std::string& text) {
   std::tm tm{};
@@ -190,7 +181,7 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
   const std::shared_ptr<const OverrideTable> table = overrides->table();
   const int64_t now_ms = overrides->NowMillis();
   if (path == "/v1/overrides") {
-    if (!get) return done(ProblemReply(405, "use GET for /v1/overrides", path));
+    if (!get) return done(AdminMethodNotAllowed(path, "GET"));
     int64_t limit = 100, offset = 0;
     for (const auto& [k, v] : params) {
       int64_t* slot = k == "limit" ? &limit : k == "offset" ? &offset : nullptr;
@@ -222,7 +213,7 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
                    {"scope", Scope(overrides->shared())}};
     const size_t next = static_cast<size_t>(offset) + list.size();
     answer["next_offset"] = next < all.size() ? json(next) : json(nullptr);
-    return done(Answer(200, answer));
+    return done(AdminJsonReply(200, answer));
   }
 
   StatusOr<std::string> named = [&]() -> StatusOr<std::string> {
@@ -260,7 +251,7 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
     json j = o->ToJson();
     j["in_effect"] = !o->ExpiredAt(now_ms);
     j["shared"] = overrides->shared();
-    return done(Answer(200, j));
+    return done(AdminJsonReply(200, j));
   }
   if (req.method() == http::verb::delete_) {
     return overrides->Remove(
@@ -270,11 +261,11 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
             return done(
                 ProblemReply(404, "no override for client '" + RedactKey(client) + "'", instance));
           }
-          done(Answer(200, {{"client", RedactKey(client)}, {"deleted", true}}));
+          done(AdminJsonReply(200, {{"client", RedactKey(client)}, {"deleted", true}}));
         });
   }
   if (req.method() != http::verb::put) {
-    return done(ProblemReply(405, "use GET, PUT or DELETE for " + instance, path));
+    return done(AdminMethodNotAllowed(path, "GET, PUT, DELETE"));
   }
   StatusOr<json> body = ParseBody(req.body());
   if (!body.ok()) return done(ProblemReply(400, body.status().message(), path));
@@ -291,7 +282,7 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
     answer["version"] = *version;
     answer["shared"] = shared;
     answer["scope"] = Scope(shared);
-    done(Answer(200, answer));
+    done(AdminJsonReply(200, answer));
   });
 }
 
