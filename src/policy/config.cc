@@ -689,6 +689,11 @@ StatusOr<std::string> CanonicalRoutePath(std::string_view path, RouteClass::Matc
   }
   StatusOr<std::string> canonical = CanonicalPath(path);
   if (!canonical.ok()) return canonical.status();
+  // The same rule for what the escapes decode to: a config that loads must
+  // compile (Policy::Create canonicalizes the loaded path again).
+  if (canonical->find_first_of("?#") != std::string::npos) {
+    return InvalidArgument("must not contain '?' or '#' (the query is not matched)");
+  }
   const bool braces = canonical->find_first_of("{}") != std::string::npos;
   if (match != RouteClass::Match::kTemplate) {
     if (braces)
