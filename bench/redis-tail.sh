@@ -22,46 +22,24 @@ SECS=${3:-5}
 RLD=${4:-$B/ratelimitd}
 [[ -x $RLD && -x $B/http_load ]] || { echo "redis-tail.sh: need $RLD and $B/http_load" >&2; exit 2; }
 
-WORK=$(mktemp -d /tmp/rl-redis-tail.XXXXXX)
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    p=$((20000 + RANDOM % 12000))
-    if ! ss -Htan "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-wait_port() {
-  local i
-  for ((i = 0; i < 200; i++)); do
-    if ss -Htln "sport = :$1" 2>/dev/null | grep -q .; then return 0; fi
-    sleep 0.05
-  done
-  echo "redis-tail.sh: nothing listens on $1" >&2
-  return 1
-}
+# shellcheck source=bench/procs.sh
+source "$ROOT/bench/procs.sh"
+procs_init rl-redis-tail
+up() { wait_port "$1" 10 || { echo "redis-tail.sh: nothing listens on $1" >&2; exit 1; }; }
 
 RP=$(free_port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
   --latency-monitor-threshold 1 --slowlog-log-slower-than 1000 --daemonize no >"$WORK/redis.log" 2>&1 &
 PIDS+=($!)
-wait_port "$RP"
+up "$RP"
 rcli() { redis-cli -p "$RP" "$@"; }
 
 LP=$(free_port); AP=$(free_port)
 "$RLD" --config "$ROOT/bench/configs/decision-memory.yaml" --listen "127.0.0.1:$LP" \
   --admin-listen "127.0.0.1:$AP" --redis "redis://127.0.0.1:$RP" >"$WORK/rld.log" 2>&1 &
 PIDS+=($!)
-wait_port "$LP"
-wait_port "$AP"
+up "$LP"
+up "$AP"
 
 # Warm-up (keys in Redis, script loaded), then reset what is counted.
 "$B/http_load" --port="$LP" --kind=check --rate="$RATE" --connections=64 --duration-ms=1000 \

@@ -63,15 +63,9 @@ DUR_S=$(( (DUR_MS + 999) / 1000 ))
 INFLIGHT=${BENCH_INFLIGHT:-512}
 KEYS=100000
 
-WORK=$(mktemp -d /tmp/rl-bench.XXXXXX)
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=bench/procs.sh
+source bench/procs.sh
+procs_init rl-bench
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 # Failed checks go to a file: fail() is also called inside $(...) subshells.
@@ -79,24 +73,6 @@ FAILS_FILE=$WORK/fails.txt
 : >"$FAILS_FILE"
 fail() { echo "$*" >>"$FAILS_FILE"; log "CHECK FAILED: $*"; }
 
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    # Below the kernel's ephemeral range (32768-60999): a port there may be the
-    # local end of some outgoing connection, and nginx's bind() then fails.
-    p=$((20000 + RANDOM % 12000))
-    if ! ss -Htan "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-wait_port() {  # port, seconds
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do
-    if ss -Htln "sport = :$1" 2>/dev/null | grep -q .; then return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
 # kv KEY LINE: the value of KEY=... in a key=value line.
 kv() { tr ' ' '\n' <<<"$2" | sed -n "s/^$1=//p" | head -1; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
