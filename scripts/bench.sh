@@ -10,7 +10,8 @@
 #                                     what it claims (decisions made and answered,
 #                                     errors 0); exit 1 otherwise. ctest `bench_smoke`.
 #
-# Options: --reps N (default 3), --only LIST (comma list of 1..9), --build-dir DIR.
+# Options: --reps N (default 3), --only LIST (comma list of 1..9 and 11), --build-dir DIR.
+# Row 11: one keep-alive connection (and 4), closed loop: decision API vs nginx.
 # Environment: BENCH_JOBS (ninja -j, default nproc), RATELIMITD (a ratelimitd
 # binary to use instead of building one).
 #
@@ -25,7 +26,7 @@ cd "$ROOT"
 
 MODE=full
 REPS=3
-ONLY=1,2,3,4,5,6,7,8,9
+ONLY=1,2,3,4,5,6,7,8,9,11
 BUILD_DIR=
 while (($#)); do
   case $1 in
@@ -33,7 +34,7 @@ while (($#)); do
     --reps) REPS=$2; shift ;;
     --only) ONLY=$2; shift ;;
     --build-dir) BUILD_DIR=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -62,15 +63,9 @@ DUR_S=$(( (DUR_MS + 999) / 1000 ))
 INFLIGHT=${BENCH_INFLIGHT:-512}
 KEYS=100000
 
-WORK=$(mktemp -d /tmp/rl-bench.XXXXXX)
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+# shellcheck source=bench/procs.sh
+source bench/procs.sh
+procs_init rl-bench
 log() { printf '[bench %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "FAILED: $*"; exit 1; }
 # Failed checks go to a file: fail() is also called inside $(...) subshells.
@@ -78,24 +73,6 @@ FAILS_FILE=$WORK/fails.txt
 : >"$FAILS_FILE"
 fail() { echo "$*" >>"$FAILS_FILE"; log "CHECK FAILED: $*"; }
 
-free_port() {
-  local p
-  for _ in $(seq 200); do
-    # Below the kernel's ephemeral range (32768-60999): a port there may be the
-    # local end of some outgoing connection, and nginx's bind() then fails.
-    p=$((20000 + RANDOM % 12000))
-    if ! ss -Htan "sport = :$p" 2>/dev/null | grep -q .; then echo "$p"; return 0; fi
-  done
-  return 1
-}
-wait_port() {  # port, seconds
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do
-    if ss -Htln "sport = :$1" 2>/dev/null | grep -q .; then return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
 # kv KEY LINE: the value of KEY=... in a key=value line.
 kv() { tr ' ' '\n' <<<"$2" | sed -n "s/^$1=//p" | head -1; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
@@ -361,12 +338,13 @@ fi
 
 # ---------------------------------------------------------------- 2-4. HTTP
 HTTP_ROWS=0
-for n in 2 3 4; do want $n && HTTP_ROWS=1; done
+for n in 2 3 4 11; do want $n && HTTP_ROWS=1; done
 if ((HTTP_ROWS)) && [[ -z $RLD ]]; then
   log "2-4: ratelimitd not built: n/a"
   want 2 && row 2 "Decision API (memory store) req/s, 1 thread vs nginx return 200, 1 worker" "n/a (ratelimitd not built)" "nginx return 200" "n/a" "n/a" "≥ 0.8x, p99 < 1 ms at half load" "n/a"
   want 3 && row 3 "Decision API, Redis store vs memory store" "n/a (ratelimitd not built)" "ratelimitd memory store" "n/a" "n/a" "≥ 0.6x, p99 < 2 ms at half load" "n/a"
   want 4 && row 4 "Gateway (memory store) in front of a trivial upstream" "n/a (ratelimitd not built)" "nginx limit_req + proxy_pass" "n/a" "n/a" "≥ 1.0x" "n/a"
+  want 11 && row 11a "One keep-alive connection, closed loop: decision API vs nginx return 200" "n/a (ratelimitd not built)" "nginx return 200" "n/a" "n/a" "≥ 0.5x, p50 < 0.1 ms" "n/a"
 elif ((HTTP_ROWS)); then
   P_RET=$(free_port); P_PROXY=$(free_port); P_LIMRET=$(free_port)
   mkdir -p "$WORK/nginx"
@@ -390,18 +368,23 @@ elif ((HTTP_ROWS)); then
     fi
   }
   stop_rld() { kill "$RLD_PID" 2>/dev/null || true; wait "$RLD_PID" 2>/dev/null || true; }
-  # wrk: max throughput (closed loop, keep-alive, 1 thread, 64 connections);
-  # requests come from bench/macro/wrk-requests.lua for every target alike.
-  wrk_rate() {  # port kind -> prints req/s
+  # wrk: closed loop, keep-alive, 1 thread; requests come from
+  # bench/macro/wrk-requests.lua for every target alike.
+  wrk_closed() {  # port kind connections -> prints "req/s p50_us" (p50 from wrk --latency)
     local out
-    out=$(KIND=$2 KEYS=$KEYS wrk -t1 -c64 -d"${DUR_S}s" -s bench/macro/wrk-requests.lua \
-      "http://127.0.0.1:$1/" 2>&1) || { fail "wrk $1 $2: $out"; echo 0; return; }
-    raw "wrk $2 :$1 $(tr '\n' ' ' <<<"$out")"
-    if grep -q 'Socket errors' <<<"$out"; then fail "wrk $2: socket errors: $(grep 'Socket errors' <<<"$out")"; fi
-    local chk; chk=$(grep '^bench:' <<<"$out")
+    out=$(KIND=$2 KEYS=$KEYS wrk -t1 -c"$3" -d"${DUR_S}s" --latency -s bench/macro/wrk-requests.lua \
+      "http://127.0.0.1:$1/" 2>&1) || { fail "wrk $1 $2 -c$3: $out"; echo "0 n/a"; return; }
+    raw "wrk -c$3 $2 :$1 $(tr '\n' ' ' <<<"$out")"
+    if grep -q 'Socket errors' <<<"$out"; then fail "wrk $2 -c$3: socket errors: $(grep 'Socket errors' <<<"$out")"; fi
+    local chk rate p50; chk=$(grep '^bench:' <<<"$out")
     [[ $(kv degraded "$chk") == 0 && $(kv other "$chk") == 0 ]] || fail "wrk $2 :$1: unexpected answers: ${chk:-no summary}"
-    sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' <<<"$out"
+    rate=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' <<<"$out")
+    # "     50%   41.00us" (us, ms or s) under "Latency Distribution"
+    p50=$(awk '$1 == "50%" { v = $2; u = v; sub(/^[0-9.]+/, "", u); sub(/[a-z]+$/, "", v)
+            print (u == "us" ? v : u == "ms" ? v * 1000 : u == "s" ? v * 1000000 : "n/a"); exit }' <<<"$out")
+    echo "${rate:-0} ${p50:-n/a}"
   }
+  wrk_rate() { local o; o=$(wrk_closed "$1" "$2" 64); echo "${o%% *}"; }  # max throughput, 64 connections
   half_load() {  # port kind rate -> key=value line of http_load
     local out
     out=$("$HTTP_LOAD" --port="$1" --kind="$2" --rate="$3" --connections=64 --keys="$KEYS" \
@@ -410,14 +393,15 @@ elif ((HTTP_ROWS)); then
     echo "$out"
   }
   ms_() { awk -v u="$1" 'BEGIN { if (u == "n/a") print u; else printf "%.2f", u/1000 }'; }
+  get() { local -n arr=$1; echo "${arr[$2]:-n/a}"; }
 
   # Every server is started first and stays up (idle ones cost nothing), so the
   # runs can be interleaved: run r of every target, then run r+1. Load from
   # elsewhere on the machine then hits ours and the peers alike.
   declare -A PORT KIND RATES P50S P99S P999S LAST UNSENT
   T=()
-  add_target() { T+=("$1"); PORT[$1]=$2; KIND[$1]=$3; RATES[$1]=""; P50S[$1]=""; P99S[$1]=""; P999S[$1]=""; UNSENT[$1]=0; }
-  if want 2 || want 3; then
+  add_target() { T+=("$1"); PORT[$1]=$2; KIND[$1]=$3; RATES[$1]=""; }
+  if want 2 || want 3 || want 11; then
     add_target nginx_ret "$P_RET" get
     if start_rld memory --config bench/configs/decision-memory.yaml; then
       code=$(curl -s -o "$WORK/check.json" -w '%{http_code}' "http://127.0.0.1:$RLD_PORT/v1/check" -d "$CHECK_BODY")
@@ -441,62 +425,120 @@ elif ((HTTP_ROWS)); then
       add_target rld_gateway "$RLD_PORT" gateway
     fi
   fi
-  log "2-4: max throughput (wrk), $REPS interleaved runs of: ${T[*]}"
-  for ((r = 1; r <= REPS; r++)); do
-    for t in "${T[@]}"; do RATES[$t]+=" $(wrk_rate "${PORT[$t]}" "${KIND[$t]}")"; done
-  done
+  TPUT=0
+  for n in 2 3 4; do want $n && TPUT=1; done
   declare -A RATE HALF
-  for t in "${T[@]}"; do
-    # shellcheck disable=SC2086
-    RATE[$t]=$(median ${RATES[$t]})
-    HALF[$t]=$(awk -v a="${RATE[$t]}" 'BEGIN { printf "%d", a/2 }')
-  done
-  log "2-4: latency at half of each one's max (http_load, open loop), $REPS interleaved runs"
-  for ((r = 1; r <= REPS; r++)); do
-    for t in "${T[@]}"; do
-      o=$(half_load "${PORT[$t]}" "${KIND[$t]}" "${HALF[$t]}")
-      P50S[$t]+=" $(kv p50_us "$o")"; P99S[$t]+=" $(kv p99_us "$o")"; P999S[$t]+=" $(kv p999_us "$o")"
-      LAST[$t]=$o
-      UNSENT[$t]=$(( ${UNSENT[$t]} + $(kv never_sent "$o") ))
-      if [[ $(kv errors "$o") != 0 || $(kv other "$o") != 0 || $(kv degraded "$o") != 0 || $(kv requests "$o") == 0 ]]; then
-        fail "$t: http_load answers (errors, other statuses or degraded answers): $o"
-      fi
+  LAT=()
+  if ((TPUT)); then
+    log "2-4: max throughput (wrk), $REPS interleaved runs of: ${T[*]}"
+    for ((r = 1; r <= REPS; r++)); do
+      for t in "${T[@]}"; do RATES[$t]+=" $(wrk_rate "${PORT[$t]}" "${KIND[$t]}")"; done
     done
-  done
-  declare -A P99
-  for t in "${T[@]}"; do
+    for t in "${T[@]}"; do
+      # shellcheck disable=SC2086
+      RATE[$t]=$(median ${RATES[$t]})
+      # shellcheck disable=SC2034  # read through get()
+      HALF[$t]=$(awk -v a="${RATE[$t]}" 'BEGIN { printf "%d", a/2 }')
+      log "  $t: $(fmt "${RATE[$t]}") req/s"
+    done
+    # Latency, open loop, each comparison at ONE rate for both sides:
+    # label target rate. Rows 2 and 4: half of the slower one's max (ours or
+    # nginx); row 3: half of the Redis store's own max, and the memory store at
+    # that same rate.
+    minhalf() { awk -v a="$1" -v b="$2" 'BEGIN { a += 0; b += 0; printf "%d", (a < b ? a : b) }'; }
+    want 2 && R2=$(minhalf "$(get HALF nginx_ret)" "$(get HALF rld_memory)") && LAT+=("ret2 nginx_ret $R2" "mem2 rld_memory $R2")
+    want 3 && R3=$(minhalf "$(get HALF rld_redis)" "$(get HALF rld_redis)") && LAT+=("red3 rld_redis $R3" "mem3 rld_memory $R3")
+    want 4 && R4=$(minhalf "$(get HALF nginx_proxy)" "$(get HALF rld_gateway)") && LAT+=("ngp4 nginx_proxy $R4" "gw4 rld_gateway $R4")
+    log "2-4: latency at half load (http_load, open loop), $REPS interleaved runs: ${LAT[*]}"
+    for ((r = 1; r <= REPS; r++)); do
+      for e in "${LAT[@]}"; do
+        read -r l t rt <<<"$e"
+        [[ -n ${PORT[$t]:-} ]] && ((rt > 0)) || continue
+        o=$(half_load "${PORT[$t]}" "${KIND[$t]}" "$rt")
+        P50S[$l]+=" $(kv p50_us "$o")"; P99S[$l]+=" $(kv p99_us "$o")"; P999S[$l]+=" $(kv p999_us "$o")"
+        LAST[$l]=$o
+        UNSENT[$l]=$(( ${UNSENT[$l]:-0} + $(kv never_sent "$o") ))
+        if [[ $(kv errors "$o") != 0 || $(kv other "$o") != 0 || $(kv degraded "$o") != 0 || $(kv requests "$o") == 0 ]]; then
+          fail "$t ($l): http_load answers (errors, other statuses or degraded answers): $o"
+        fi
+      done
+    done
+  fi
+  declare -A P50 P99 P999
+  for e in "${LAT[@]}"; do
+    read -r l t rt <<<"$e"
+    [[ -n ${P99S[$l]:-} ]] || continue
     # shellcheck disable=SC2086
-    P99[$t]=$(median ${P99S[$t]})
-    # shellcheck disable=SC2086
-    log "  $t: $(fmt "${RATE[$t]}") req/s; at ${HALF[$t]}/s p50 $(median ${P50S[$t]}) us, p99 ${P99[$t]} us, p99.9 $(median ${P999S[$t]}) us; unsent ${UNSENT[$t]}"
+    P50[$l]=$(median ${P50S[$l]}); P99[$l]=$(median ${P99S[$l]}); P999[$l]=$(median ${P999S[$l]})
+    log "  $l ($t) at $rt/s: p50 ${P50[$l]} us, p99 ${P99[$l]} us, p99.9 ${P999[$l]} us (runs: p99${P99S[$l]}; p99.9${P999S[$l]}); unsent ${UNSENT[$l]}"
   done
-  get() { local -n arr=$1; echo "${arr[$2]:-n/a}"; }
   unsent_note() { [[ $(get UNSENT "$1") == 0 || $(get UNSENT "$1") == n/a ]] || echo "; $(get UNSENT "$1") requests could not be sent at that rate"; }
+  lat3() { echo "$(get P50 "$1")/$(get P99 "$1")/$(get P999 "$1")"; }  # p50/p99/p99.9 us
+  lt() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a != "n/a" && a+0 < b+0) }'; }
   if want 2; then
-    ng=$(get RATE nginx_ret); mem=$(get RATE rld_memory); p=$(get P99 rld_memory)
+    ng=$(get RATE nginx_ret); mem=$(get RATE rld_memory); p=$(get P99 mem2)
     r2=$(pair_ratio "${RATES[rld_memory]:-}" "${RATES[nginx_ret]:-}")
-    res=MISS; ge "$r2" 0.8 && awk -v p="$p" 'BEGIN { exit !(p < 1000) }' && res=PASS
+    res=MISS; ge "$r2" 0.8 && lt "$p" 1000 && res=PASS
     [[ $mem == n/a ]] && res="n/a (ratelimitd failed)"
-    ld=""; [[ -n ${LAST[rld_memory]:-} ]] && ld="; last run $(kv s2xx "${LAST[rld_memory]}") allowed / $(kv s429 "${LAST[rld_memory]}") denied"
-    row 2 "Decision API (memory store) req/s; p99 at half load $(ms_ "$p") ms (nginx: $(ms_ "$(get P99 nginx_ret)") ms)$ld$(unsent_note rld_memory)" \
+    ld=""; [[ -n ${LAST[mem2]:-} ]] && ld="; last run $(kv s2xx "${LAST[mem2]}") allowed / $(kv s429 "${LAST[mem2]}") denied"
+    row 2 "Decision API (memory store) req/s; p99 at half load $(ms_ "$p") ms (nginx: $(ms_ "$(get P99 ret2)") ms)$ld$(unsent_note mem2)" \
       "$(fmt "$mem")" "nginx return 200, 1 worker (wrk -t1 -c64)" "$(fmt "$ng")" "$r2" \
       "≥ 0.8x, p99 < 1 ms at half load" "$res"
+    q99=$(pair_ratio "${P99S[mem2]:-}" "${P99S[ret2]:-}"); q999=$(pair_ratio "${P999S[mem2]:-}" "${P999S[ret2]:-}")
+    res=MISS; le "$q99" 1.2 && le "$q999" 1.2 && res=PASS
+    row 2b "Decision API (memory store) at ${R2:-n/a}/s, both at the same rate (half of the slower's max; http_load, 64 connections): p99 ms; p50/p99/p99.9 $(lat3 mem2) us against nginx's $(lat3 ret2) us; p99.9 ratio $q999$(unsent_note mem2)" \
+      "$(ms_ "$(get P99 mem2)")" "nginx return 200, same rate" "$(ms_ "$(get P99 ret2)")" "$q99" \
+      "p99 and p99.9 ≤ 1.2x" "$res"
   fi
   if want 3; then
-    red=$(get RATE rld_redis); mem=$(get RATE rld_memory); p=$(get P99 rld_redis)
+    red=$(get RATE rld_redis); mem=$(get RATE rld_memory); p=$(get P99 red3)
     (( $(cmdstat_calls evalsha eval) > 0 )) || fail "3: the redis-backed daemon never called Redis"
     r3=$(pair_ratio "${RATES[rld_redis]:-}" "${RATES[rld_memory]:-}")
-    res=MISS; ge "$r3" 0.6 && awk -v p="$p" 'BEGIN { exit !(p < 2000) }' && res=PASS
+    res=MISS; ge "$r3" 0.6 && lt "$p" 2000 && res=PASS
     [[ $red == n/a ]] && res="n/a (ratelimitd failed)"
-    row 3 "Decision API, Redis store req/s; p99 at half load $(ms_ "$p") ms$(unsent_note rld_redis)" "$(fmt "$red")" \
+    row 3 "Decision API, Redis store req/s; p99 at half load $(ms_ "$p") ms$(unsent_note red3)" "$(fmt "$red")" \
       "the same, memory store" "$(fmt "$mem")" "$r3" "≥ 0.6x, p99 < 2 ms at half load" "$res"
+    q3=$(pair_ratio "${P99S[red3]:-}" "${P99S[mem3]:-}")
+    res=MISS
+    lt "$(get P50 red3)" 500 && lt "$(get P99 red3)" 2000 && lt "$(get P999 red3)" 5000 && le "$q3" 2 && res=PASS
+    row 3b "Decision API, Redis store, at ${R3:-n/a}/s (half its own max, open loop): p50/p99/p99.9 ms; memory store at the same rate $(lat3 mem3) us$(unsent_note red3)" \
+      "$(ms_ "$(get P50 red3)") / $(ms_ "$(get P99 red3)") / $(ms_ "$(get P999 red3)")" "memory store p99, same rate" \
+      "$(ms_ "$(get P99 mem3)")" "$q3" "p50 < 0.5, p99 < 2, p99.9 < 5 ms; p99 ≤ 2x memory" "$res"
   fi
   if want 4; then
     gw=$(get RATE rld_gateway); ngp=$(get RATE nginx_proxy)
     r4=$(pair_ratio "${RATES[rld_gateway]:-}" "${RATES[nginx_proxy]:-}")
     res=$(passmiss ge "$r4" 1.0); [[ $gw == n/a ]] && res="n/a (ratelimitd failed)"
-    row 4 "Gateway (memory store) req/s; p99 at half load $(ms_ "$(get P99 rld_gateway)") ms (nginx: $(ms_ "$(get P99 nginx_proxy)") ms)$(unsent_note rld_gateway)" \
+    row 4 "Gateway (memory store) req/s; p99 at half load $(ms_ "$(get P99 gw4)") ms (nginx: $(ms_ "$(get P99 ngp4)") ms)$(unsent_note gw4)" \
       "$(fmt "$gw")" "nginx limit_req + proxy_pass keep-alive, 1 worker" "$(fmt "$ngp")" "$r4" "≥ 1.0x" "$res"
+    q4=$(pair_ratio "${P99S[gw4]:-}" "${P99S[ngp4]:-}")
+    row 4b "Gateway (memory store) at ${R4:-n/a}/s, both at the same rate (half of the slower's max): p99 ms; p50/p99/p99.9 $(lat3 gw4) us against nginx's $(lat3 ngp4) us$(unsent_note gw4)" \
+      "$(ms_ "$(get P99 gw4)")" "nginx limit_req + proxy_pass, same rate" "$(ms_ "$(get P99 ngp4)")" "$q4" \
+      "p99 ≤ 1.5x" "$(passmiss le "$q4" 1.5)"
+  fi
+  # 11: the callers of a decision API hold few keep-alive connections (an
+  # application server's pool, nginx auth_request's keepalive upstream): one
+  # connection, then 4, closed loop, against nginx `return 200` on the same
+  # connection count, interleaved. The daemon runs the bench config, whose
+  # server section leaves max_requests_per_second_per_connection at its
+  # default (0: no per-connection cap).
+  if want 11 && [[ -n ${PORT[rld_memory]:-} ]]; then
+    log "11: one keep-alive connection (and 4), closed loop (wrk -t1 -cN), $REPS interleaved runs"
+    for c in 1 4; do
+      ours=(); peer=(); op50=(); pp50=()
+      for ((r = 1; r <= REPS; r++)); do
+        o=$(wrk_closed "${PORT[rld_memory]}" check "$c"); ours+=("${o%% *}"); op50+=("${o##* }")
+        o=$(wrk_closed "${PORT[nginx_ret]}" get "$c"); peer+=("${o%% *}"); pp50+=("${o##* }")
+      done
+      r11=$(pair_ratio "${ours[*]}" "${peer[*]}"); mp=$(median "${op50[@]}")
+      raw "11 -c$c ours ${ours[*]} p50 ${op50[*]}; nginx ${peer[*]} p50 ${pp50[*]}"
+      log "  -c$c: ours ${ours[*]} req/s (p50 ${op50[*]} us), nginx ${peer[*]} (p50 ${pp50[*]} us)"
+      res=MISS; ge "$r11" 0.5 && lt "$mp" 100 && res=PASS
+      id=11a; [[ $c == 4 ]] && id=11b
+      row "$id" "$c keep-alive connection$([[ $c == 1 ]] || echo s), closed loop (wrk -t1 -c$c): decision API (memory store, no per-connection cap: the default) req/s; p50 $mp us (nginx $(median "${pp50[@]}") us)" \
+        "$(fmt "$(median "${ours[@]}")")" "nginx return 200, same connections" "$(fmt "$(median "${peer[@]}")")" "$r11" \
+        "≥ 0.5x, p50 < 0.1 ms" "$res"
+    done
   fi
 fi
 

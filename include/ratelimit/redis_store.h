@@ -23,6 +23,11 @@
 // `hold_back` (1 ms) ago is out, a batch that is not full waits for its reply;
 // nothing waits on a timer.
 //
+// A key lives until its state equals the fresh state plus a second, and at
+// least 10 s: a client that comes back within that overwrites its key rather
+// than have Redis' expire cycle delete it and the next call make it again
+// (the cycle's runs stall every call behind them; docs/performance.md).
+//
 //   auto store = ratelimit::RedisStore::Create({.url = "redis://127.0.0.1:6379"});
 //   if (!store.ok()) ...;
 //   (*store)->Check({"user:ada", checks}, [](StatusOr<CheckResult> r) { ... });

@@ -23,7 +23,9 @@
 // later on a store thread (RedisStore); it must not block.
 #pragma once
 
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -62,6 +64,17 @@ struct CheckResult {
   bool already_settled = false;
 };
 
+// The time one stage took, as a histogram since start (for metrics): counts[i]
+// is how many took at most kBoundsMicros[i] and more than the bound before
+// (not cumulative); counts.back() how many took longer than the last bound.
+struct StageLatency {
+  // 10us, 25us, 50us, 100us, 250us, 500us, 1ms, 2.5ms, 5ms, 10ms, 25ms, 100ms
+  static constexpr std::array<int64_t, 12> kBoundsMicros = {
+      10, 25, 50, 100, 250, 500, 1'000, 2'500, 5'000, 10'000, 25'000, 100'000};
+  std::array<uint64_t, kBoundsMicros.size() + 1> counts{};
+  uint64_t sum_micros = 0;
+};
+
 // Counters since start that a store keeps (0 for those it has not).
 struct StoreStats {
   uint64_t checks = 0;         // Check() calls that reached the store
@@ -69,6 +82,11 @@ struct StoreStats {
   uint64_t cache_hits = 0;     // checks answered by the over-limit cache
   uint64_t prefetch_hits = 0;  // checks answered with a prefetched token (Limit::prefetch)
   uint64_t failures = 0;       // checks that completed with an error
+  // Redis: each sent check's time queued before its call left (the batcher:
+  // hold_back, max_calls_in_flight), and each script call's time from sending
+  // to its reply (the wire, Redis' queue and the script).
+  StageLatency queued;
+  StageLatency call;
 };
 
 // Settlement: the difference between what a request reserved (the cost it

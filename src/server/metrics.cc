@@ -79,25 +79,53 @@ void Histogram::Observe(std::chrono::microseconds d) {
   sum_micros_.fetch_add(static_cast<uint64_t>(us), std::memory_order_relaxed);
 }
 
-void Histogram::Render(std::string_view name, std::string& out) const {
+namespace {
+
+// The _bucket/_sum/_count lines of one histogram: counts[i] per bound (not
+// cumulative), counts[bounds.size()] above the last.
+void RenderBuckets(std::string_view name, std::string_view labels, std::span<const int64_t> bounds,
+                   std::span<const uint64_t> counts, uint64_t sum_micros, std::string& out) {
   uint64_t cumulative = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    cumulative += counts_[i].load(std::memory_order_relaxed);
+  for (size_t i = 0; i <= bounds.size(); ++i) {
+    cumulative += counts[i];
     out += name;
-    out += "_bucket{le=\"";
-    out += i < bounds_.size() ? Seconds(bounds_[i]) : std::string("+Inf");
+    out += "_bucket{";
+    if (!labels.empty()) {
+      out += labels;
+      out.push_back(',');
+    }
+    out += "le=\"";
+    out += i < bounds.size() ? Seconds(bounds[i]) : std::string("+Inf");
     out += "\"} ";
     out += std::to_string(cumulative);
     out.push_back('\n');
   }
-  out += name;
-  out += "_sum ";
-  out += Seconds(static_cast<int64_t>(sum_micros_.load(std::memory_order_relaxed)));
+  auto tail = [&](std::string_view suffix) {
+    out += name;
+    out += suffix;
+    if (!labels.empty()) {
+      out.push_back('{');
+      out += labels;
+      out.push_back('}');
+    }
+    out.push_back(' ');
+  };
+  tail("_sum");
+  out += Seconds(static_cast<int64_t>(sum_micros));
   out += "\n";
-  out += name;
-  out += "_count ";
+  tail("_count");
   out += std::to_string(cumulative);
   out.push_back('\n');
+}
+
+}  // namespace
+
+void Histogram::Render(std::string_view name, std::string& out, std::string_view labels) const {
+  std::array<uint64_t, kMaxBuckets + 1> counts{};
+  for (size_t i = 0; i <= bounds_.size(); ++i)
+    counts[i] = counts_[i].load(std::memory_order_relaxed);
+  RenderBuckets(name, labels, bounds_, std::span(counts).first(bounds_.size() + 1),
+                sum_micros_.load(std::memory_order_relaxed), out);
 }
 
 size_t Metrics::KeyHash::operator()(const KeyView& k) const {
@@ -240,6 +268,17 @@ std::string Metrics::Render(const Store* store) const {
          "Time from a decision's store call to its answer (or failure).");
   store_latency.Render("ratelimit_store_call_duration_seconds", out);
 
+  Header(out, "ratelimit_stage_seconds", "histogram",
+         "Where an HTTP request's time goes, by stage: parse (its first bytes read to the "
+         "handler called), handler (to its answer, the store's call included), dispatch (the "
+         "answer to its connection's thread), write (the answer written to the socket).");
+  for (auto [stage, name] : {std::pair{Stage::kParse, "stage=\"parse\""},
+                             std::pair{Stage::kHandler, "stage=\"handler\""},
+                             std::pair{Stage::kDispatch, "stage=\"dispatch\""},
+                             std::pair{Stage::kWrite, "stage=\"write\""}}) {
+    stages_[static_cast<size_t>(stage)].Render("ratelimit_stage_seconds", out, name);
+  }
+
   Header(out, "ratelimit_config_reloads_total", "counter",
          "Config reloads (SIGHUP) by result: ok, or failed (the old config kept serving).");
   out +=
@@ -319,6 +358,15 @@ std::string Metrics::Render(const Store* store) const {
     out += "ratelimit_lease_hits_total " + std::to_string(st.prefetch_hits) + "\n";
     Header(out, "ratelimit_store_pending_checks", "gauge", "Redis checks queued or in flight now.");
     out += "ratelimit_store_pending_checks " + std::to_string(redis->pending()) + "\n";
+    Header(out, "ratelimit_redis_queued_seconds", "histogram",
+           "Each Redis check's time queued before its script call left (batching: hold_back, "
+           "max_calls_in_flight).");
+    RenderBuckets("ratelimit_redis_queued_seconds", {}, StageLatency::kBoundsMicros,
+                  st.queued.counts, st.queued.sum_micros, out);
+    Header(out, "ratelimit_redis_call_seconds", "histogram",
+           "Each Redis script call's time from sending to its reply (the wire and Redis).");
+    RenderBuckets("ratelimit_redis_call_seconds", {}, StageLatency::kBoundsMicros, st.call.counts,
+                  st.call.sum_micros, out);
   }
   return out;
 }

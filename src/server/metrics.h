@@ -93,8 +93,13 @@ class Histogram {
   explicit Histogram(std::span<const int64_t> bounds = kLatencyBoundsMicros);
 
   void Observe(std::chrono::microseconds d);
-  // Appends the _bucket/_sum/_count lines of `name` (HELP/TYPE not included).
-  void Render(std::string_view name, std::string& out) const;
+  template <typename Rep, typename Period>
+  void Observe(std::chrono::duration<Rep, Period> d) {  // truncated to microseconds
+    Observe(std::chrono::duration_cast<std::chrono::microseconds>(d));
+  }
+  // Appends the _bucket/_sum/_count lines of `name` (HELP/TYPE not included);
+  // `labels` (`stage="parse"`) goes before `le` on every line.
+  void Render(std::string_view name, std::string& out, std::string_view labels = {}) const;
 
  private:
   const std::span<const int64_t> bounds_;                        // static storage
@@ -140,7 +145,15 @@ class Metrics {
   // The cells of a route's concurrency limit (bounded like Decisions).
   ConcurrencyCells& Concurrency(std::string_view route);
 
-  Histogram store_latency;        // ratelimit_store_call_duration_seconds
+  Histogram store_latency;  // ratelimit_store_call_duration_seconds
+  // ratelimit_stage_seconds{stage}: where an HTTP request's time goes (both
+  // listeners; answers written in one piece: Session): parse (its first bytes read
+  // to the handler called: the rest of the head and the body), handler (to
+  // its answer: the decision, the store's call), dispatch (the answer to the
+  // connection's executor), write (the answer written into the socket).
+  enum class Stage : uint8_t { kParse = 0, kHandler, kDispatch, kWrite };
+  static constexpr size_t kStageCount = 4;
+  Histogram& StageTime(Stage s) { return stages_[static_cast<size_t>(s)]; }
   Counter reloads_ok;             // ratelimit_config_reloads_total{result="ok"}
   Counter reloads_failed;         // ratelimit_config_reloads_total{result="failed"}
   Gauge in_flight;                // ratelimit_http_requests_in_flight
@@ -202,6 +215,9 @@ class Metrics {
       RL_GUARDED_BY(mu_);
   std::array<Counter, 5> degraded_;  // by FailureCause
   std::array<Counter, kFaceCount> delayed_;
+  std::array<Histogram, kStageCount> stages_{
+      Histogram(StageLatency::kBoundsMicros), Histogram(StageLatency::kBoundsMicros),
+      Histogram(StageLatency::kBoundsMicros), Histogram(StageLatency::kBoundsMicros)};
   std::unordered_map<std::string, std::unique_ptr<ConcurrencyCells>> concurrency_
       RL_GUARDED_BY(mu_);
 };

@@ -55,6 +55,30 @@ TEST(Metrics, ShapingDelaysHaveTheirOwnBuckets) {
             std::string::npos);
 }
 
+TEST(Metrics, StageHistogramsCarryTheirStageLabel) {
+  Metrics m;
+  m.StageTime(Metrics::Stage::kParse).Observe(std::chrono::microseconds(7));
+  m.StageTime(Metrics::Stage::kHandler).Observe(std::chrono::microseconds(300));
+  m.StageTime(Metrics::Stage::kHandler).Observe(std::chrono::milliseconds(3));
+  const std::string text = m.Render(nullptr);
+  EXPECT_NE(text.find("# TYPE ratelimit_stage_seconds histogram\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("ratelimit_stage_seconds_bucket{stage=\"parse\",le=\"1e-05\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ratelimit_stage_seconds_bucket{stage=\"handler\",le=\"0.00025\"} 0\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_stage_seconds_bucket{stage=\"handler\",le=\"0.0005\"} 1\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_stage_seconds_bucket{stage=\"handler\",le=\"+Inf\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_stage_seconds_count{stage=\"handler\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("ratelimit_stage_seconds_sum{stage=\"handler\"} 0.0033\n"),
+            std::string::npos);
+  EXPECT_NE(text.find("ratelimit_stage_seconds_count{stage=\"write\"} 0\n"), std::string::npos);
+  // The unlabelled histograms keep their form.
+  EXPECT_NE(text.find("ratelimit_store_call_duration_seconds_count 0\n"), std::string::npos);
+}
+
 TEST(Metrics, LabelSetsAreBounded) {
   Metrics m;
   for (size_t i = 0; i < kMaxDecisionLabelSets + 10; ++i) {

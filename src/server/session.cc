@@ -120,6 +120,7 @@ bool Session::Pace() {
 }
 
 void Session::ReadHeader() {
+  request_started_ = std::chrono::steady_clock::now();  // its first bytes are in buffer_
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
   parser_->body_limit(limits_.max_body_bytes);
@@ -229,13 +230,23 @@ void Session::FailRequest(beast::error_code ec) {
 void Session::Handle() {
   busy_ = true;
   ClearDeadline();  // the handler bounds its own waits (store deadline, upstream timeout)
-  Metrics::Global().in_flight.Add(1);
+  Metrics& m = Metrics::Global();
+  m.in_flight.Add(1);
+  const auto handled = std::chrono::steady_clock::now();
+  m.StageTime(Metrics::Stage::kParse).Observe(handled - request_started_);
   handler_.Handle(
       parser_->get(), peer_, peer_text_,
-      [self = shared_from_this()](Reply r) {
-        Metrics::Global().in_flight.Add(-1);
-        net::dispatch(self->socket_.get_executor(),
-                      [self, r = std::move(r)]() mutable { self->Write(std::move(r)); });
+      [self = shared_from_this(), handled](Reply r) {
+        Metrics& m = Metrics::Global();
+        m.in_flight.Add(-1);
+        const auto answered = std::chrono::steady_clock::now();
+        m.StageTime(Metrics::Stage::kHandler).Observe(answered - handled);
+        net::dispatch(self->socket_.get_executor(), [self, r = std::move(r), answered]() mutable {
+          Metrics::Global()
+              .StageTime(Metrics::Stage::kDispatch)
+              .Observe(std::chrono::steady_clock::now() - answered);
+          self->Write(std::move(r));
+        });
       },
       this);  // the callback above keeps the session alive for as long as a hold
 }
@@ -329,7 +340,11 @@ void Session::Write(Reply reply) {
   if (!head && !no_body) out_.append(reply.body);
   SetDeadline(limits_.read_timeout);
   net::async_write(socket_, net::buffer(out_),
-                   [self = shared_from_this(), close](beast::error_code ec, size_t) {
+                   [self = shared_from_this(), close, started = std::chrono::steady_clock::now()](
+                       beast::error_code ec, size_t) {
+                     Metrics::Global()
+                         .StageTime(Metrics::Stage::kWrite)
+                         .Observe(std::chrono::steady_clock::now() - started);
                      self->OnWrite(close, ec);
                    });
 }

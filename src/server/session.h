@@ -145,6 +145,7 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   policy::IpAddress peer_;
   std::string peer_text_;
   size_t head_bytes_ = 0;  // bytes of the current head the parser has taken
+  std::chrono::steady_clock::time_point request_started_{};  // its first bytes read (stage timing)
   std::shared_ptr<void> slot_;
   net::steady_timer pace_timer_;
   bool paced_ = false;

@@ -29,9 +29,11 @@ bool CheckBatcher::ReadyToSend(std::chrono::steady_clock::time_point now) const 
 void CheckBatcher::Add(PendingCheck check) {
   bool schedule = false;
   {
+    const auto now = std::chrono::steady_clock::now();
+    check.queued_at = now;
     LockGuard lock(mu_);
     queue_.push_back(std::move(check));
-    if (!flush_scheduled_ && ReadyToSend(std::chrono::steady_clock::now())) {
+    if (!flush_scheduled_ && ReadyToSend(now)) {
       schedule = flush_scheduled_ = true;
     }
   }
@@ -98,6 +100,7 @@ void CheckBatcher::Flush() {
       continue;
     }
     if (!group.empty() && group.front().slot != p.slot) send();
+    queued_.Observe(now - p.queued_at);
     group.push_back(std::move(p));
     if (group.size() == per_call) send();
   }

@@ -31,6 +31,7 @@
 
 #include "ratelimit/thread_annotations.h"
 #include "store/pending_check.h"
+#include "store/stage_recorder.h"
 
 namespace ratelimit::store {
 
@@ -57,6 +58,8 @@ class CheckBatcher {
   void Returned();
   // Nothing queued or about to leave (calls out are the backend's to count).
   bool Idle() const;
+  // Each sent check's time in the queue (Add to its call's send).
+  StageLatency queued() const { return queued_.Snapshot(); }
 
  private:
   bool PartialMayLeave(std::chrono::steady_clock::time_point now) const RL_REQUIRES(mu_);
@@ -72,6 +75,7 @@ class CheckBatcher {
   bool flush_scheduled_ RL_GUARDED_BY(mu_) = false;
   size_t calls_in_flight_ RL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point last_send_ RL_GUARDED_BY(mu_);  // the newest call's
+  StageRecorder queued_;
 };
 
 }  // namespace ratelimit::store

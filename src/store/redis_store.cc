@@ -37,6 +37,7 @@ struct RedisStore::Impl {
   store::RedisKeys keys;
   store::PendingBound bound;
   std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_failures{0};
+  store::StageRecorder stat_call_time;  // send to reply, per script call
   Mutex secret_mu;
   std::string secret RL_GUARDED_BY(secret_mu);  // "" until fetched (SharedSecret)
   store::CheckAdmission admission;
@@ -165,7 +166,8 @@ struct RedisStore::Impl {
     auto shared = std::make_shared<std::vector<PendingCheck>>(std::move(group));
     backend->Eval(
         call.keys, call.args,
-        [this, shared](StatusOr<redis::Reply> reply) {
+        [this, shared, sent = std::chrono::steady_clock::now()](StatusOr<redis::Reply> reply) {
+          stat_call_time.Observe(std::chrono::steady_clock::now() - sent);
           batcher->Returned();
           Complete(*shared, reply);
         },
@@ -364,7 +366,9 @@ RedisStore::Stats RedisStore::stats() const {
           .script_calls = impl_->stat_calls.load(std::memory_order_relaxed),
           .cache_hits = impl_->admission.cache_hits(),
           .prefetch_hits = impl_->admission.prefetch_hits(),
-          .failures = impl_->stat_failures.load(std::memory_order_relaxed)};
+          .failures = impl_->stat_failures.load(std::memory_order_relaxed),
+          .queued = impl_->batcher->queued(),
+          .call = impl_->stat_call_time.Snapshot()};
 }
 
 }  // namespace ratelimit

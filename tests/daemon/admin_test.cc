@@ -526,6 +526,9 @@ TEST(Metrics, PromtoolAcceptsTheRedisScrapeWithDegradedDecisions) {
   EXPECT_NE(m.body.find("ratelimit_store_breaker_state "), std::string::npos);
   EXPECT_NE(m.body.find("ratelimit_over_limit_cache_hits_total "), std::string::npos);
   EXPECT_NE(m.body.find("ratelimit_lease_hits_total "), std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_redis_queued_seconds_count "), std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_redis_call_seconds_bucket{le=\"+Inf\"} "), std::string::npos);
+  EXPECT_NE(m.body.find("ratelimit_stage_seconds_count{stage=\"handler\"} "), std::string::npos);
   // Each degraded decision is counted under its cause (refused, then breaker_open).
   int64_t degraded = 0;
   for (const char* cause : {"timeout", "refused", "breaker_open", "overload", "error"}) {

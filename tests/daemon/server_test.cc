@@ -57,6 +57,14 @@ TEST(ServerDefaults, OneKeepAliveConnectionIsNotPaced) {
               ok / seconds);
   const std::string scrape = Http(d.admin_port(), "GET", "/metrics").body;
   EXPECT_EQ(MetricValue(scrape, "ratelimit_paced_requests_total"), 0) << scrape;
+  // Every request passed each stage once (the scrape itself is on the admin
+  // listener, which has its own sessions: counted too, hence >=).
+  for (const char* stage : {"parse", "handler", "dispatch", "write"}) {
+    EXPECT_GE(
+        MetricValue(scrape, std::string("ratelimit_stage_seconds_count{stage=\"") + stage + "\"}"),
+        kRequests)
+        << stage;
+  }
 }
 
 // Gateway mode: every spelling of ratelimitd's own paths other than the exact

@@ -48,10 +48,18 @@ local keyi = 1
 -- Every number here is whole and below 2^53: %d prints it exactly (and
 -- cheaper than %.0f).
 local function str(n) return string.format('%d', n) end
--- The key's TTL: until its state equals the fresh state, plus a second. A
--- string, not a Lua number: Redis 7.2+ prints numbers with fpconv_dtoa, which
--- writes 100000000 as "1e+08", and PX refuses that.
-local function ttl_ms(until_us) return str(floor((until_us - now + 999) / 1000) + 1000) end
+-- The key's TTL: until its state equals the fresh state, plus a second, and
+-- at least 10 s. The floor is for Redis' expire cycle: a client that comes
+-- back within it overwrites its key instead of having it expire and be made
+-- again, and a Redis expiring tens of thousands of short-lived keys a second
+-- stalls every call in `expire-cycle` runs of several ms (issue 22;
+-- docs/performance.md, "Where the tail comes from"). A key's state past its
+-- time reads as fresh, so a longer life changes no answer. A string, not a
+-- Lua number: Redis 7.2+ prints numbers with fpconv_dtoa, which writes
+-- 100000000 as "1e+08", and PX refuses that.
+local function ttl_ms(until_us)
+  return str(math.max(floor((until_us - now + 999) / 1000) + 1000, 10000))
+end
 
 -- The string states of every key of the call, read with one MGET: each
 -- redis.call costs far more than the key lookup it makes, and a GET per key
