@@ -35,6 +35,7 @@
 #include "server/policy_holder.h"
 #include "server/router.h"
 #include "support/redis_server.h"
+#include "support/sse_upstream.h"
 
 namespace ratelimit::server {
 namespace {
@@ -121,135 +122,6 @@ TEST(ReserveCost, FromTheRequestCappedAtMaxElseTheFallback) {
 }
 
 // ---- a streaming upstream ---------------------------------------------------
-
-// One request per connection, answered by path (the request header X-Usage
-// says what the answer reports):
-//   /sse      text/event-stream, chunked: a content event, then (with
-//             X-Hold: 1) waits for Release(), then the usage event written in
-//             two halves 20 ms apart, then data: [DONE]
-//   /header   X-Usage as a response header, a small body
-//   /trailer  chunked with the usage in the trailer field X-Usage
-class SseUpstream {
- public:
-  SseUpstream() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd_, 512);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    acceptor_ = std::thread([this] { Accept(); });
-  }
-  ~SseUpstream() {
-    stop_ = true;
-    Release();
-    ::shutdown(fd_, SHUT_RDWR);
-    ::close(fd_);
-    acceptor_.join();
-    for (std::thread& t : workers_) t.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  void Release() { released_ = true; }
-  std::atomic<int> last_event_sent{0};  // usage events written so far
-
- private:
-  void Accept() {
-    while (!stop_) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const int c = ::accept(fd_, nullptr, nullptr);
-      if (c < 0) continue;
-      workers_.emplace_back([this, c] {
-        Serve(c);
-        ::close(c);
-      });
-    }
-  }
-
-  static bool Send(int c, std::string_view s) {
-    while (!s.empty()) {
-      const ssize_t n = ::send(c, s.data(), s.size(), MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      s.remove_prefix(static_cast<size_t>(n));
-    }
-    return true;
-  }
-  static std::string Chunk(std::string_view s) {
-    char size[32];
-    std::snprintf(size, sizeof size, "%zx\r\n", s.size());
-    return size + std::string(s) + "\r\n";
-  }
-  // `name` in lower case; the request's names in any case.
-  static std::string HeaderValue(const std::string& req, const std::string& name) {
-    std::string lower = req;
-    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    const size_t at = lower.find("\r\n" + name + ": ");
-    if (at == std::string::npos) return "";
-    const size_t from = at + name.size() + 4;
-    return req.substr(from, req.find("\r\n", from) - from);
-  }
-
-  void Serve(int c) {
-    int one = 1;
-    ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    std::string req;
-    char buf[4096];
-    while (req.find("\r\n\r\n") == std::string::npos) {
-      const ssize_t n = ::recv(c, buf, sizeof buf, 0);
-      if (n <= 0) return;
-      req.append(buf, static_cast<size_t>(n));
-    }
-    const std::string path =
-        req.substr(req.find(' ') + 1, req.find(' ', req.find(' ') + 1) - req.find(' ') - 1);
-    const std::string usage = HeaderValue(req, "x-usage");
-    if (path == "/header") {
-      Send(c, "HTTP/1.1 200 OK\r\nX-Usage: " + usage +
-                  "\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
-      return;
-    }
-    if (path == "/trailer") {
-      Send(c,
-           "HTTP/1.1 200 OK\r\nTrailer: X-Usage\r\nTransfer-Encoding: chunked\r\n"
-           "Connection: close\r\n\r\n" +
-               Chunk("embedding") + "0\r\nX-Usage: " + usage + "\r\n\r\n");
-      return;
-    }
-    Send(c,
-         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-         "Connection: close\r\n\r\n" +
-             Chunk("data: {\"choices\":[{\"delta\":{\"content\":\"Hello\"}}]}\n\n"));
-    if (HeaderValue(req, "x-hold") == "1") {
-      const auto until = SteadyClock::now() + std::chrono::seconds(10);
-      while (!released_ && SteadyClock::now() < until) std::this_thread::sleep_for(milliseconds(2));
-      // The client has gone: a few more events before the end, so that the
-      // gateway's writes meet the closed connection.
-      for (int i = 0; i < 4; ++i) {
-        if (!Send(c, Chunk("data: {\"choices\":[{\"delta\":{\"content\":\"more\"}}]}\n\n"))) {
-          break;
-        }
-        std::this_thread::sleep_for(milliseconds(20));
-      }
-    }
-    const std::string event =
-        "data: {\"id\":\"x\",\"usage\":{\"prompt_tokens\":1,\"total_tokens\":" + usage + "}}\n\n";
-    const size_t half = event.size() / 2;  // an event split across pieces
-    Send(c, Chunk(event.substr(0, half)));
-    std::this_thread::sleep_for(milliseconds(5));
-    Send(c, Chunk(event.substr(half)));
-    last_event_sent.fetch_add(1);
-    Send(c, Chunk("data: [DONE]\n\n") + "0\r\n\r\n");
-  }
-
-  int fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> released_{false};
-  std::thread acceptor_;
-  std::vector<std::thread> workers_;  // the acceptor's; joined after it
-};
 
 // ---- ratelimitd's HTTP path in-process ------------------------------------------
 
@@ -394,7 +266,7 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
   }
 
   ManualClock clock_{kStart};
-  SseUpstream upstream_;
+  testing::SseUpstream upstream_;
   std::unique_ptr<testing::RedisServer> redis_;
   std::shared_ptr<Store> store_;
   std::shared_ptr<const policy::Policy> policy_;
