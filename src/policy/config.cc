@@ -885,6 +885,7 @@ Status Loader::Metered(const YAML::Node& n, const std::string& what, RouteClass*
                             (json_field ? "a JSON path like usage.total_tokens" : "a header name") +
                             ", got " + Quote(m.field));
   }
+  if (json_field) m.field_path = SplitJsonPath(m.field);
   r->cost = m.reserve.value_or(1);
   for (const RuleLimit& rl : r->limits) {
     if (rl.limit.algorithm() == Algorithm::kSlidingLog || rl.limit.calendar() != nullptr) {

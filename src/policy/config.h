@@ -116,8 +116,9 @@ struct MeteredCost {
   std::optional<int64_t> reserve;  // the reservation; with from_request_*: the fallback
   std::string request_field;       // from_request_header: the name; _json: the path
   SettleFrom settle_from = SettleFrom::kResponseHeader;
-  std::string field;           // header or trailer name, or JSON path (sse_last_event)
-  std::optional<int64_t> max;  // caps the reservation read from the request and the actual
+  std::string field;                    // header or trailer name, or JSON path (sse_last_event)
+  std::vector<std::string> field_path;  // sse_last_event: `field` split (SplitJsonPath)
+  std::optional<int64_t> max;           // caps the reservation read from the request and the actual
 };
 std::string_view CostSourceName(MeteredCost::Source s);  // "reserve", "from_request_header", ...
 std::string_view SettleFromName(MeteredCost::SettleFrom s);  // "response_header", ...

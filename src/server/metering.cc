@@ -62,7 +62,7 @@ std::optional<int64_t> JsonCost(const nlohmann::json& doc, const std::vector<std
   return std::nullopt;
 }
 
-SseFieldReader::SseFieldReader(std::vector<std::string> path) : path_(std::move(path)) {}
+SseFieldReader::SseFieldReader(std::vector<std::string> path) : owned_(std::move(path)) {}
 
 void SseFieldReader::Feed(std::string_view piece) {
   while (!piece.empty()) {
@@ -118,10 +118,10 @@ void SseFieldReader::Dispatch() {
   if (!has_data_) return;
   // Parse only data that can carry the field (the last name of the path):
   // most events of a stream are content, and "[DONE]" is not JSON.
-  if (data_.find(path_.back()) != std::string::npos) {
+  if (!path_->empty() && data_.find(path_->back()) != std::string::npos) {
     nlohmann::json doc = nlohmann::json::parse(data_, nullptr, /*allow_exceptions=*/false);
     if (!doc.is_discarded()) {
-      if (std::optional<int64_t> v = JsonCost(doc, path_)) value_ = v;
+      if (std::optional<int64_t> v = JsonCost(doc, *path_)) value_ = v;
     }
   }
   data_.clear();
@@ -182,8 +182,12 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
   }
   const int64_t cost = o.metered->max ? std::min(*actual, *o.metered->max) : *actual;
   // One count per request: the last group's answer gives it.
-  auto pending = std::make_shared<std::atomic<size_t>>(o.charged.size());
-  auto failed = std::make_shared<std::atomic<bool>>(false);
+  struct Pending {
+    std::atomic<size_t> groups;
+    std::atomic<bool> failed{false};
+  };
+  auto pending = std::make_shared<Pending>();
+  pending->groups = o.charged.size();
   for (const ChargedGroup& g : o.charged) {
     std::vector<LimitSettle> settlements;
     settlements.reserve(g.checks.size());
@@ -192,13 +196,14 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
       delta = cost - c.cost;
       if (delta != 0) settlements.push_back({c.limit, delta});
     }
-    auto answered = [pending, failed, delta](bool ok) {
+    auto answered = [pending, delta](bool ok) {
       Metrics& m = Metrics::Global();
-      if (!ok) failed->store(true);
+      if (!ok) pending->failed.store(true);
       if (ok && delta > 0) m.settled_debited.Inc(static_cast<uint64_t>(delta));
       if (ok && delta < 0) m.settled_refunded.Inc(static_cast<uint64_t>(-delta));
-      if (pending->fetch_sub(1) == 1) {
-        m.Settlements(failed->load() ? SettleOutcome::kError : SettleOutcome::kSettled).Inc();
+      if (pending->groups.fetch_sub(1) == 1) {
+        m.Settlements(pending->failed.load() ? SettleOutcome::kError : SettleOutcome::kSettled)
+            .Inc();
       }
     };
     if (settlements.empty()) {  // it cost what was reserved
@@ -229,7 +234,7 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
   SettlingBody(std::shared_ptr<BodyStream> inner, Enforcer& enforcer, Outcome o)
       : inner_(std::move(inner)), enforcer_(enforcer), o_(std::move(o)) {
     if (o_.metered->settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
-      sse_.emplace(policy::SplitJsonPath(o_.metered->field));
+      sse_.emplace(&o_.metered->field_path);
     }
   }
   ~SettlingBody() override {
@@ -303,7 +308,7 @@ void MeterReply(Enforcer& enforcer, Outcome o, Reply& r) {
   // The whole answer came at once (a small Content-Length body: no trailer).
   std::optional<int64_t> actual;
   if (m.settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
-    SseFieldReader reader(policy::SplitJsonPath(m.field));
+    SseFieldReader reader(&m.field_path);
     reader.Feed(r.body);
     reader.Finish();
     actual = reader.value();

@@ -59,6 +59,10 @@ class SseFieldReader {
   static constexpr size_t kMaxLine = 1 << 20;
 
   explicit SseFieldReader(std::vector<std::string> path);
+  // Reads `*path`, which must outlive the reader (a config's field_path).
+  explicit SseFieldReader(const std::vector<std::string>* path) : path_(path) {}
+  SseFieldReader(const SseFieldReader&) = delete;
+  SseFieldReader& operator=(const SseFieldReader&) = delete;
   void Feed(std::string_view piece);
   void Finish();
   std::optional<int64_t> value() const { return value_; }
@@ -67,7 +71,8 @@ class SseFieldReader {
   void Line(std::string_view line);
   void Dispatch();
 
-  std::vector<std::string> path_;
+  std::vector<std::string> owned_;
+  const std::vector<std::string>* path_ = &owned_;
   std::string line_;  // a line not ended yet
   bool skip_line_ = false;
   bool after_cr_ = false;  // the last byte was a CR: a LF next ends nothing
