@@ -10,7 +10,7 @@
 #                                     what it claims (decisions made and answered,
 #                                     errors 0); exit 1 otherwise. ctest `bench_smoke`.
 #
-# Options: --reps N (default 3), --only LIST (comma list of 1..9 and 11), --build-dir DIR.
+# Options: --reps N (default 3), --only LIST (comma list of 1..11), --build-dir DIR.
 # Row 11: one keep-alive connection (and 4), closed loop: decision API vs nginx.
 # Environment: BENCH_JOBS (ninja -j, default nproc), RATELIMITD (a ratelimitd
 # binary to use instead of building one).
@@ -26,7 +26,7 @@ cd "$ROOT"
 
 MODE=full
 REPS=3
-ONLY=1,2,3,4,5,6,7,8,9,11
+ONLY=1,2,3,4,5,6,7,8,9,10,11
 BUILD_DIR=
 while (($#)); do
   case $1 in
@@ -107,6 +107,7 @@ if [[ $MODE == full ]]; then
   fi
   targets=(redis_decisions_bench http_load memory_store_benchmark grpc_load grpc_trivial_server)
   targets+=(overrides_benchmark)
+  targets+=(sse_upstream)
   # (grep reads the whole list: with pipefail, grep -q's early exit would
   # fail ninja with SIGPIPE, and the check with it, now and then.)
   if [[ -z ${RATELIMITD:-} ]] && ninja -C "$BUILD_DIR" -t targets all 2>/dev/null | grep '^ratelimitd:' >/dev/null; then
@@ -637,6 +638,64 @@ elif want 9; then
     row "$id" "Decision of a client WITH a per-client override, $store store, $how, 1,000 other overrides held ($unit, Resolve + Enforce)" \
       "$(fmt "$with")" "the same, a client without an override" "$(fmt "$without")" "$r9" "≤ 1.1x" "$res"
   done
+fi
+
+# ---------------------------------------------------------------- 10. metered
+# A gateway request whose cost is settled from the last SSE event of the
+# upstream's stream (reserve 100, usage 70: a refund each) against the same
+# request with a fixed cost of 100 (nothing settled), through the same
+# keep-alive SSE upstream (bench/macro/sse_upstream), memory store, one I/O
+# thread each; wrk -t1 -c64, runs interleaved, ratio = fixed / metered req/s
+# (what settling costs). The metered daemon's /metrics must count every
+# request settled.
+SSE_UP=$B/sse_upstream
+if want 10 && [[ -z $RLD || ! -x $SSE_UP ]]; then
+  row 10 "Gateway request settled from the last SSE event vs a fixed cost (memory store)" "n/a (not built)" "the same, fixed cost" "n/a" "n/a" "≤ 1.15x" "n/a"
+elif want 10; then
+  P_SSE=$(free_port)
+  "$SSE_UP" --port="$P_SSE" >"$WORK/sse_upstream.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "$P_SSE" 10 || fail "10: sse_upstream did not start: $(cat "$WORK/sse_upstream.log")"
+  declare -A M10_PORT M10_PID M10_RATES
+  P_ADM10=$(free_port)
+  for kind in metered fixed; do
+    cost=100
+    [[ $kind == metered ]] && cost="{reserve: 100, settle_from: sse_last_event, field: usage.total_tokens}"
+    sed -e "s|__UPSTREAM_PORT__|$P_SSE|g" -e "s|__COST__|$cost|g" bench/configs/metered.yaml.in >"$WORK/$kind.yaml"
+    M10_PORT[$kind]=$(free_port)
+    adm=""; [[ $kind == metered ]] && adm="127.0.0.1:$P_ADM10"
+    "$RLD" --config "$WORK/$kind.yaml" --listen "127.0.0.1:${M10_PORT[$kind]}" --admin-listen "$adm" \
+      >"$WORK/rld-$kind.log" 2>&1 &
+    M10_PID[$kind]=$!
+    PIDS+=("${M10_PID[$kind]}")
+    M10_RATES[$kind]=""
+    wait_port "${M10_PORT[$kind]}" 10 || fail "10: ratelimitd ($kind) did not start: $(tail -3 "$WORK/rld-$kind.log" | tr '\n' ' ')"
+    body=$(curl -s -H 'X-API-Key: k1' "http://127.0.0.1:${M10_PORT[$kind]}/api/x")
+    [[ $body == *'"total_tokens":70'*'data: [DONE]'* ]] || fail "10: $kind gateway answered: $(head -c 200 <<<"$body")"
+  done
+  log "10: settled (sse_last_event) vs fixed cost through the gateway, $REPS interleaved runs"
+  for ((r = 1; r <= REPS; r++)); do
+    for kind in metered fixed; do
+      out=$(KIND=gateway KEYS=$KEYS wrk -t1 -c64 -d"${DUR_S}s" -s bench/macro/wrk-requests.lua \
+        "http://127.0.0.1:${M10_PORT[$kind]}/" 2>&1) || fail "10: wrk $kind: $out"
+      raw "10: wrk $kind $(tr '\n' ' ' <<<"$out")"
+      grep -q 'Socket errors' <<<"$out" && fail "10: wrk $kind: $(grep 'Socket errors' <<<"$out")"
+      chk=$(grep '^bench:' <<<"$out" || true)
+      [[ $(kv degraded "$chk") == 0 && $(kv other "$chk") == 0 ]] || fail "10: wrk $kind: unexpected answers: ${chk:-no summary}"
+      M10_RATES[$kind]+=" $(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' <<<"$out")"
+    done
+  done
+  settled=$(curl -s "http://127.0.0.1:$P_ADM10/metrics" | sed -n 's/^ratelimit_settlements_total{outcome="settled"} //p')
+  others=$(curl -s "http://127.0.0.1:$P_ADM10/metrics" | awk '/^ratelimit_settlements_total\{outcome="(missing|disconnected|error)"\}/ { n += $2 } END { print n + 0 }')
+  raw "10: metered settlements settled=$settled others=$others"
+  (( ${settled:-0} > 0 )) || fail "10: the metered daemon settled nothing"
+  # shellcheck disable=SC2086
+  m10=$(median ${M10_RATES[metered]}); f10=$(median ${M10_RATES[fixed]})
+  r10=$(pair_ratio "${M10_RATES[fixed]}" "${M10_RATES[metered]}")
+  res=$(passmiss le "$r10" 1.15)
+  row 10 "Gateway req/s, cost settled from the last SSE event (reserve 100, usage 70; $settled settled, $others not)" \
+    "$(fmt "$m10")" "the same request, fixed cost 100 (wrk -t1 -c64)" "$(fmt "$f10")" "$r10" "≤ 1.15x (fixed / settled)" "$res"
+  for kind in metered fixed; do kill "${M10_PID[$kind]}" 2>/dev/null || true; wait "${M10_PID[$kind]}" 2>/dev/null || true; done
 fi
 
 # ---------------------------------------------------------------- table

@@ -213,6 +213,9 @@ int main(int argc, char** argv) {
         return 1;
       }
       warnings = std::move(*checked);
+      for (const std::string& line : ratelimit::server::DescribeMeteredCosts(*c)) {
+        std::cerr << line << "\n";
+      }
       if (envoy_dir.empty()) envoy_dir = c->envoy.config_dir;
       const ratelimit::policy::StoreConfig store = c->store;
       auto p = ratelimit::policy::Policy::Create(std::move(*c));

@@ -196,6 +196,26 @@ TEST_F(EnvoyPlan, HitsAddendAndOverride) {
   EXPECT_EQ(r.statuses[0].limit_remaining, 2u);
 }
 
+// Envoy's apply_on_stream_done (issue 21): the request is checked with
+// hits_addend 0 (nothing counted), and when the stream is done a second
+// ShouldRateLimit carries the actual cost as hits_addend, counted like any
+// cost: taken whole when it fits. One that does not fit is OVER_LIMIT and
+// takes nothing (all or nothing, unlike envoyproxy/ratelimit's counters,
+// which count it anyway; docs/envoy.md).
+TEST_F(EnvoyPlan, StreamDoneHitsAddendCountsTheActualCost) {
+  Request before = One({{"key3", "llm"}});  // 10 an hour
+  before.hits_addend = 0;
+  before.descriptors[0].hits_addend = 0;
+  EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 10u);
+  Request done = One({{"key3", "llm"}});
+  done.hits_addend = 7;  // the response's usage
+  EXPECT_EQ(Ask(done).statuses[0].limit_remaining, 3u);
+  EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 3u);
+  done.hits_addend = 4;  // more than is left: over, and nothing taken
+  EXPECT_EQ(Ask(done).overall, Code::kOverLimit);
+  EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 3u);
+}
+
 TEST_F(EnvoyPlan, SeveralLimitsOnOneDescriptor) {
   for (int i = 0; i < 5; ++i) Ask(One({{"many", "m"}}));
   Response r = Ask(One({{"many", "m"}}));

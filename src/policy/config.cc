@@ -59,6 +59,16 @@ bool IsListenAddress(std::string_view s) {
   return host.find(':') == std::string_view::npos;
 }
 
+// An HTTP field name (RFC 9110 token characters).
+bool IsToken(std::string_view s) {
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+    if (!ok) return false;
+  }
+  return true;
+}
+
 std::string Join(std::initializer_list<std::string_view> items) {
   std::string out;
   for (std::string_view i : items) {
@@ -286,6 +296,7 @@ class Loader {
   Status Entries(const YAML::Node& n, const std::string& what, std::vector<RuleLimit>* out);
   Status Route(const YAML::Node& n, RouteClass* r);
   Status Concurrency(const YAML::Node& n, const std::string& what, ConcurrencyConfig* c);
+  Status Metered(const YAML::Node& n, const std::string& what, RouteClass* r);
   Status ApiKeysFile(const std::string& path, const YAML::Node& at, Config* c);
 
   std::string source_;
@@ -784,7 +795,9 @@ Status Loader::Route(const YAML::Node& n, RouteClass* r) {
     r->concurrency.emplace();
     RL_RETURN_IF_ERROR(Concurrency(cc, what, &*r->concurrency));
   }
-  if (YAML::Node cost = Get(n, "cost"); cost.IsDefined()) {
+  if (YAML::Node cost = Get(n, "cost"); cost.IsDefined() && cost.IsMap()) {
+    RL_RETURN_IF_ERROR(Metered(cost, what, r));
+  } else if (cost.IsDefined()) {
     RL_RETURN_IF_ERROR(Int(cost, "cost", &r->cost));
     if (r->cost < 0)
       return Error(cost,
@@ -795,6 +808,100 @@ Status Loader::Route(const YAML::Node& n, RouteClass* r) {
       }
     }
   }
+  return Status::Ok();
+}
+
+// cost: {reserve | from_request_header | from_request_json, settle_from, field, max}
+Status Loader::Metered(const YAML::Node& n, const std::string& what, RouteClass* r) {
+  const std::string where = "cost of " + what;
+  RL_RETURN_IF_ERROR(CheckMap(
+      n, where,
+      {"reserve", "from_request_header", "from_request_json", "settle_from", "field", "max"}));
+  MeteredCost m;
+  const YAML::Node header = Get(n, "from_request_header"), json = Get(n, "from_request_json");
+  if (header.IsDefined() && json.IsDefined()) {
+    return Error(json, where + " takes from_request_header or from_request_json, not both");
+  }
+  if (header.IsDefined()) {
+    m.source = MeteredCost::Source::kRequestHeader;
+    RL_RETURN_IF_ERROR(Scalar(header, "from_request_header", &m.request_field));
+    if (m.request_field.empty() || !IsToken(m.request_field)) {
+      return Error(header, "from_request_header of " + what + " must be a header name, got " +
+                               Quote(m.request_field));
+    }
+  } else if (json.IsDefined()) {
+    m.source = MeteredCost::Source::kRequestJson;
+    RL_RETURN_IF_ERROR(Scalar(json, "from_request_json", &m.request_field));
+    if (SplitJsonPath(m.request_field).empty()) {
+      return Error(json, "from_request_json of " + what +
+                             " must be a JSON path like max_tokens or a.b.c, got " +
+                             Quote(m.request_field));
+    }
+  }
+  for (const char* key : {"reserve", "max"}) {
+    YAML::Node v = Get(n, key);
+    if (!v.IsDefined()) continue;
+    int64_t x = 0;
+    RL_RETURN_IF_ERROR(Int(v, key, &x));
+    if (x < 0 || (x == 0 && std::string_view(key) == "max")) {
+      return Error(v, Quote(key) + " of " + where + " must be " +
+                          (std::string_view(key) == "max" ? "positive" : "zero or more") +
+                          ", got " + std::to_string(x));
+    }
+    (std::string_view(key) == "max" ? m.max : m.reserve) = x;
+  }
+  if (m.source == MeteredCost::Source::kReserve && !m.reserve) {
+    return Error(n, where +
+                        " needs 'reserve' (the cost checked before forwarding), "
+                        "'from_request_header' or 'from_request_json'");
+  }
+  if (m.reserve && m.max && *m.reserve > *m.max) {
+    return Error(Get(n, "reserve"), "'reserve' of " + where + " (" + std::to_string(*m.reserve) +
+                                        ") is above its 'max' (" + std::to_string(*m.max) + ")");
+  }
+  const YAML::Node from = Get(n, "settle_from");
+  if (!from.IsDefined()) {
+    return Error(n, where +
+                        " needs 'settle_from' (response_header, response_trailer or "
+                        "sse_last_event); a fixed cost is a plain number");
+  }
+  RL_RETURN_IF_ERROR(Enum<MeteredCost::SettleFrom>(
+      n, "settle_from",
+      {{"response_header", MeteredCost::SettleFrom::kResponseHeader},
+       {"response_trailer", MeteredCost::SettleFrom::kResponseTrailer},
+       {"sse_last_event", MeteredCost::SettleFrom::kSseLastEvent}},
+      &m.settle_from));
+  const YAML::Node field = Get(n, "field");
+  const bool json_field = m.settle_from == MeteredCost::SettleFrom::kSseLastEvent;
+  if (!field.IsDefined()) {
+    return Error(n, where + " needs 'field': " +
+                        (json_field ? "the JSON path of the actual cost in the event's data, "
+                                      "like usage.total_tokens"
+                                    : "the name of the header that carries the actual cost"));
+  }
+  RL_RETURN_IF_ERROR(Scalar(field, "field", &m.field));
+  if (json_field ? SplitJsonPath(m.field).empty() : (m.field.empty() || !IsToken(m.field))) {
+    return Error(field, "'field' of " + where + " must be " +
+                            (json_field ? "a JSON path like usage.total_tokens" : "a header name") +
+                            ", got " + Quote(m.field));
+  }
+  if (json_field) m.field_path = SplitJsonPath(m.field);
+  r->cost = m.reserve.value_or(1);
+  for (const RuleLimit& rl : r->limits) {
+    if (rl.limit.algorithm() == Algorithm::kSlidingLog || rl.limit.calendar() != nullptr) {
+      return Error(n, where + ": limit " + Quote(rl.limit.name()) + " is a " +
+                          (rl.limit.calendar() != nullptr ? "calendar quota" : "sliding_log") +
+                          ", which cannot be settled; use a token_bucket, fixed_window or "
+                          "sliding_window for a metered cost");
+    }
+    for (std::optional<int64_t> c : {m.reserve, m.max}) {
+      if (!c) continue;
+      if (Status s = rl.limit.ValidateCost(*c); !s.ok()) {
+        return Error(n, where + ": " + s.message());
+      }
+    }
+  }
+  r->metered = std::move(m);
   return Status::Ok();
 }
 
@@ -963,6 +1070,36 @@ Status Loader::Load(const YAML::Node& root, Config* c) {
 }
 
 }  // namespace
+
+std::string_view CostSourceName(MeteredCost::Source s) {
+  switch (s) {
+    case MeteredCost::Source::kReserve: return "reserve";
+    case MeteredCost::Source::kRequestHeader: return "from_request_header";
+    case MeteredCost::Source::kRequestJson: return "from_request_json";
+  }
+  return "reserve";
+}
+
+std::string_view SettleFromName(MeteredCost::SettleFrom s) {
+  switch (s) {
+    case MeteredCost::SettleFrom::kResponseHeader: return "response_header";
+    case MeteredCost::SettleFrom::kResponseTrailer: return "response_trailer";
+    case MeteredCost::SettleFrom::kSseLastEvent: return "sse_last_event";
+  }
+  return "response_header";
+}
+
+std::vector<std::string> SplitJsonPath(std::string_view path) {
+  std::vector<std::string> out;
+  while (true) {
+    const size_t dot = path.find('.');
+    std::string_view seg = path.substr(0, dot);
+    if (seg.empty()) return {};
+    out.emplace_back(seg);
+    if (dot == std::string_view::npos) return out;
+    path.remove_prefix(dot + 1);
+  }
+}
 
 std::string_view HeaderDialectName(HeaderDialect d) {
   switch (d) {

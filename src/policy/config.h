@@ -106,6 +106,26 @@ struct ConcurrencyConfig {
   size_t max_waiting = 1'000;                 // wait: requests held at once (this instance)
 };
 
+// A route's cost known only after the response (issue 21, docs/configuration.md
+// "Metered costs"): the gateway checks with a reserved cost, then settles the
+// difference to the actual cost read from the upstream's answer.
+struct MeteredCost {
+  enum class Source { kReserve, kRequestHeader, kRequestJson };
+  enum class SettleFrom { kResponseHeader, kResponseTrailer, kSseLastEvent };
+  Source source = Source::kReserve;
+  std::optional<int64_t> reserve;  // the reservation; with from_request_*: the fallback
+  std::string request_field;       // from_request_header: the name; _json: the path
+  SettleFrom settle_from = SettleFrom::kResponseHeader;
+  std::string field;                    // header or trailer name, or JSON path (sse_last_event)
+  std::vector<std::string> field_path;  // sse_last_event: `field` split (SplitJsonPath)
+  std::optional<int64_t> max;           // caps the reservation read from the request and the actual
+};
+std::string_view CostSourceName(MeteredCost::Source s);  // "reserve", "from_request_header", ...
+std::string_view SettleFromName(MeteredCost::SettleFrom s);  // "response_header", ...
+// "usage.total_tokens" -> {"usage", "total_tokens"}; empty when malformed (an
+// empty segment).
+std::vector<std::string> SplitJsonPath(std::string_view path);
+
 struct RouteClass {
   enum class Match { kExact, kPrefix, kTemplate };
   enum class KeyBy { kClient, kIp };  // kIp: per client IP even if authenticated (login)
@@ -114,7 +134,8 @@ struct RouteClass {
   Match match = Match::kPrefix;
   std::string path;  // canonical form; templates use {param} segments
   std::vector<RuleLimit> limits;
-  int64_t cost = 1;
+  int64_t cost = 1;                    // with `metered`: the reservation (or its fallback, else 1)
+  std::optional<MeteredCost> metered;  // cost: {reserve: .., settle_from: ..}
   KeyBy key_by = KeyBy::kClient;
   bool shadow = false;  // every limit of this route in shadow mode
   std::optional<FailureMode> failure_mode;

@@ -200,7 +200,21 @@ std::string DumpRedacted(const Config& c) {
                                                     : "template");
     out << YAML::Key << "key_by" << YAML::Value
         << (r.key_by == RouteClass::KeyBy::kIp ? "ip" : "client");
-    out << YAML::Key << "cost" << YAML::Value << r.cost;
+    if (const std::optional<MeteredCost>& m = r.metered) {
+      out << YAML::Key << "cost" << YAML::Value << YAML::Flow << YAML::BeginMap;
+      if (m->source != MeteredCost::Source::kReserve) {
+        out << YAML::Key << std::string(CostSourceName(m->source)) << YAML::Value
+            << m->request_field;
+      }
+      if (m->reserve) out << YAML::Key << "reserve" << YAML::Value << *m->reserve;
+      out << YAML::Key << "settle_from" << YAML::Value
+          << std::string(SettleFromName(m->settle_from));
+      out << YAML::Key << "field" << YAML::Value << m->field;
+      if (m->max) out << YAML::Key << "max" << YAML::Value << *m->max;
+      out << YAML::EndMap;
+    } else {
+      out << YAML::Key << "cost" << YAML::Value << r.cost;
+    }
     out << YAML::Key << "shadow" << YAML::Value << r.shadow;
     if (r.failure_mode) {
       out << YAML::Key << "failure_mode" << YAML::Value

@@ -216,6 +216,73 @@ limits:
   }
 }
 
+TEST(ParseConfig, MeteredCostObject) {
+  StatusOr<Config> c = ParseConfig(R"(
+limits:
+  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 166}
+routes:
+  - name: chat
+    path: /v1/chat
+    limits: [tokens]
+    cost: {from_request_json: max_tokens, reserve: 1000, settle_from: sse_last_event,
+           field: usage.total_tokens, max: 8000}
+  - name: embed
+    path: /v1/embed
+    limits: [tokens]
+    cost: {from_request_header: X-Token-Estimate, settle_from: response_trailer, field: X-Usage}
+  - {name: fixed, path: /v1/fixed, limits: [tokens], cost: 5}
+)",
+                                   "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const RouteClass& chat = c->routes[0];
+  ASSERT_TRUE(chat.metered.has_value());
+  EXPECT_EQ(chat.cost, 1000);  // the reservation is the route's cost before the request is read
+  EXPECT_EQ(chat.metered->source, MeteredCost::Source::kRequestJson);
+  EXPECT_EQ(chat.metered->request_field, "max_tokens");
+  EXPECT_EQ(chat.metered->settle_from, MeteredCost::SettleFrom::kSseLastEvent);
+  EXPECT_EQ(chat.metered->field, "usage.total_tokens");
+  EXPECT_EQ(chat.metered->max, 8000);
+  const RouteClass& embed = c->routes[1];
+  ASSERT_TRUE(embed.metered.has_value());
+  EXPECT_EQ(embed.metered->source, MeteredCost::Source::kRequestHeader);
+  EXPECT_FALSE(embed.metered->reserve.has_value());
+  EXPECT_FALSE(embed.metered->max.has_value());
+  EXPECT_EQ(embed.metered->settle_from, MeteredCost::SettleFrom::kResponseTrailer);
+  EXPECT_FALSE(c->routes[2].metered.has_value());
+  EXPECT_EQ(c->routes[2].cost, 5);
+  // The dump loads again to the same.
+  StatusOr<Config> again = ParseConfig(DumpRedacted(*c), "dump");
+  ASSERT_TRUE(again.ok()) << again.status().message() << "\n" << DumpRedacted(*c);
+  ASSERT_TRUE(again->routes[0].metered.has_value());
+  EXPECT_EQ(again->routes[0].metered->max, 8000);
+  EXPECT_EQ(again->routes[0].metered->request_field, "max_tokens");
+  EXPECT_EQ(again->routes[1].metered->field, "X-Usage");
+  EXPECT_EQ(again->routes[2].cost, 5);
+  EXPECT_EQ(SplitJsonPath("usage.total_tokens"),
+            (std::vector<std::string>{"usage", "total_tokens"}));
+  EXPECT_TRUE(SplitJsonPath("a.").empty());
+  EXPECT_TRUE(SplitJsonPath("").empty());
+  for (const char* bad :
+       {"{settle_from: sse_last_event, field: x}",  // nothing to reserve
+        "{reserve: -1, settle_from: sse_last_event, field: x}",
+        "{reserve: 10, max: 0, settle_from: sse_last_event, field: x}",
+        "{reserve: 10, settle_from: response_header, field: 'bad name'}",
+        "{reserve: 10, settle_from: response_header}",
+        "{reserve: 20000, settle_from: response_header, field: X-Usage}",  // above the capacity
+        "{from_request_header: A, from_request_json: b, settle_from: response_header, field: X}",
+        "{reserve: 10, settle_from: response_header, field: X, extra: 1}"}) {
+    StatusOr<Config> e = ParseConfig(
+        std::string("limits: {t: {algorithm: token_bucket, capacity: 10000, refill_per_second: "
+                    "1}}\nroutes: [{name: r, path: /r, limits: [t], cost: ") +
+            bad + "}]\n",
+        "t.yaml");
+    EXPECT_FALSE(e.ok()) << bad;
+    if (!e.ok()) {
+      EXPECT_EQ(e.status().message().rfind("t.yaml:2:", 0), 0u) << e.status().message();
+    }
+  }
+}
+
 TEST(ParseConfig, ClusterUrlsAndNodes) {
   auto url_of = [](const std::string& store) -> std::string {
     StatusOr<Config> c = ParseConfig("store: " + store + "\n", "t.yaml");

@@ -78,7 +78,38 @@ StatusOr<std::vector<std::string>> CheckConfig(const policy::Config& c) {
         "server.upstream is set but no limit applies to any request (no global, plan or route "
         "limits): every request is forwarded unlimited");
   }
+  for (const policy::RouteClass& r : c.routes) {
+    if (!r.metered) continue;
+    if (c.server.upstream.empty()) {
+      warnings.push_back("route '" + r.name +
+                         "' has a metered cost (settle_from), which only the gateway settles, "
+                         "but server.upstream is not set: /v1/auth checks it at its reservation");
+    }
+  }
   return warnings;
+}
+
+std::vector<std::string> DescribeMeteredCosts(const policy::Config& c) {
+  std::vector<std::string> out;
+  for (const policy::RouteClass& r : c.routes) {
+    const std::optional<policy::MeteredCost>& m = r.metered;
+    if (!m) continue;
+    std::string line = "route '" + r.name + "' reserves ";
+    if (m->source == policy::MeteredCost::Source::kReserve) {
+      line += std::to_string(*m->reserve);
+    } else {
+      line += std::string(m->source == policy::MeteredCost::Source::kRequestHeader
+                              ? "the request header "
+                              : "the request JSON's ") +
+              m->request_field;
+      line += m->reserve ? " (else " + std::to_string(*m->reserve) + ")" : " (required)";
+    }
+    line += " and settles from the " + std::string(policy::SettleFromName(m->settle_from)) + " " +
+            m->field;
+    if (m->max) line += ", at most " + std::to_string(*m->max);
+    out.push_back(std::move(line));
+  }
+  return out;
 }
 
 }  // namespace ratelimit::server

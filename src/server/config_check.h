@@ -32,4 +32,9 @@ namespace ratelimit::server {
 
 StatusOr<std::vector<std::string>> CheckConfig(const policy::Config& config);
 
+// A line per route with a metered cost (cost: {settle_from: ...}): what it
+// reserves and where its actual cost is read ("route 'chat' reserves 1000
+// and settles from the sse_last_event usage.total_tokens, at most 8000").
+std::vector<std::string> DescribeMeteredCosts(const policy::Config& config);
+
 }  // namespace ratelimit::server

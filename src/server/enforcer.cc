@@ -133,6 +133,26 @@ struct Enforcer::Op {
     return plan.route != nullptr ? std::string_view(plan.route->name) : std::string_view();
   }
 
+  // The route's limits (by name: an override may have replaced them) of
+  // every group, shadow ones too, as checked: what the gateway settles.
+  void Charge(Outcome& o) {
+    for (const policy::CheckGroup& g : plan.groups) {
+      ChargedGroup charged{.key = g.key, .checks = {}, .failure_mode = g.failure_mode};
+      for (const LimitCheck& c : g.checks) {
+        for (const policy::RuleLimit& rl : plan.route->limits) {
+          if (rl.limit.name() == c.limit->name()) {
+            charged.checks.push_back(c);
+            break;
+          }
+        }
+      }
+      if (!charged.checks.empty()) o.charged.push_back(std::move(charged));
+    }
+    if (o.charged.empty()) return;
+    o.charged_policy = policy;
+    o.metered = &*plan.route->metered;
+  }
+
   void Finish(Verdict verdict, std::string error = {}) {
     Outcome o;
     o.verdict = verdict;
@@ -146,6 +166,7 @@ struct Enforcer::Op {
     }
     o.limits = std::move(limits);
     o.overrides = std::move(overrides);
+    if (verdict == Verdict::kAllowed && plan.route != nullptr && plan.route->metered) Charge(o);
     auto cb = std::move(done);
     cb(std::move(o));
   }

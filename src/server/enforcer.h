@@ -69,6 +69,15 @@ struct LimitOutcome {
   Decision decision;
 };
 
+// A metered route's limits in one group, as checked (issue 21): the gateway
+// settles them after the response (server/metering.h). `checks` carry the
+// reserved cost; their limits live in Outcome::charged_policy or overrides.
+struct ChargedGroup {
+  std::string key;
+  std::vector<LimitCheck> checks;
+  policy::FailureMode failure_mode = policy::FailureMode::kOpen;
+};
+
 struct Outcome {
   Verdict verdict = Verdict::kAllowed;
   std::string error;       // kBadRequest, kFailedClosed, kStoreError: what went wrong
@@ -80,6 +89,11 @@ struct Outcome {
   std::vector<LimitOutcome> limits;     // every non-shadow limit asked, in order
   // When a client's override applied: the table its limits (in `limits`) live in.
   std::shared_ptr<const OverrideTable> overrides;
+  // Allowed requests on a route with a metered cost (RouteClass::metered):
+  // the route's limits per group, and the policy that holds them and the cost.
+  std::vector<ChargedGroup> charged;
+  std::shared_ptr<const policy::Policy> charged_policy;
+  const policy::MeteredCost* metered = nullptr;  // the route's, in charged_policy
 
   bool allowed() const { return verdict == Verdict::kAllowed; }
 };
@@ -122,6 +136,7 @@ class Enforcer {
                     std::string_view route = {}, bool shadow = false);
 
   Store& store() { return *store_; }
+  bool has_store() const { return store_ != nullptr; }  // false once ReleaseStore ran
   AdminDenials& denials() { return denial_record_; }
   // The per-client overrides applied to every request (Enforce: the
   // identity's, Check: the decision-API key's "d:<key>"); nullptr: none.

@@ -234,6 +234,15 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
                     {"key_by", r->key_by == policy::RouteClass::KeyBy::kIp ? "ip" : "client"},
                     {"shadow", r->shadow}};
     if (r->source_line > 0) out["route"]["line"] = r->source_line;
+    if (const std::optional<policy::MeteredCost>& m = r->metered) {
+      json metered = {{"source", policy::CostSourceName(m->source)},
+                      {"settle_from", policy::SettleFromName(m->settle_from)},
+                      {"field", m->field}};
+      if (!m->request_field.empty()) metered["request_field"] = m->request_field;
+      if (m->reserve) metered["reserve"] = *m->reserve;
+      if (m->max) metered["max"] = *m->max;
+      out["route"]["metered_cost"] = std::move(metered);
+    }
   } else {
     out["route"] = nullptr;
   }

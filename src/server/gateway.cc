@@ -2,6 +2,7 @@
 
 #include <boost/beast/core/string.hpp>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 
 #include "server/json_log.h"
@@ -100,6 +101,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   std::optional<uint64_t> length;
   std::unique_ptr<char[]> piece;  // allocated when the body is pulled
   std::string wire;               // the request as sent (kept for a retry)
+  size_t head_fields = 0;         // the response's header fields; the trailer's follow
 
   Op(Gateway& g, Request r, std::function<void(Reply)> d)
       : gw(g), up(std::move(r)), done(std::move(d)) {}
@@ -187,6 +189,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     r.status = res.result_int();
     keep = res.keep_alive() && !parser->need_eof();
     RemoveHopByHop(res.base());
+    head_fields = static_cast<size_t>(std::distance(res.base().begin(), res.base().end()));
     r.headers.reserve(16);
     for (const auto& f : res.base()) {
       if (f.name() == http::field::content_length && !head) continue;  // the session sets it
@@ -223,6 +226,18 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   }
 
   std::optional<uint64_t> content_length() const override { return length; }
+
+  // Beast's parser adds a chunked body's trailer fields to the message's
+  // fields once the body is done, after the header's (in order).
+  std::optional<std::string> Trailer(std::string_view name) const override {
+    if (!parser.has_value() || !parser->is_done()) return std::nullopt;
+    size_t i = 0;
+    for (const auto& f : parser->get().base()) {
+      if (i++ < head_fields) continue;
+      if (EqualsIgnoreCase(f.name_string(), name)) return std::string(f.value());
+    }
+    return std::nullopt;
+  }
 
   void Next(Piece next) override {
     if (stream == nullptr) return next(parser.has_value() && parser->is_done(), {}, true);

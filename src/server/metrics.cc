@@ -321,6 +321,26 @@ std::string Metrics::Render(const Store* store) const {
          "Held requests whose client disconnected before the delay ended (never forwarded).");
   out += "ratelimit_held_requests_abandoned_total " + std::to_string(held_abandoned.value()) + "\n";
 
+  Header(out, "ratelimit_settlements_total", "counter",
+         "Metered gateway requests settled after the response, by outcome: settled (the actual "
+         "cost was read), missing (no usable actual cost: the reservation stands), disconnected "
+         "(the client left mid-response: the reservation stands), error (the upstream failed "
+         "mid-body or the store did not settle).");
+  for (const auto& [o, name] : {std::pair{SettleOutcome::kSettled, "settled"},
+                                {SettleOutcome::kMissing, "missing"},
+                                {SettleOutcome::kDisconnected, "disconnected"},
+                                {SettleOutcome::kError, "error"}}) {
+    out += "ratelimit_settlements_total{outcome=\"";
+    out += name;
+    out += "\"} " + std::to_string(settlements_[static_cast<size_t>(o)].value()) + "\n";
+  }
+  Header(out, "ratelimit_settled_units_total", "counter",
+         "Units of metered costs settled: debited beyond the reservations, or refunded.");
+  out += "ratelimit_settled_units_total{direction=\"debited\"} " +
+         std::to_string(settled_debited.value()) + "\n";
+  out += "ratelimit_settled_units_total{direction=\"refunded\"} " +
+         std::to_string(settled_refunded.value()) + "\n";
+
   Header(out, "ratelimit_paced_requests_total", "counter",
          "Requests read later because their connection exceeded "
          "server.max_requests_per_second_per_connection.");

@@ -174,6 +174,13 @@ class Metrics {
   Counter held_rejected;   // ratelimit_held_requests_rejected_total (server.max_held_requests)
   Counter held_abandoned;  // ratelimit_held_requests_abandoned_total (client left while held)
 
+  // Metered costs settled by the gateway (issue 21, server/metering.h):
+  // ratelimit_settlements_total{outcome} and ratelimit_settled_units_total{direction}.
+  enum class SettleOutcome : uint8_t { kSettled = 0, kMissing, kDisconnected, kError };
+  Counter& Settlements(SettleOutcome o) { return settlements_[static_cast<size_t>(o)]; }
+  Counter settled_debited;   // {direction="debited"}: units taken beyond the reservations
+  Counter settled_refunded;  // {direction="refunded"}: units given back
+
   // The Envoy face's loaded domains (src/grpc sets them on every load), as
   // ratelimit_envoy_domain_descriptors{domain} (descriptors with a rule).
   void SetEnvoyDomains(std::vector<std::pair<std::string, int64_t>> domains) {
@@ -186,6 +193,7 @@ class Metrics {
   std::string Render(const Store* store) const;
 
  private:
+  std::array<Counter, 4> settlements_;
   mutable Mutex envoy_mu_;
   std::vector<std::pair<std::string, int64_t>> envoy_domains_ RL_GUARDED_BY(envoy_mu_);
 

@@ -79,6 +79,23 @@ TEST(Metrics, StageHistogramsCarryTheirStageLabel) {
   EXPECT_NE(text.find("ratelimit_store_call_duration_seconds_count 0\n"), std::string::npos);
 }
 
+TEST(Metrics, SettlementsByOutcomeAndUnitsByDirection) {
+  Metrics m;
+  m.Settlements(Metrics::SettleOutcome::kSettled).Inc(3);
+  m.Settlements(Metrics::SettleOutcome::kDisconnected).Inc();
+  m.settled_debited.Inc(4000);
+  m.settled_refunded.Inc(800);
+  const std::string text = m.Render(nullptr);
+  for (const char* line : {"ratelimit_settlements_total{outcome=\"settled\"} 3\n",
+                           "ratelimit_settlements_total{outcome=\"missing\"} 0\n",
+                           "ratelimit_settlements_total{outcome=\"disconnected\"} 1\n",
+                           "ratelimit_settlements_total{outcome=\"error\"} 0\n",
+                           "ratelimit_settled_units_total{direction=\"debited\"} 4000\n",
+                           "ratelimit_settled_units_total{direction=\"refunded\"} 800\n"}) {
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in:\n" << text;
+  }
+}
+
 TEST(Metrics, LabelSetsAreBounded) {
   Metrics m;
   for (size_t i = 0; i < kMaxDecisionLabelSets + 10; ++i) {

@@ -39,6 +39,14 @@ class BodyStream {
   virtual void Next(Piece piece) = 0;
   // The body's length when the source announced it (Content-Length).
   virtual std::optional<uint64_t> content_length() const = 0;
+  // After the last piece: the value of the chunked trailer field `name`, if
+  // the source had one (the gateway's upstream answer).
+  virtual std::optional<std::string> Trailer(std::string_view /*name*/) const {
+    return std::nullopt;
+  }
+  // The session wrote the last piece to the client (called at most once; a
+  // stream dropped without it did not reach its end at the client).
+  virtual void Delivered() {}
 };
 
 struct Reply {

@@ -8,6 +8,7 @@
 #include "server/auth_request.h"
 #include "server/demo.h"
 #include "server/gateway.h"
+#include "server/metering.h"
 #include "server/metrics.h"
 #include "server/outcome_reply.h"
 #include "server/problem.h"
@@ -32,6 +33,10 @@ class LeasedBody final : public BodyStream {
         });
   }
   std::optional<uint64_t> content_length() const override { return inner_->content_length(); }
+  std::optional<std::string> Trailer(std::string_view name) const override {
+    return inner_->Trailer(name);
+  }
+  void Delivered() override { inner_->Delivered(); }
 
  private:
   std::shared_ptr<BodyStream> inner_;
@@ -183,6 +188,13 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   const std::string path(target.substr(0, target.find('?')));
   StatusOr<policy::RequestPlan> plan = policy->Resolve(view);
   if (!plan.ok()) return done(ProblemReply(400, plan.status().message(), path));
+  // A metered cost (issue 21): the gateway checks with the reservation the
+  // request names, and settles after the answer (server/metering.h).
+  if (!auth && gateway_ != nullptr && plan->route != nullptr && plan->route->metered) {
+    StatusOr<int64_t> reserved = ReserveCost(*plan->route->metered, plan->route->cost, req);
+    if (!reserved.ok()) return done(ProblemReply(400, reserved.status().message(), path));
+    if (*reserved != plan->route->cost) SetRouteCost(*plan, *reserved);
+  }
   if (!auth && IsOwnPath(plan->canonical_path)) {
     return done(ProblemReply(404,
                              "no endpoint '" + path +
@@ -250,11 +262,12 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
                      std::optional<ConcurrencyRequest> concurrency,
                      std::function<void(Reply)> done) {
   if (!concurrency) {
-    return gateway_->Forward(req, peer_text,
-                             [o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
-                               AddOutcomeHeaders(o, dialect, r);
-                               done(std::move(r));
-                             });
+    return gateway_->Forward(
+        req, peer_text, [this, o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
+          AddOutcomeHeaders(o, dialect, r);
+          MeterReply(enforcer_, std::move(o), r);
+          done(std::move(r));
+        });
   }
   const std::string name = concurrency->name, key = concurrency->key;
   limiter_->Acquire(*std::move(concurrency), [this, &req, peer_text, dialect,
@@ -271,9 +284,10 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
     o.degraded = o.degraded || c.degraded;
     gateway_->Forward(
         req, peer_text,
-        [o = std::move(o), dialect, lease = std::move(lease),
+        [this, o = std::move(o), dialect, lease = std::move(lease),
          done = std::move(done)](Reply r) mutable {
           AddOutcomeHeaders(o, dialect, r);
+          MeterReply(enforcer_, std::move(o), r);
           if (!lease) return done(std::move(r));
           if (r.body_stream != nullptr) {
             r.body_stream =

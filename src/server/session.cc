@@ -394,7 +394,10 @@ void Session::StreamNext(bool close) {
                             [self, close, last](beast::error_code ec, size_t) {
                               if (ec == http::error::need_buffer) ec = {};  // piece written
                               if (ec) return self->EndStreamed(true, ec);
-                              if (last) return self->EndStreamed(close, {});
+                              if (last) {
+                                self->body_stream_->Delivered();  // metered costs settle here
+                                return self->EndStreamed(close, {});
+                              }
                               self->StreamNext(close);
                             });
         });

@@ -1,0 +1,405 @@
+// Metered costs (issue 21 D): the SSE reader and the reservation without
+// sockets, then the whole path in one process: a client on a real socket, the
+// real listener, router and gateway, a real streaming upstream (below), and a
+// MemoryStore or a real Redis on a manual clock, so that the arithmetic is
+// exact: a token bucket of 10,000 tokens a minute (one token per 6 ms of the
+// manual clock), requests reserving 1,000 and using 200..5,000.
+#include "server/metering.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "policy/config.h"
+#include "policy/policy.h"
+#include "ratelimit/clock.h"
+#include "ratelimit/memory_store.h"
+#include "ratelimit/redis_store.h"
+#include "server/gateway.h"
+#include "server/listener.h"
+#include "server/policy_holder.h"
+#include "server/router.h"
+#include "support/redis_server.h"
+#include "support/sse_upstream.h"
+
+namespace ratelimit::server {
+namespace {
+
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+// ---- no sockets -------------------------------------------------------------
+
+std::optional<int64_t> ReadAll(std::string_view stream, size_t piece, const char* path) {
+  SseFieldReader r(policy::SplitJsonPath(path));
+  for (size_t i = 0; i < stream.size(); i += piece) r.Feed(stream.substr(i, piece));
+  r.Finish();
+  return r.value();
+}
+
+TEST(SseFieldReader, KeepsTheLastEventThatCarriesTheFieldWhateverThePieces) {
+  const std::string stream =
+      ": a comment\r\n"
+      "data: {\"choices\":[{\"delta\":{\"content\":\"total_tokens\"}}]}\r\n\r\n"
+      "event: message\n"
+      "data: {\"usage\":{\"total_tokens\":17}}\n\n"
+      "data: {\"usage\":\n"
+      "data:  {\"total_tokens\": 1234}}\n\n"
+      "data: {\"usage\":{\"total_tokens\":\"many\"}}\r\r"  // not a number: ignored
+      "data: [DONE]\n\n";
+  for (size_t piece : {size_t{1}, size_t{2}, size_t{3}, size_t{7}, size_t{64}, stream.size()}) {
+    EXPECT_EQ(ReadAll(stream, piece, "usage.total_tokens"), 1234) << "pieces of " << piece;
+  }
+  EXPECT_EQ(ReadAll("data: {\"usage\":{\"total_tokens\":5}}", 4, "usage.total_tokens"), 5)
+      << "a last event without its blank line still counts";
+  EXPECT_EQ(ReadAll("data: {\"a\":[{\"n\":3}]}\n\n", 5, "a.0.n"), 3);
+  EXPECT_FALSE(ReadAll("data: {\"usage\":{}}\n\ndata: [DONE]\n\n", 3, "usage.total_tokens"));
+  EXPECT_FALSE(ReadAll("data: {\"usage\":{\"total_tokens\":-4}}\n\n", 3, "usage.total_tokens"));
+  EXPECT_FALSE(ReadAll("database: {\"usage\":{\"total_tokens\":4}}\n\n", 3, "usage.total_tokens"));
+}
+
+TEST(SseFieldReader, SkipsLinesBeyondTheBound) {
+  SseFieldReader r(policy::SplitJsonPath("n"));
+  r.Feed("data: {\"n\": 1}\n\ndata: ");
+  const std::string big(SseFieldReader::kMaxLine, 'x');
+  r.Feed(big);
+  r.Feed("{\"n\": 2}\n\n");
+  r.Finish();
+  EXPECT_EQ(r.value(), 1);
+}
+
+TEST(ParseCostText, WholeNumbersOnly) {
+  EXPECT_EQ(ParseCostText(" 42 "), 42);
+  EXPECT_EQ(ParseCostText("0"), 0);
+  for (const char* bad : {"", "-1", "4.5", "1e3", "12abc", "+3", "99999999999999999999"}) {
+    EXPECT_FALSE(ParseCostText(bad).has_value()) << bad;
+  }
+}
+
+policy::MeteredCost Cost(policy::MeteredCost::Source source, std::string field,
+                         std::optional<int64_t> reserve, std::optional<int64_t> max) {
+  policy::MeteredCost c;
+  c.source = source;
+  c.request_field = std::move(field);
+  c.reserve = reserve;
+  c.max = max;
+  c.settle_from = policy::MeteredCost::SettleFrom::kSseLastEvent;
+  c.field = "usage.total_tokens";
+  return c;
+}
+
+TEST(ReserveCost, FromTheRequestCappedAtMaxElseTheFallback) {
+  using Source = policy::MeteredCost::Source;
+  Request req{http::verb::post, "/v1/chat", 11};
+  req.set("X-Estimate", "700");
+  req.body() = R"({"model": "m", "max_tokens": 9000, "bad": "x"})";
+  EXPECT_EQ(*ReserveCost(Cost(Source::kReserve, "", 1000, std::nullopt), 1000, req), 1000);
+  EXPECT_EQ(*ReserveCost(Cost(Source::kRequestHeader, "x-estimate", 5, 8000), 5, req), 700);
+  EXPECT_EQ(*ReserveCost(Cost(Source::kRequestJson, "max_tokens", 5, 8000), 5, req), 8000);
+  EXPECT_EQ(*ReserveCost(Cost(Source::kRequestJson, "missing", 5, 8000), 5, req), 5);
+  StatusOr<int64_t> bad = ReserveCost(Cost(Source::kRequestJson, "bad", 5, 8000), 5, req);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("whole number"), std::string::npos);
+  StatusOr<int64_t> none =
+      ReserveCost(Cost(Source::kRequestHeader, "X-Other", std::nullopt, std::nullopt), 1, req);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("X-Other is required"), std::string::npos);
+}
+
+// ---- a streaming upstream ---------------------------------------------------
+
+// ---- ratelimitd's HTTP path in-process ------------------------------------------
+
+constexpr int64_t kStart = 1'700'000'000'000'000;  // the manual clock's start (us)
+
+std::string ConfigFor(const std::string& upstream) {
+  return "limits:\n"
+         "  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: "
+         "166.66666666666666}\n"
+         "routes:\n"
+         "  - name: chat\n    path: /sse\n    limits: [tokens]\n"
+         "    cost: {reserve: 1000, settle_from: sse_last_event, field: usage.total_tokens, "
+         "max: 6000}\n"
+         "  - name: header\n    path: /header\n    limits: [tokens]\n"
+         "    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}\n"
+         "  - name: trailer\n    path: /trailer\n    limits: [tokens]\n"
+         "    cost: {reserve: 1000, settle_from: response_trailer, field: X-Usage}\n"
+         "server:\n  upstream: " +
+         upstream + "\n";
+}
+
+uint64_t SettlementsSoFar() {
+  Metrics& m = Metrics::Global();
+  uint64_t n = 0;
+  for (auto o : {Metrics::SettleOutcome::kSettled, Metrics::SettleOutcome::kMissing,
+                 Metrics::SettleOutcome::kDisconnected, Metrics::SettleOutcome::kError}) {
+    n += m.Settlements(o).value();
+  }
+  return n;
+}
+
+struct Answer {
+  std::string raw;
+  std::string body;  // de-chunked
+};
+
+std::string Dechunk(std::string_view b) {
+  std::string out;
+  while (true) {
+    const size_t eol = b.find("\r\n");
+    if (eol == std::string_view::npos) return out;
+    const size_t n = std::stoul(std::string(b.substr(0, eol)), nullptr, 16);
+    if (n == 0) return out;
+    out.append(b.substr(eol + 2, n));
+    b.remove_prefix(eol + 2 + n + 2);
+  }
+}
+
+class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
+ protected:
+  void SetUp() override {
+    if (GetParam()) {
+      redis_ = std::make_unique<testing::RedisServer>();
+      auto s = RedisStore::Create(
+          {.url = redis_->url(), .time_source = RedisStore::TimeSource::kLocal, .clock = &clock_});
+      ASSERT_TRUE(s.ok()) << s.status().message();
+      store_ = std::shared_ptr<Store>(std::move(*s));
+    } else {
+      store_ = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock_});
+    }
+    StatusOr<policy::Config> c = policy::ParseConfig(ConfigFor(upstream_.url()), "m.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(*std::move(c));
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    policy_ = *p;
+    holder_ = std::make_unique<PolicyHolder>(policy_);
+    enforcer_ = std::make_unique<Enforcer>(store_, 1000);
+    auto g = Gateway::Create(ioc_, upstream_.url(), GatewayOptions{});
+    ASSERT_TRUE(g.ok());
+    gateway_ = std::move(*g);
+    router_ = std::make_unique<Router>(*holder_, *enforcer_, gateway_.get(), false);
+    listener_ = std::make_shared<Listener>(ioc_, tcp::endpoint(net::ip::address_v4::loopback(), 0),
+                                           *router_, SessionLimits{}, registry_, ConnectionCaps{});
+    ASSERT_TRUE(listener_->Open().ok());
+    port_ = listener_->local_endpoint().port();
+    listener_->Run();
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
+  }
+  void TearDown() override {
+    if (listener_) listener_->Stop();
+    for (const auto& s : registry_.Snapshot()) s->Shutdown();
+    if (gateway_) gateway_->CloseIdle();
+    work_.reset();
+    ioc_.stop();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  int Connect() const {
+    const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port_);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    timeval tv{10, 0};
+    ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return c;
+  }
+  static std::string Request(const std::string& path, int64_t usage, bool hold = false) {
+    return "GET " + path + " HTTP/1.1\r\nHost: t\r\nX-Usage: " + std::to_string(usage) +
+           (hold ? "\r\nX-Hold: 1" : "") + "\r\nConnection: close\r\n\r\n";
+  }
+  // One request, read to the end; waits until its settlement was counted.
+  Answer Get(const std::string& path, int64_t usage) {
+    const uint64_t before = SettlementsSoFar();
+    const int c = Connect();
+    const std::string req = Request(path, usage);
+    EXPECT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    Answer a;
+    char buf[8192];
+    for (;;) {
+      const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      a.raw.append(buf, static_cast<size_t>(n));
+    }
+    ::close(c);
+    const size_t head = a.raw.find("\r\n\r\n");
+    if (head != std::string::npos && a.raw.starts_with("HTTP/1.1 200")) {
+      a.body = a.raw.find("Transfer-Encoding: chunked") < head ? Dechunk(a.raw.substr(head + 4))
+                                                               : a.raw.substr(head + 4);
+      WaitForSettlements(before + 1);
+    }
+    return a;
+  }
+  static void WaitForSettlements(uint64_t n) {
+    const auto until = SteadyClock::now() + std::chrono::seconds(10);
+    while (SettlementsSoFar() < n && SteadyClock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    EXPECT_GE(SettlementsSoFar(), n) << "no settlement counted";
+  }
+  // The client's bucket now, as a cost-0 check reports it.
+  int64_t Remaining() {
+    const Limit* l = policy_->NamedLimit("tokens");
+    LimitCheck checks[] = {{l, 0}};
+    std::promise<StatusOr<CheckResult>> got;
+    store_->Peek({.key = "ip:127.0.0.1", .checks = checks},
+                 [&](StatusOr<CheckResult> r) { got.set_value(std::move(r)); });
+    StatusOr<CheckResult> r = got.get_future().get();
+    EXPECT_TRUE(r.ok()) << r.status().message();
+    return r.ok() ? r->decisions[0].remaining : -1;
+  }
+
+  ManualClock clock_{kStart};
+  testing::SseUpstream upstream_;
+  std::unique_ptr<testing::RedisServer> redis_;
+  std::shared_ptr<Store> store_;
+  std::shared_ptr<const policy::Policy> policy_;
+  std::unique_ptr<PolicyHolder> holder_;
+  std::unique_ptr<Enforcer> enforcer_;
+  net::io_context ioc_;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work_{
+      ioc_.get_executor()};
+  std::unique_ptr<Gateway> gateway_;
+  std::unique_ptr<Router> router_;
+  SessionRegistry registry_;
+  std::shared_ptr<Listener> listener_;
+  uint16_t port_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+// The run: each request reserves 1,000 and reports 200..5,000; the bucket
+// may go into debt (then the next requests are denied until the manual clock
+// has refilled it). The test's own model of the bucket is exact (no refill
+// ever reaches the capacity), and the store must agree with it throughout:
+// what was charged is the sum of the reported usages.
+TEST_P(MeteredGateway, TotalChargedIsTheSumOfReportedUsages) {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int64_t> usage_of(200, 5000);
+  int64_t tokens = 10'000, usages = 0, refilled = 0;
+  int allowed = 0, denied = 0;
+  const uint64_t debited = Metrics::Global().settled_debited.value();
+  const uint64_t refunded = Metrics::Global().settled_refunded.value();
+  const std::string stream_start = "data: {\"choices\":[{\"delta\":{\"content\":\"Hello\"}}]}\n\n";
+  while (allowed < 40) {
+    const int64_t usage = usage_of(rng);
+    Answer a = Get("/sse", usage);
+    if (tokens >= 1000) {
+      ASSERT_TRUE(a.raw.starts_with("HTTP/1.1 200")) << "tokens " << tokens << ": " << a.raw;
+      // The stream is relayed unchanged.
+      EXPECT_EQ(a.body, stream_start +
+                            "data: {\"id\":\"x\",\"usage\":{\"prompt_tokens\":1,\"total_tokens\":" +
+                            std::to_string(usage) + "}}\n\ndata: [DONE]\n\n");
+      tokens -= usage;
+      usages += usage;
+      ++allowed;
+    } else {
+      ASSERT_TRUE(a.raw.starts_with("HTTP/1.1 429")) << "tokens " << tokens << ": " << a.raw;
+      ++denied;
+      clock_.Advance(std::chrono::seconds(6));  // 1,000 tokens
+      tokens += 1000;
+      refilled += 1000;
+    }
+    if (tokens >= 0) {
+      ASSERT_EQ(Remaining(), tokens) << "after " << allowed << " requests";
+    }
+  }
+  EXPECT_GT(denied, 0) << "the run never went into debt";
+  // Bring the bucket out of debt without reaching its capacity, and read it.
+  while (tokens < 0) {
+    clock_.Advance(std::chrono::seconds(6));
+    tokens += 1000;
+    refilled += 1000;
+  }
+  EXPECT_EQ(Remaining(), tokens);
+  EXPECT_EQ(10'000 + refilled - Remaining(), usages) << "charged != the sum of the usages";
+  // And the settled units say the same: reserved + debited - refunded.
+  EXPECT_EQ(int64_t{1000} * allowed +
+                static_cast<int64_t>(Metrics::Global().settled_debited.value() - debited) -
+                static_cast<int64_t>(Metrics::Global().settled_refunded.value() - refunded),
+            usages);
+}
+
+TEST_P(MeteredGateway, MaxCapsTheActualCost) {
+  ASSERT_TRUE(Get("/sse", 9000).raw.starts_with("HTTP/1.1 200"));
+  EXPECT_EQ(Remaining(), 10'000 - 6000);
+}
+
+TEST_P(MeteredGateway, FromAResponseHeaderAndFromATrailer) {
+  const uint64_t settled = Metrics::Global().Settlements(Metrics::SettleOutcome::kSettled).value();
+  Answer h = Get("/header", 300);
+  ASSERT_TRUE(h.raw.starts_with("HTTP/1.1 200")) << h.raw;
+  EXPECT_EQ(h.body, "ok");
+  EXPECT_EQ(Remaining(), 10'000 - 300);
+  Answer t = Get("/trailer", 2500);
+  ASSERT_TRUE(t.raw.starts_with("HTTP/1.1 200")) << t.raw;
+  EXPECT_EQ(t.body, "embedding");
+  EXPECT_EQ(Remaining(), 10'000 - 300 - 2500);
+  EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kSettled).value(), settled + 2);
+  // Without the header or trailer the reservation stands.
+  const uint64_t missing = Metrics::Global().Settlements(Metrics::SettleOutcome::kMissing).value();
+  const uint64_t before = SettlementsSoFar();
+  const int c = Connect();
+  const std::string req = "GET /header HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+  ::send(c, req.data(), req.size(), MSG_NOSIGNAL);
+  char buf[4096];
+  while (::recv(c, buf, sizeof buf, 0) > 0) {
+  }
+  ::close(c);
+  WaitForSettlements(before + 1);
+  EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kMissing).value(), missing + 1);
+  EXPECT_EQ(Remaining(), 10'000 - 300 - 2500 - 1000);
+}
+
+// Unbuffered: the client reads the first event while the upstream holds the
+// rest back; the client then leaves, and the request is settled at its
+// reservation however much the upstream reports afterwards.
+TEST_P(MeteredGateway, FirstEventArrivesBeforeTheLastAndALeavingClientPaysTheReservation) {
+  const uint64_t disconnected =
+      Metrics::Global().Settlements(Metrics::SettleOutcome::kDisconnected).value();
+  const int c = Connect();
+  const std::string req = Request("/sse", 4000, /*hold=*/true);
+  ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("Hello") == std::string::npos) {
+    const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << "the first event did not come through while the upstream held: " << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(upstream_.last_event_sent.load(), 0) << "the upstream had already finished";
+  ::close(c);
+  upstream_.Release();
+  const auto until = SteadyClock::now() + std::chrono::seconds(10);
+  while (Metrics::Global().Settlements(Metrics::SettleOutcome::kDisconnected).value() ==
+             disconnected &&
+         SteadyClock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kDisconnected).value(),
+            disconnected + 1);
+  EXPECT_EQ(Remaining(), 10'000 - 1000);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stores, MeteredGateway, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Redis" : "Memory";
+                         });
+
+}  // namespace
+}  // namespace ratelimit::server
