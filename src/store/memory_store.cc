@@ -30,7 +30,8 @@ using store::Mix;
 // period) takes no lock: it finds its slot and changes the slot's state with
 // one 16-byte compare-and-swap. Whatever moves slots (a table rebuilt to grow
 // or to drop expired keys) runs under the shard lock, and frees the old table
-// only when no lock-free reader can still be in it. A reader announces itself
+// only when no lock-free reader can still be in it (in batches: Garbage).
+// A reader announces itself
 // in its thread's record with plain stores; the rebuilder makes those stores
 // visible with membarrier(2) (a barrier on every CPU running this process,
 // paid by the rare writer, not by the reader), then waits for the readers it
@@ -257,6 +258,39 @@ struct Array {
   }
 };
 
+// Tables replaced by rebuilds, freed in batches: one Synchronize() (a
+// membarrier system call) per megabyte retired, not per rebuild (a churning
+// shard of 8 slots rebuilds every few inserts), and at every Sweep().
+class Garbage {
+ public:
+  ~Garbage() { Free(); }
+  void Retire(Array* a) {
+    LockGuard lock(mu_);
+    bytes_ += a->cap * sizeof(Slot);
+    arrays_.emplace_back(a);
+    if (bytes_ >= kBatchBytes) {
+      Synchronize();
+      Free();
+    }
+  }
+  void Collect() {
+    LockGuard lock(mu_);
+    if (arrays_.empty()) return;
+    Synchronize();
+    Free();
+  }
+
+ private:
+  static constexpr size_t kBatchBytes = size_t{1} << 20;
+  void Free() RL_NO_THREAD_SAFETY_ANALYSIS {
+    arrays_.clear();
+    bytes_ = 0;
+  }
+  store::ShardMutex mu_;
+  std::vector<std::unique_ptr<Array>> arrays_ RL_GUARDED_BY(mu_);
+  size_t bytes_ RL_GUARDED_BY(mu_) = 0;
+};
+
 // An open-addressing table with linear probing. Erased slots become
 // tombstones, reclaimed when the table is rebuilt: a slot never holds another
 // key while a lock-free decision may hold it. Capacity is any size >= 8; the
@@ -270,6 +304,7 @@ class Table {
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;
 
+  void set_garbage(Garbage* g) { garbage_ = g; }
   size_t size() const { return used_; }
   size_t capacity() const { return Current()->cap; }
 
@@ -318,8 +353,7 @@ class Table {
       }
     }
     published_->store(next, std::memory_order_release);
-    Synchronize();
-    delete old;
+    garbage_->Retire(old);  // freed when no lock-free decision can be in it
     return dropped;
   }
 
@@ -342,7 +376,8 @@ class Table {
   Array* Current() const { return published_->load(std::memory_order_relaxed); }
 
   std::atomic<Array*>* published_;
-  size_t used_ = 0;  // slots that are not empty: live, expired, tombstones
+  Garbage* garbage_ = nullptr;  // the store's (set_garbage)
+  size_t used_ = 0;             // slots that are not empty: live, expired, tombstones
 };
 
 struct alignas(64) Shard {
@@ -392,12 +427,17 @@ struct MemoryStore::Impl {
     while (n < std::max<size_t>(opts.shards, 1)) n <<= 1;
     shard_mask = n - 1;
     shards = std::make_unique<Shard[]>(n);
+    for (size_t i = 0; i < n; ++i) {
+      LockGuard lock(shards[i].mu);
+      shards[i].table.set_garbage(&garbage);
+    }
   }
 
   Options opts;
   const Clock* clock;
   uint64_t seed;
   size_t shard_mask;
+  Garbage garbage;  // before the shards: destroyed after them
   std::unique_ptr<Shard[]> shards;
   std::atomic<size_t> keys{0};  // live slots + logs, all shards
   std::atomic<int64_t> last_full_sweep{0};
@@ -832,6 +872,7 @@ size_t MemoryStore::Sweep() {
     m.keys.fetch_sub(n, std::memory_order_relaxed);
     dropped += n;
   }
+  m.garbage.Collect();  // the tables this sweep and the rebuilds since the last one replaced
   return dropped;
 }
 
