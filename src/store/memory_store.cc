@@ -130,7 +130,6 @@ constexpr uint64_t kFrozen = ~uint64_t{0};     // as w0: being moved or changed 
 struct Words {
   uint64_t w0 = 0;  // expires (us)
   uint64_t w1 = 0;  // n0 | n1 << 32
-  friend bool operator==(const Words&, const Words&) = default;
 };
 
 struct alignas(32) Slot {
