@@ -257,9 +257,10 @@ struct Array {
   }
 };
 
-// Tables replaced by rebuilds, freed in batches: one Synchronize() (a
-// membarrier system call) per megabyte retired, not per rebuild (a churning
-// shard of 8 slots rebuilds every few inserts), and at every Sweep().
+// A shard's tables replaced by rebuilds, freed in batches: one Synchronize()
+// (a membarrier system call) per 64 KiB retired, not per rebuild (a churning
+// shard of 8 slots rebuilds every few inserts), and at every Sweep(). One per
+// shard: two threads rebuilding different shards do not meet here.
 class Garbage {
  public:
   ~Garbage() { Free(); }
@@ -280,7 +281,7 @@ class Garbage {
   }
 
  private:
-  static constexpr size_t kBatchBytes = size_t{1} << 20;
+  static constexpr size_t kBatchBytes = size_t{64} << 10;
   void Free() RL_NO_THREAD_SAFETY_ANALYSIS {
     arrays_.clear();
     bytes_ = 0;
@@ -375,12 +376,13 @@ class Table {
   Array* Current() const { return published_->load(std::memory_order_relaxed); }
 
   std::atomic<Array*>* published_;
-  Garbage* garbage_ = nullptr;  // the store's (set_garbage)
+  Garbage* garbage_ = nullptr;  // its shard's (set_garbage)
   size_t used_ = 0;             // slots that are not empty: live, expired, tombstones
 };
 
 struct alignas(64) Shard {
   store::ShardMutex mu;
+  Garbage garbage;                         // before the table: destroyed after it
   std::atomic<Array*> published{nullptr};  // the table's slots, for the lock-free path
   Table table RL_GUARDED_BY(mu){&published};
   std::unordered_map<uint64_t, LogEntry> logs RL_GUARDED_BY(mu);  // sliding logs
@@ -428,7 +430,7 @@ struct MemoryStore::Impl {
     shards = std::make_unique<Shard[]>(n);
     for (size_t i = 0; i < n; ++i) {
       LockGuard lock(shards[i].mu);
-      shards[i].table.set_garbage(&garbage);
+      shards[i].table.set_garbage(&shards[i].garbage);
     }
   }
 
@@ -436,7 +438,6 @@ struct MemoryStore::Impl {
   const Clock* clock;
   uint64_t seed;
   size_t shard_mask;
-  Garbage garbage;  // before the shards: destroyed after them
   std::unique_ptr<Shard[]> shards;
   std::atomic<size_t> keys{0};  // live slots + logs, all shards
   std::atomic<int64_t> last_full_sweep{0};
@@ -868,10 +869,10 @@ size_t MemoryStore::Sweep() {
         ++it;
       }
     }
+    shard.garbage.Collect();  // the tables this sweep and the rebuilds since the last one replaced
     m.keys.fetch_sub(n, std::memory_order_relaxed);
     dropped += n;
   }
-  m.garbage.Collect();  // the tables this sweep and the rebuilds since the last one replaced
   return dropped;
 }
 
