@@ -448,11 +448,17 @@ struct MemoryStore::Impl {
   }
   Shard& ShardFor(uint64_t fp) { return shards[fp & shard_mask]; }
 
+  // Room for `new_keys` more keys without dropping expired ones (Admit's
+  // first answer, which rebuilds nothing).
+  bool HasKeysFor(size_t new_keys) const {
+    return keys.load(std::memory_order_relaxed) + new_keys <= opts.max_keys;
+  }
+
   // Admits `new_keys` more keys, or fails when the store is full even after
   // dropping the expired entries of `shard` (locked by the caller). Other
   // shards are swept by Sweep(), which the daemon calls periodically.
   Status Admit(Shard& shard, size_t new_keys, int64_t now) RL_REQUIRES(shard.mu) {
-    if (keys.load(std::memory_order_relaxed) + new_keys <= opts.max_keys) return Status::Ok();
+    if (HasKeysFor(new_keys)) return Status::Ok();
     keys.fetch_sub(shard.table.Rebuild(shard.table.capacity(), now), std::memory_order_relaxed);
     if (keys.load(std::memory_order_relaxed) + new_keys <= opts.max_keys) return Status::Ok();
     return ResourceExhausted("memory store is full (" + std::to_string(opts.max_keys) +
@@ -646,14 +652,17 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
       frozen.ThawAll(n);
       return result;
     }
-    // Commit every limit, or none: admit the new keys first. Admitting may
-    // rebuild a table, which freezes every slot itself: thaw ours first, and
-    // decide again on what the lock-free path did meanwhile.
+    // Commit every limit, or none: admit the new keys first. In a full store
+    // admitting rebuilds a table (dropping expired keys), which freezes every
+    // slot itself: thaw ours first, and decide again on what the lock-free
+    // path did meanwhile.
     if (new_keys > 0 && !admitted) {
-      frozen.ThawAll(n);
-      if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
       admitted = true;
-      continue;
+      if (!HasKeysFor(new_keys)) {
+        frozen.ThawAll(n);
+        if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
+        continue;
+      }
     }
     // Existing slots first (thawed with their new state), then new ones
     // (inserting may rebuild a table).
@@ -701,7 +710,7 @@ StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
       const bool fresh = core::ExpiresAt(limit, next[i]) <= now;
       new_keys += (slot == nullptr && !fresh) ? 1 : 0;
     }
-    if (new_keys == 0 || admitted) break;
+    if (new_keys == 0 || admitted || HasKeysFor(new_keys)) break;
     frozen.ThawAll(n);  // Admit may rebuild the table (see Run)
     if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
     admitted = true;

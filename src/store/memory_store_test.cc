@@ -129,6 +129,33 @@ TEST(MemoryStoreBounds, AFloodOfNewKeysNeverEvictsAnExistingClient) {
   EXPECT_FALSE(store.DecideOne("victim", l, 1)->allowed) << "the victim's limit was reset";
 }
 
+// A request over several limits that needs a new key in a full store: the
+// expired keys are dropped (a rebuild of the shard that holds the request's
+// other, existing slot), and the request is decided again on what is left.
+TEST(MemoryStoreBounds, SeveralLimitsAdmitANewKeyByDroppingExpiredOnes) {
+  ManualClock clock;
+  MemoryStore store({.shards = 1, .max_keys = 3, .clock = &clock});
+  const Limit brief = *Limit::TokenBucket("brief", 1, 1000);  // fresh again 1 ms on
+  const Limit lasting = *Limit::TokenBucket("lasting", 10, 1);
+  const Limit other = *Limit::FixedWindow("other", 5, seconds(60));
+  LimitCheck b[] = {{&brief, 1}};
+  LimitCheck l[] = {{&lasting, 1}};
+  LimitCheck both[] = {{&lasting, 1}, {&other, 1}};
+  ASSERT_TRUE(store.CheckSync({"old1", b})->overall.allowed);
+  ASSERT_TRUE(store.CheckSync({"old2", b})->overall.allowed);
+  ASSERT_TRUE(store.CheckSync({"a", l})->overall.allowed);
+  ASSERT_EQ(store.size(), 3u);
+  clock.Advance(milliseconds(10));  // old1 and old2 expire; a's state lasts
+  StatusOr<CheckResult> r = store.CheckSync({"a", both});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->overall.allowed);
+  EXPECT_EQ(r->decisions[0].remaining, 8);  // a's earlier token is still taken
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_EQ(store.CheckSync({"a", l})->overall.remaining, 7);  // and the slot is thawed
+  // No expired key left to drop: two new keys do not fit.
+  EXPECT_EQ(store.CheckSync({"b", both}).status().code(), StatusCode::kResourceExhausted);
+}
+
 TEST(MemoryStoreBounds, MemoryPerKeyIsSmall) {
   MemoryStore store;
   Limit l = *Limit::TokenBucket("b", 10, 5);
