@@ -226,7 +226,7 @@ fi
 # ---------------------------------------------------------------- 5. in-memory decision
 if want 5; then
   log "5: in-memory decision (Google Benchmark, $((REPS < 3 ? 3 : REPS)) repetitions, medians)"
-  "$MICRO" --benchmark_filter='BM_MemoryStoreDecide/100000|BM_MemoryStoreDecideHeld/100000|BM_PeerAtomicGcra' \
+  "$MICRO" --benchmark_filter='BM_MemoryStoreDecide/100000|BM_MemoryStoreDecide/1/real_time/threads:1$|BM_MemoryStoreDecideHeld/100000|BM_PeerAtomicGcra|BM_PointerChase/100000' \
     --benchmark_repetitions=$((REPS < 3 ? 3 : REPS)) --benchmark_report_aggregates_only=true \
     --benchmark_min_time="$MICRO_MIN" --benchmark_format=csv >"$WORK/micro.csv" 2>"$WORK/micro.err" ||
     fail "5: memory_store_benchmark: $(head -3 "$WORK/micro.err")"
@@ -256,6 +256,23 @@ if want 5; then
   sc=$(ratio "$two_ips" "$one_ips")
   row 5c "In-memory decisions/s, 2 threads on distinct held keys (re-inserted: $(ratio "$ch_two" "$ch_one")x)" \
     "$(fmt "$two_ips")" "the same, 1 thread" "$(fmt "$one_ips")" "$sc" "≥ 1.6x" "$(passmiss ge "$sc" 1.6)"
+  # Issue 22: the decision against the floors (same binary, same run): one
+  # key in cache, and 100k held keys against a dependent random read over a
+  # table of the same bytes (BM_PointerChase: one cache miss a read).
+  hot_ns=$(q 'BM_MemoryStoreDecide/1/real_time/threads:1' real_time)
+  hot_cpu=$(q 'BM_MemoryStoreDecide/1/real_time/threads:1' cpu_time)
+  chase_ns=$(q 'BM_PointerChase/100000/real_time' real_time)
+  raw "5: in cache hot_ns=$hot_ns cpu=$hot_cpu; pointer chase chase_ns=$chase_ns"
+  if [[ -z $hot_ns || -z $chase_ns ]]; then
+    fail "5: missing benchmark results (in cache, pointer chase)"; hot_ns=n/a; chase_ns=n/a
+  fi
+  row 5d "In-memory decision, 1 thread, the key in cache, incl. clock read (ns/decision, wall; CPU $(fmt "$hot_cpu") ns)" \
+    "$(fmt "$hot_ns")" "GCRA on one std::atomic + steady_clock" "$(fmt "$peer_ns")" \
+    "$(ratio "$hot_ns" "$peer_ns")" "≤ 40 ns" "$(passmiss le "$hot_ns" 40)"
+  r5e=$(ratio "$one_ns" "$chase_ns")
+  row 5e "In-memory decision, 100k held keys (5a) vs one cache miss" "$(fmt "$one_ns")" \
+    "dependent random read over a table of the store's size (BM_PointerChase)" "$(fmt "$chase_ns")" \
+    "$r5e" "≤ 1.5x" "$(passmiss le "$r5e" 1.5)"
 fi
 
 # ---------------------------------------------------------------- 6. memory per key

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,13 @@ void BM_SystemClockRead(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(c.NowMicros());
 }
 BENCHMARK(BM_SystemClockRead);
+
+// clock_gettime(CLOCK_REALTIME) on every read: what Clock::System() was.
+void BM_KernelClockRead(benchmark::State& state) {
+  const Clock& c = Clock::Kernel();
+  for (auto _ : state) benchmark::DoNotOptimize(c.NowMicros());
+}
+BENCHMARK(BM_KernelClockRead);
 
 // One decision through MemoryStore, including the clock read, the hash, the
 // shard lock and the table probe. Arg: number of distinct keys.
@@ -157,6 +165,41 @@ void BM_MemoryStoreDecideHeld(benchmark::State& state) {
 }
 BENCHMARK(BM_MemoryStoreDecideHeld)->Arg(100'000)->Threads(1)->UseRealTime();
 BENCHMARK(BM_MemoryStoreDecideHeld)->Arg(100'000)->Threads(2)->UseRealTime();
+
+// The physical floor of a decision on a key that is not in cache: a dependent
+// random read over a table as large as the store's with 100,000 held keys
+// (MemoryUsage() of a store filled as BM_MemoryStoreDecideHeld fills it).
+// One 32-byte entry per slot, linked into a single random cycle, so each read
+// is a miss whose address depends on the previous one: no prefetch, no
+// overlap. Arg: keys in the store that sizes the table.
+void BM_PointerChase(benchmark::State& state) {
+  struct alignas(32) Entry {
+    uint32_t next;
+  };
+  static std::vector<Entry> table;
+  if (table.empty()) {
+    MemoryStore store;
+    for (const std::string& k : Keys(static_cast<int>(state.range(0))))
+      benchmark::DoNotOptimize(store.DecideOne(k, HeldBucket(), 1));
+    const size_t n = store.MemoryUsage() / sizeof(Entry);
+    std::vector<uint32_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+    std::mt19937_64 rng(42);
+    std::shuffle(order.begin(), order.end(), rng);
+    table.resize(n);
+    for (size_t i = 0; i < n; ++i) table[order[i]].next = order[(i + 1) % n];
+  }
+  uint32_t i = 0;
+  for (auto _ : state) {
+    i = table[i].next;
+    benchmark::DoNotOptimize(i);
+  }
+  // (A label, not a user counter: bench.sh reads the CSV of every benchmark,
+  // whose header is that of the first one.)
+  state.SetLabel(std::to_string(table.size() * sizeof(Entry)) + " bytes");
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_PointerChase)->Arg(100'000)->UseRealTime();
 
 // The general path (vector result, all-or-nothing over two limits).
 void BM_MemoryStoreTwoLimits(benchmark::State& state) {

@@ -22,8 +22,15 @@ class Clock {
   // Microseconds since the Unix epoch.
   virtual int64_t NowMicros() const = 0;
 
-  // The process-wide wall clock (CLOCK_REALTIME). Never destroyed.
+  // The process-wide wall clock. Never destroyed. Where the kernel keeps
+  // CLOCK_REALTIME on the TSC (x86-64, clocksource "tsc"), it is read from
+  // the TSC and re-anchored to CLOCK_REALTIME every 10 ms (src/core/tsc_clock.h):
+  // a third of clock_gettime's cost, within microseconds of it, never
+  // decreasing within a thread but for a step back of the system clock by
+  // more than 50 ms. Elsewhere it is Kernel().
   static const Clock& System();
+  // clock_gettime(CLOCK_REALTIME) on every read. Never destroyed.
+  static const Clock& Kernel();
 };
 
 class ManualClock final : public Clock {

@@ -2,8 +2,9 @@
 //
 // For a single instance, for tests, and as the local fallback when Redis is
 // down. State is sharded by key hash; each shard is an open-addressing table
-// of 32-byte slots (a 64-bit fingerprint of the key and limit, 16 bytes of
-// algorithm state, the expiry time), about 40-56 bytes per key. Idle keys
+// of 32-byte slots (a 64-bit fingerprint of the key and limit; the expiry time
+// and two counters, 16 bytes changed by one compare-and-swap), about 40-56
+// bytes per key. Idle keys
 // expire: a key whose state equals the fresh state is dropped by Sweep() and
 // whenever a shard would otherwise grow.
 //
@@ -23,6 +24,10 @@
 // keys) and the seed makes collisions impossible to aim at.
 //
 // Thread-safety: all methods are thread-safe. Check calls `done` before returning.
+// A check of one bucket or window limit without a block period, on a key that
+// has state, takes no lock (load, evaluate, compare-and-swap); new keys, table
+// growth, several limits at once, settlements, sliding logs and blocks take the
+// shard locks, and stay atomic against the lock-free path (src/store/memory_store.cc).
 #pragma once
 
 #include <cstddef>

@@ -5,8 +5,13 @@
 #include <atomic>
 #include <cassert>
 #include <random>
+#include <thread>
 #include <unordered_map>
 #include <vector>
+
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "core/algorithms.h"
 #include "store/hash.h"
@@ -19,98 +24,367 @@ using core::CompactState;
 using store::Hash64;
 using store::Mix;
 
-// One (key, limit) state. fp == 0 marks an empty slot. Aligned to its size so
-// that no slot straddles two cache lines: a decision on a key that is not in
-// cache costs one miss, not two.
+// ---- Readers without the lock, and when an old table may be freed.
+//
+// The common update (DecideOne on a bucket or a window without a block
+// period) takes no lock: it finds its slot and changes the slot's state with
+// one 16-byte compare-and-swap. Whatever moves slots (a table rebuilt to grow
+// or to drop expired keys) runs under the shard lock, and frees the old table
+// only when no lock-free reader can still be in it (in batches: Garbage).
+// A reader announces itself
+// in its thread's record with plain stores; the rebuilder makes those stores
+// visible with membarrier(2) (a barrier on every CPU running this process,
+// paid by the rare writer, not by the reader), then waits for the readers it
+// sees inside. Without membarrier (an old kernel, a sandbox; TSan, which does
+// not model it) the reader pays a full fence instead.
+
+struct alignas(64) ReaderRecord {
+  std::atomic<uint64_t> count{0};  // odd: inside a lock-free section
+  std::atomic<bool> in_use{true};
+  ReaderRecord* next = nullptr;
+};
+std::atomic<ReaderRecord*> g_records{nullptr};
+
+bool Asymmetric() {
+#if defined(__SANITIZE_THREAD__)
+  return false;
+#else
+  static const bool ok =
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+  return ok;
+#endif
+}
+
+// This thread's record: a free one (its thread ended) or a new one. Records
+// are never freed: one per thread that ever decided, 64 bytes each.
+struct RecordHolder {
+  ReaderRecord* r = nullptr;
+  RecordHolder() {
+    for (ReaderRecord* p = g_records.load(std::memory_order_acquire); p != nullptr; p = p->next) {
+      bool expected = false;
+      if (!p->in_use.load(std::memory_order_relaxed) &&
+          p->in_use.compare_exchange_strong(expected, true, std::memory_order_acquire)) {
+        r = p;
+        return;
+      }
+    }
+    r = new ReaderRecord();
+    r->next = g_records.load(std::memory_order_relaxed);
+    while (!g_records.compare_exchange_weak(r->next, r, std::memory_order_release)) {
+    }
+  }
+  ~RecordHolder() { r->in_use.store(false, std::memory_order_release); }
+};
+
+class ReadSection {
+ public:
+  ReadSection() : r_(Mine()), c_(r_.count.load(std::memory_order_relaxed)) {
+    r_.count.store(c_ + 1, std::memory_order_relaxed);
+    if (kAsym) {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+    } else {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+    }
+  }
+  ~ReadSection() { r_.count.store(c_ + 2, std::memory_order_release); }
+  ReadSection(const ReadSection&) = delete;
+  ReadSection& operator=(const ReadSection&) = delete;
+
+  static inline const bool kAsym = Asymmetric();
+
+ private:
+  static ReaderRecord& Mine() {
+    thread_local RecordHolder h;
+    return *h.r;
+  }
+  ReaderRecord& r_;
+  uint64_t c_;
+};
+
+// Returns when every lock-free section that may have seen what was unpublished
+// before the call has ended.
+void Synchronize() {
+  if (ReadSection::kAsym) {
+    syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+  for (ReaderRecord* p = g_records.load(std::memory_order_acquire); p != nullptr; p = p->next) {
+    const uint64_t c = p->count.load(std::memory_order_acquire);
+    if ((c & 1) == 0) continue;
+    while (p->count.load(std::memory_order_acquire) == c) std::this_thread::yield();
+  }
+}
+
+// ---- Slots.
+//
+// One (key, limit) state: a 64-bit fingerprint and 16 bytes changed by one
+// compare-and-swap: the expiry time (from then on the state equals the fresh
+// state) and the two counters of CompactState. CompactState's `t` follows
+// from the expiry and the limit (Pack/Unpack). Aligned to its size, so that a
+// decision on a key that is not in cache costs one miss, not two.
+constexpr uint64_t kEmpty = 0;
+constexpr uint64_t kTombstone = ~uint64_t{0};  // erased: probes go on past it
+constexpr uint64_t kFrozen = ~uint64_t{0};     // as w0: being moved or changed under the lock
+
+struct Words {
+  uint64_t w0 = 0;  // expires (us)
+  uint64_t w1 = 0;  // n0 | n1 << 32
+};
+
 struct alignas(32) Slot {
-  uint64_t fp = 0;
-  CompactState state;
-  int64_t expires = 0;  // from then on the state equals the fresh state
+  alignas(16) uint64_t w[2] = {0, 0};
+  std::atomic<uint64_t> fp{kEmpty};
 };
 static_assert(sizeof(Slot) == 32);
+
+using Word128 = unsigned __int128 __attribute__((may_alias));
+
+// A snapshot that may be torn (two 8-byte loads): a compare-and-swap from it
+// succeeds only when it was the state indeed.
+Words Load(const Slot& s) {
+  return {__atomic_load_n(&s.w[0], __ATOMIC_RELAXED), __atomic_load_n(&s.w[1], __ATOMIC_RELAXED)};
+}
+
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+// cmpxchg16b inline (a __sync builtin needs -mcx16, and a function built with
+// target("cx16") is not inlined into its callers). On failure the current
+// value lands in `expected`.
+inline bool Cas(Slot& s, Words& expected, Words desired) {
+  bool ok;
+  asm volatile("lock cmpxchg16b %1"
+               : "=@ccz"(ok), "+m"(*reinterpret_cast<Word128*>(s.w)), "+a"(expected.w0),
+                 "+d"(expected.w1)
+               : "b"(desired.w0), "c"(desired.w1)
+               : "memory");
+  return ok;
+}
+#else
+#if defined(__x86_64__)
+__attribute__((target("cx16")))
+#endif
+bool Cas(Slot& s, Words& expected, Words desired) {
+  const unsigned __int128 e = (static_cast<unsigned __int128>(expected.w1) << 64) | expected.w0;
+  const unsigned __int128 d = (static_cast<unsigned __int128>(desired.w1) << 64) | desired.w0;
+  const unsigned __int128 old = __sync_val_compare_and_swap(reinterpret_cast<Word128*>(s.w), e, d);
+  if (old == e) return true;
+  expected = {static_cast<uint64_t>(old), static_cast<uint64_t>(old >> 64)};
+  return false;
+}
+#endif
+
+// Under the lock: takes the slot's state out of reach of the lock-free path
+// (which then waits for the lock) and returns it.
+Words Freeze(Slot& s) {
+  Words cur = Load(s);
+  while (!Cas(s, cur, {kFrozen, 0})) {
+  }
+  return cur;
+}
+void Unfreeze(Slot& s, Words next) {
+  Words frozen{kFrozen, 0};
+  const bool ok = Cas(s, frozen, next);
+  assert(ok);
+  (void)ok;
+}
+
+Words Pack(const Limit& limit, const CompactState& st) {
+  return {static_cast<uint64_t>(core::ExpiresAt(limit, st)),
+          static_cast<uint32_t>(st.n0) | (uint64_t{static_cast<uint32_t>(st.n1)} << 32)};
+}
+CompactState Unpack(const Limit& limit, Words w) {
+  CompactState st{.n0 = static_cast<int32_t>(static_cast<uint32_t>(w.w1)),
+                  .n1 = static_cast<int32_t>(static_cast<uint32_t>(w.w1 >> 32))};
+  const int64_t expires = static_cast<int64_t>(w.w0);
+  switch (limit.algorithm()) {
+    case Algorithm::kTokenBucket:
+    case Algorithm::kLeakyBucket: st.t = expires; break;
+    case Algorithm::kFixedWindow:
+      st.t = limit.calendar() != nullptr ? expires - int64_t{st.n0} * 1'000'000
+                                         : expires / limit.window_micros() - 1;
+      break;
+    case Algorithm::kSlidingWindow: st.t = expires / limit.window_micros() - 2; break;
+    case Algorithm::kSlidingLog: break;
+  }
+  return st;
+}
+// The state as a decision at `now` meets it.
+CompactState StateAt(const Limit& limit, Words w, int64_t now) {
+  return static_cast<int64_t>(w.w0) > now ? Unpack(limit, w) : CompactState{};
+}
+
+// One decision on a slot: load, evaluate, compare-and-swap, again if another
+// thread changed the state in between. False when the slot is frozen (the
+// caller takes the lock). A denial is confirmed by a compare-and-swap of the
+// state with itself: it was decided on a snapshot that may be torn.
+__attribute__((always_inline)) inline bool DecideOnSlot(Slot& slot, const Limit& limit, int64_t now,
+                                                        int64_t cost, Decision& out) {
+  Words cur = Load(slot);
+  for (;;) {
+    if (cur.w0 == kFrozen) return false;
+    const core::Evaluation e = core::Evaluate(limit, StateAt(limit, cur, now), now, cost);
+    const Words next = e.decision.allowed ? Pack(limit, e.next) : cur;
+    if (Cas(slot, cur, next)) {
+      out = e.decision;
+      return true;
+    }
+  }
+}
 
 struct LogEntry {
   std::vector<int64_t> log;
   int64_t expires = 0;
 };
 
-// An open-addressing table with linear probing and backward-shift deletion.
-// Capacity is any size >= 8; the home slot is the high bits of fp * capacity.
+// A table's slots. Replaced whole (never resized in place) and freed after
+// Synchronize().
+struct Array {
+  explicit Array(size_t n) : cap(n), slots(new Slot[n]) {}
+  size_t cap;
+  std::unique_ptr<Slot[]> slots;
+
+  size_t Home(uint64_t fp) const {
+    return static_cast<size_t>((static_cast<__uint128_t>(fp) * cap) >> 64);
+  }
+  size_t Next(size_t i) const { return i + 1 == cap ? 0 : i + 1; }
+  // Lock-free or locked: the slot holding fp, or nullptr.
+  Slot* Find(uint64_t fp) const {
+    for (size_t i = Home(fp);; i = Next(i)) {
+      const uint64_t f = slots[i].fp.load(std::memory_order_acquire);
+      if (f == fp) return &slots[i];
+      if (f == kEmpty) return nullptr;
+    }
+  }
+};
+
+// A shard's tables replaced by rebuilds, freed in batches: one Synchronize()
+// (a membarrier system call) per 64 KiB retired, not per rebuild (a churning
+// shard of 8 slots rebuilds every few inserts), and at every Sweep(). One per
+// shard: two threads rebuilding different shards do not meet here.
+class Garbage {
+ public:
+  ~Garbage() { Free(); }
+  void Retire(Array* a) {
+    LockGuard lock(mu_);
+    bytes_ += a->cap * sizeof(Slot);
+    arrays_.emplace_back(a);
+    if (bytes_ >= kBatchBytes) {
+      Synchronize();
+      Free();
+    }
+  }
+  void Collect() {
+    LockGuard lock(mu_);
+    if (arrays_.empty()) return;
+    Synchronize();
+    Free();
+  }
+
+ private:
+  static constexpr size_t kBatchBytes = size_t{64} << 10;
+  void Free() RL_NO_THREAD_SAFETY_ANALYSIS {
+    arrays_.clear();
+    bytes_ = 0;
+  }
+  store::ShardMutex mu_;
+  std::vector<std::unique_ptr<Array>> arrays_ RL_GUARDED_BY(mu_);
+  size_t bytes_ RL_GUARDED_BY(mu_) = 0;
+};
+
+// An open-addressing table with linear probing. Erased slots become
+// tombstones, reclaimed when the table is rebuilt: a slot never holds another
+// key while a lock-free decision may hold it. Capacity is any size >= 8; the
+// home slot is the high bits of fp * capacity. All but Find under the lock.
 class Table {
  public:
-  Table() : slots_(8) {}
+  explicit Table(std::atomic<Array*>* published) : published_(published) {
+    published_->store(new Array(8), std::memory_order_release);
+  }
+  ~Table() { delete Current(); }
+  Table(const Table&) = delete;
+  Table& operator=(const Table&) = delete;
 
+  void set_garbage(Garbage* g) { garbage_ = g; }
   size_t size() const { return used_; }
-  size_t capacity() const { return slots_.size(); }
+  size_t capacity() const { return Current()->cap; }
 
-  Slot* Find(uint64_t fp) {
-    for (size_t i = Home(fp);; i = Next(i)) {
-      Slot& s = slots_[i];
-      if (s.fp == fp) return &s;
-      if (s.fp == 0) return nullptr;
-    }
-  }
+  Slot* Find(uint64_t fp) const { return Current()->Find(fp); }
 
-  // REQUIRES: fp not present, and HasRoom().
-  Slot* Insert(uint64_t fp) {
-    size_t i = Home(fp);
-    while (slots_[i].fp != 0) i = Next(i);
-    slots_[i].fp = fp;
+  // REQUIRES: fp not present, and HasRoom(). The state is in place before
+  // the fingerprint is published.
+  Slot* Insert(uint64_t fp, Words w) {
+    Array& a = *Current();
+    size_t i = a.Home(fp);
+    while (a.slots[i].fp.load(std::memory_order_relaxed) != kEmpty) i = a.Next(i);
+    Slot& s = a.slots[i];
+    __atomic_store_n(&s.w[0], w.w0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s.w[1], w.w1, __ATOMIC_RELAXED);
+    s.fp.store(fp, std::memory_order_release);
     ++used_;
-    return &slots_[i];
+    return &s;
   }
 
-  bool HasRoom() const { return (used_ + 1) * 8 <= slots_.size() * 7; }
+  bool HasRoom() const { return (used_ + 1) * 8 <= Current()->cap * 7; }
 
-  void Erase(Slot* slot) {
-    size_t hole = static_cast<size_t>(slot - slots_.data());
-    slots_[hole] = Slot{};
-    --used_;
-    // Shift back later entries of the cluster that may not be reachable any more.
-    for (size_t i = Next(hole); slots_[i].fp != 0; i = Next(i)) {
-      const size_t home = Home(slots_[i].fp);
-      // Move i into the hole unless its home lies cyclically in (hole, i].
-      const bool home_between = hole <= i ? (hole < home && home <= i) : (hole < home || home <= i);
-      if (!home_between) {
-        slots_[hole] = slots_[i];
-        slots_[i] = Slot{};
-        hole = i;
+  // REQUIRES: the slot frozen (Freeze) by the caller.
+  static void Erase(Slot& slot) { slot.fp.store(kTombstone, std::memory_order_release); }
+
+  // Rebuilds the table with `capacity` slots, dropping entries expired at `now`
+  // and tombstones. Returns how many live entries were dropped.
+  size_t Rebuild(size_t capacity, int64_t now) {
+    Array* old = Current();
+    auto* next = new Array(std::max<size_t>(capacity, 8));
+    size_t dropped = 0;
+    used_ = 0;
+    for (size_t i = 0; i < old->cap; ++i) {
+      Slot& s = old->slots[i];
+      const uint64_t fp = s.fp.load(std::memory_order_relaxed);
+      if (fp == kEmpty || fp == kTombstone) continue;
+      const Words w = Freeze(s);  // a lock-free decision on it now waits for the lock
+      if (static_cast<int64_t>(w.w0) > now) {
+        size_t j = next->Home(fp);
+        while (next->slots[j].fp.load(std::memory_order_relaxed) != kEmpty) j = next->Next(j);
+        next->slots[j].w[0] = w.w0;  // not yet published: no one else sees it
+        next->slots[j].w[1] = w.w1;
+        next->slots[j].fp.store(fp, std::memory_order_relaxed);
+        ++used_;
+      } else {
+        ++dropped;
       }
     }
+    published_->store(next, std::memory_order_release);
+    garbage_->Retire(old);  // freed when no lock-free decision can be in it
+    return dropped;
   }
 
-  // Rebuilds the table with `capacity` slots, dropping entries expired at `now`.
-  // Returns how many were dropped.
-  size_t Rebuild(size_t capacity, int64_t now) {
-    std::vector<Slot> old(std::max<size_t>(capacity, 8));
-    old.swap(slots_);
-    const size_t before = used_;
-    used_ = 0;
-    for (const Slot& s : old) {
-      if (s.fp != 0 && s.expires > now) *Insert(s.fp) = s;
-    }
-    return before - used_;
-  }
-
-  size_t CountExpired(int64_t now) const {
+  // Entries expired at `now`, and tombstones: what a rebuild would reclaim.
+  size_t CountReclaimable(int64_t now) const {
+    const Array& a = *Current();
     size_t n = 0;
-    for (const Slot& s : slots_) n += (s.fp != 0 && s.expires <= now) ? 1 : 0;
+    for (size_t i = 0; i < a.cap; ++i) {
+      const uint64_t fp = a.slots[i].fp.load(std::memory_order_relaxed);
+      if (fp == kTombstone) {
+        ++n;
+      } else if (fp != kEmpty) {
+        n += static_cast<int64_t>(__atomic_load_n(&a.slots[i].w[0], __ATOMIC_RELAXED)) <= now;
+      }
+    }
     return n;
   }
 
  private:
-  size_t Home(uint64_t fp) const {
-    return static_cast<size_t>((static_cast<__uint128_t>(fp) * slots_.size()) >> 64);
-  }
-  size_t Next(size_t i) const { return i + 1 == slots_.size() ? 0 : i + 1; }
+  Array* Current() const { return published_->load(std::memory_order_relaxed); }
 
-  std::vector<Slot> slots_;
-  size_t used_ = 0;
+  std::atomic<Array*>* published_;
+  Garbage* garbage_ = nullptr;  // its shard's (set_garbage)
+  size_t used_ = 0;             // slots that are not empty: live, expired, tombstones
 };
 
 struct alignas(64) Shard {
   store::ShardMutex mu;
-  Table table RL_GUARDED_BY(mu);
+  Garbage garbage;                         // before the table: destroyed after it
+  std::atomic<Array*> published{nullptr};  // the table's slots, for the lock-free path
+  Table table RL_GUARDED_BY(mu){&published};
   std::unordered_map<uint64_t, LogEntry> logs RL_GUARDED_BY(mu);  // sliding logs
   // Block periods (Limit::block_for): when each ends (us), by fingerprint.
   // Not counted as keys: a block needs a denial, which needs state.
@@ -154,6 +428,10 @@ struct MemoryStore::Impl {
     while (n < std::max<size_t>(opts.shards, 1)) n <<= 1;
     shard_mask = n - 1;
     shards = std::make_unique<Shard[]>(n);
+    for (size_t i = 0; i < n; ++i) {
+      LockGuard lock(shards[i].mu);
+      shards[i].table.set_garbage(&shards[i].garbage);
+    }
   }
 
   Options opts;
@@ -166,15 +444,21 @@ struct MemoryStore::Impl {
 
   uint64_t Fingerprint(uint64_t key_hash, const Limit& limit) const {
     uint64_t fp = Mix(key_hash, limit.identity_hash() ^ 0x9E3779B97F4A7C15ULL);
-    return fp == 0 ? 1 : fp;
+    return fp == kEmpty || fp == kTombstone ? 1 : fp;
   }
   Shard& ShardFor(uint64_t fp) { return shards[fp & shard_mask]; }
+
+  // Room for `new_keys` more keys without dropping expired ones (Admit's
+  // first answer, which rebuilds nothing).
+  bool HasKeysFor(size_t new_keys) const {
+    return keys.load(std::memory_order_relaxed) + new_keys <= opts.max_keys;
+  }
 
   // Admits `new_keys` more keys, or fails when the store is full even after
   // dropping the expired entries of `shard` (locked by the caller). Other
   // shards are swept by Sweep(), which the daemon calls periodically.
   Status Admit(Shard& shard, size_t new_keys, int64_t now) RL_REQUIRES(shard.mu) {
-    if (keys.load(std::memory_order_relaxed) + new_keys <= opts.max_keys) return Status::Ok();
+    if (HasKeysFor(new_keys)) return Status::Ok();
     keys.fetch_sub(shard.table.Rebuild(shard.table.capacity(), now), std::memory_order_relaxed);
     if (keys.load(std::memory_order_relaxed) + new_keys <= opts.max_keys) return Status::Ok();
     return ResourceExhausted("memory store is full (" + std::to_string(opts.max_keys) +
@@ -186,7 +470,7 @@ struct MemoryStore::Impl {
   void EnsureRoom(Shard& shard, int64_t now) RL_REQUIRES(shard.mu) {
     if (shard.table.HasRoom()) return;
     const size_t cap = shard.table.capacity();
-    const size_t expired = shard.table.CountExpired(now);
+    const size_t expired = shard.table.CountReclaimable(now);
     const size_t next = expired * 4 >= cap ? cap : cap + cap / 2;
     keys.fetch_sub(shard.table.Rebuild(next, now), std::memory_order_relaxed);
   }
@@ -215,6 +499,9 @@ struct MemoryStore::Impl {
   // Holds the shards of all of `req`'s limits at once (ShardLocks): a set
   // known at run time, which the analysis cannot follow.
   StatusOr<CheckResult> Run(const CheckRequest& req, bool peek) RL_NO_THREAD_SAFETY_ANALYSIS;
+  // One bucket or window limit without a block period: lock-free when the
+  // key has a slot (see ReadSection).
+  StatusOr<Decision> DecideFast(std::string_view key, const Limit& limit, int64_t cost);
   // The same for a settlement: every limit's state changes under all the locks.
   StatusOr<CheckResult> Settle(const SettleRequest& req) RL_NO_THREAD_SAFETY_ANALYSIS;
 };
@@ -260,9 +547,58 @@ std::array<uint64_t, kMaxChecksPerRequest> MemoryStore::Impl::LockAll(std::strin
   return fps;
 }
 
+// The slots of a request's bucket and window limits, frozen for the time of
+// a decision under the shard locks: a lock-free decision on one of them waits
+// for the locks (it finds the slot frozen and takes the lock), so a decision
+// over several limits sees and changes all of their states at once. Thawed
+// with the new state or, when nothing is taken, the old one.
+class FrozenSlots {
+ public:
+  // Freezes `slot` (may be null: no state yet) and returns its state.
+  Words Freeze(size_t i, Slot* slot) {
+    slots_[i] = slot;
+    if (slot == nullptr) return {};
+    for (size_t j = 0; j < i; ++j) {  // one slot twice: a fingerprint collision
+      if (slots_[j] == slot) return words_[i] = words_[j];
+    }
+    return words_[i] = ratelimit::Freeze(*slot);
+  }
+  Slot* slot(size_t i) const { return slots_[i]; }
+  // Thaws slot i with `next` (each slot once: the first of duplicates).
+  void Thaw(size_t i, Words next) {
+    if (slots_[i] == nullptr) return;
+    for (size_t j = 0; j < i; ++j) {
+      if (slots_[j] == slots_[i]) return;
+    }
+    Unfreeze(*slots_[i], next);
+    slots_[i] = nullptr;
+  }
+  // Thaws every slot still frozen with the state it had.
+  void ThawAll(size_t n) {
+    for (size_t i = n; i-- > 0;) {
+      if (slots_[i] != nullptr) Thaw(i, words_[i]);
+    }
+  }
+  // Forgets slot i (erased: it stays frozen).
+  void Drop(size_t i) { slots_[i] = nullptr; }
+
+ private:
+  std::array<Slot*, kMaxChecksPerRequest> slots_{};
+  std::array<Words, kMaxChecksPerRequest> words_{};
+};
+
 StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek) {
   if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return s;
   const size_t n = req.checks.size();
+  if (const Limit& l = *req.checks[0].limit;
+      n == 1 && !peek && l.algorithm() != Algorithm::kSlidingLog && l.block_for().count() == 0) {
+    StatusOr<Decision> d = DecideFast(req.key, l, req.checks[0].cost);
+    if (!d.ok()) return d.status();
+    CheckResult result;
+    result.decisions.push_back(*d);
+    result.overall = Combine(result.decisions);
+    return result;
+  }
   ShardLocks locks;
   const std::array<uint64_t, kMaxChecksPerRequest> fps = LockAll(req.key, req.checks, locks);
   const int64_t now = clock->NowMicros();
@@ -271,48 +607,69 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
   result.decisions.resize(n);
   std::array<CompactState, kMaxChecksPerRequest> state, next;
   std::array<const std::vector<int64_t>*, kMaxChecksPerRequest> logs{};
-  bool all = true;
-  size_t new_keys = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const Limit& limit = *req.checks[i].limit;
-    const int64_t cost = peek ? 0 : req.checks[i].cost;
-    Shard& shard = ShardFor(fps[i]);
-    if (limit.algorithm() == Algorithm::kSlidingLog) {
-      auto it = shard.logs.find(fps[i]);
-      static const std::vector<int64_t> kEmpty;
-      logs[i] = it == shard.logs.end() ? &kEmpty : &it->second.log;
-      result.decisions[i] = core::EvaluateLog(limit, *logs[i], now, cost);
-      new_keys += it == shard.logs.end() ? 1 : 0;
-    } else {
-      Slot* slot = shard.table.Find(fps[i]);
-      state[i] = (slot != nullptr && slot->expires > now) ? slot->state : CompactState{};
-      core::Evaluation e = core::Evaluate(limit, state[i], now, cost);
-      result.decisions[i] = e.decision;
-      next[i] = e.next;
-      new_keys += slot == nullptr ? 1 : 0;
-    }
-    if (limit.block_for().count() > 0) {
-      const Decision standing = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
-                                                   : core::Standing(limit, state[i], now);
-      result.decisions[i] =
-          ApplyBlock(shard, fps[i], limit, result.decisions[i], standing, now, peek);
-    }
-    all = all && result.decisions[i].allowed;
-  }
-  if (!all) {  // nothing is taken: the limits that would allow answer for their state as it stands
+  bool admitted = false;
+  for (;;) {
+    FrozenSlots frozen;
+    bool all = true;
+    size_t new_keys = 0;
     for (size_t i = 0; i < n; ++i) {
-      if (!result.decisions[i].allowed) continue;
       const Limit& limit = *req.checks[i].limit;
-      result.decisions[i] = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
-                                               : core::Standing(limit, state[i], now);
+      const int64_t cost = peek ? 0 : req.checks[i].cost;
+      Shard& shard = ShardFor(fps[i]);
+      if (limit.algorithm() == Algorithm::kSlidingLog) {
+        auto it = shard.logs.find(fps[i]);
+        static const std::vector<int64_t> kEmptyLog;
+        logs[i] = it == shard.logs.end() ? &kEmptyLog : &it->second.log;
+        result.decisions[i] = core::EvaluateLog(limit, *logs[i], now, cost);
+        new_keys += it == shard.logs.end() ? 1 : 0;
+      } else {
+        Slot* slot = shard.table.Find(fps[i]);
+        state[i] = StateAt(limit, frozen.Freeze(i, slot), now);
+        core::Evaluation e = core::Evaluate(limit, state[i], now, cost);
+        result.decisions[i] = e.decision;
+        next[i] = e.next;
+        new_keys += slot == nullptr ? 1 : 0;
+      }
+      if (limit.block_for().count() > 0) {
+        const Decision standing = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
+                                                     : core::Standing(limit, state[i], now);
+        result.decisions[i] =
+            ApplyBlock(shard, fps[i], limit, result.decisions[i], standing, now, peek);
+      }
+      all = all && result.decisions[i].allowed;
     }
-  }
-  result.overall = Combine(result.decisions);
-  if (peek || !all) return result;
-
-  // Commit every limit, or none: admit the new keys first.
-  if (new_keys > 0) {
-    if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
+    if (!all) {  // nothing is taken: the limits that would allow answer for their state as it
+                 // stands
+      for (size_t i = 0; i < n; ++i) {
+        if (!result.decisions[i].allowed) continue;
+        const Limit& limit = *req.checks[i].limit;
+        result.decisions[i] = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
+                                                 : core::Standing(limit, state[i], now);
+      }
+    }
+    result.overall = Combine(result.decisions);
+    if (peek || !all) {
+      frozen.ThawAll(n);
+      return result;
+    }
+    // Commit every limit, or none: admit the new keys first. In a full store
+    // admitting rebuilds a table (dropping expired keys), which freezes every
+    // slot itself: thaw ours first, and decide again on what the lock-free
+    // path did meanwhile.
+    if (new_keys > 0 && !admitted) {
+      admitted = true;
+      if (!HasKeysFor(new_keys)) {
+        frozen.ThawAll(n);
+        if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
+        continue;
+      }
+    }
+    // Existing slots first (thawed with their new state), then new ones
+    // (inserting may rebuild a table).
+    for (size_t i = 0; i < n; ++i) {
+      if (frozen.slot(i) != nullptr) frozen.Thaw(i, Pack(*req.checks[i].limit, next[i]));
+    }
+    break;
   }
   for (size_t i = 0; i < n; ++i) {
     const Limit& limit = *req.checks[i].limit;
@@ -325,14 +682,11 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
           it->second.log.empty() ? now : it->second.log.back() + limit.window_micros();
       continue;
     }
-    Slot* slot = shard.table.Find(fps[i]);
-    if (slot == nullptr) {
+    if (shard.table.Find(fps[i]) == nullptr) {
       EnsureRoom(shard, now);
-      slot = shard.table.Insert(fps[i]);
+      shard.table.Insert(fps[i], Pack(limit, next[i]));
       keys.fetch_add(1, std::memory_order_relaxed);
     }
-    slot->state = next[i];
-    slot->expires = core::ExpiresAt(limit, next[i]);
   }
   return result;
 }
@@ -343,47 +697,57 @@ StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
   const std::array<uint64_t, kMaxChecksPerRequest> fps = LockAll(req.key, req.settlements, locks);
   const int64_t now = clock->NowMicros();
   const size_t n = req.settlements.size();
-  std::array<Slot*, kMaxChecksPerRequest> slots{};
   std::array<CompactState, kMaxChecksPerRequest> next;
-  size_t new_keys = 0;
-  for (size_t i = 0; i < n; ++i) {
-    slots[i] = ShardFor(fps[i]).table.Find(fps[i]);
-    const CompactState state =
-        (slots[i] != nullptr && slots[i]->expires > now) ? slots[i]->state : CompactState{};
-    next[i] = core::SettleState(*req.settlements[i].limit, state, now, req.settlements[i].delta);
-    const bool fresh = core::ExpiresAt(*req.settlements[i].limit, next[i]) <= now;
-    new_keys += (slots[i] == nullptr && !fresh) ? 1 : 0;
-  }
-  if (new_keys > 0) {
+  bool admitted = false;
+  FrozenSlots frozen;
+  for (;;) {
+    size_t new_keys = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Limit& limit = *req.settlements[i].limit;
+      Slot* slot = ShardFor(fps[i]).table.Find(fps[i]);
+      const CompactState state = StateAt(limit, frozen.Freeze(i, slot), now);
+      next[i] = core::SettleState(limit, state, now, req.settlements[i].delta);
+      const bool fresh = core::ExpiresAt(limit, next[i]) <= now;
+      new_keys += (slot == nullptr && !fresh) ? 1 : 0;
+    }
+    if (new_keys == 0 || admitted || HasKeysFor(new_keys)) break;
+    frozen.ThawAll(n);  // Admit may rebuild the table (see Run)
     if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
+    admitted = true;
   }
   if (!req.once.empty()) {  // remembered in the first limit's shard, locked above
     Shard& first = ShardFor(fps[0]);
     const uint64_t once_fp = Mix(Hash64(req.once, seed), fps[0]);
     auto [it, inserted] = first.settled.try_emplace(once_fp, now + req.once_ttl.count());
-    if (!inserted && it->second > now) return CheckResult{.already_settled = true};
+    if (!inserted && it->second > now) {
+      frozen.ThawAll(n);
+      return CheckResult{.already_settled = true};
+    }
     it->second = now + req.once_ttl.count();
   }
   CheckResult result;
   result.decisions.resize(n);
+  // Existing slots first: erased (the fresh state: nothing to keep) or thawed
+  // with the new state; then new ones (inserting may rebuild a table).
+  for (size_t i = 0; i < n; ++i) {
+    const Limit& limit = *req.settlements[i].limit;
+    Slot* slot = frozen.slot(i);
+    if (slot == nullptr) continue;
+    if (core::ExpiresAt(limit, next[i]) <= now) {
+      Table::Erase(*slot);
+      frozen.Drop(i);
+      keys.fetch_sub(1, std::memory_order_relaxed);
+    } else {
+      frozen.Thaw(i, Pack(limit, next[i]));
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     const Limit& limit = *req.settlements[i].limit;
     Shard& shard = ShardFor(fps[i]);
-    const int64_t expires = core::ExpiresAt(limit, next[i]);
-    Slot* slot = shard.table.Find(fps[i]);  // an Erase or a growth above may have moved it
-    if (expires <= now) {                   // the fresh state: nothing to keep
-      if (slot != nullptr) {
-        shard.table.Erase(slot);
-        keys.fetch_sub(1, std::memory_order_relaxed);
-      }
-    } else {
-      if (slot == nullptr) {
-        EnsureRoom(shard, now);
-        slot = shard.table.Insert(fps[i]);
-        keys.fetch_add(1, std::memory_order_relaxed);
-      }
-      slot->state = next[i];
-      slot->expires = expires;
+    if (core::ExpiresAt(limit, next[i]) > now && shard.table.Find(fps[i]) == nullptr) {
+      EnsureRoom(shard, now);
+      shard.table.Insert(fps[i], Pack(limit, next[i]));
+      keys.fetch_add(1, std::memory_order_relaxed);
     }
     result.decisions[i] = core::Probe(limit, next[i], now);
   }
@@ -424,23 +788,34 @@ StatusOr<Decision> MemoryStore::DecideOne(std::string_view key, const Limit& lim
     if (!r.ok()) return r.status();
     return r->overall;
   }
-  const uint64_t fp = m.Fingerprint(Hash64(key, m.seed), limit);
-  Shard& shard = m.ShardFor(fp);
-  LockGuard lock(shard.mu);
-  const int64_t now = m.clock->NowMicros();
-  Slot* slot = shard.table.Find(fp);
-  const CompactState state =
-      (slot != nullptr && slot->expires > now) ? slot->state : CompactState{};
-  core::Evaluation e = core::Evaluate(limit, state, now, cost);
-  if (!e.decision.allowed) return e.decision;
-  if (slot == nullptr) {
-    if (Status s = m.Admit(shard, 1, now); !s.ok()) return s;
-    m.EnsureRoom(shard, now);
-    slot = shard.table.Insert(fp);
-    m.keys.fetch_add(1, std::memory_order_relaxed);
+  return m.DecideFast(key, limit, cost);
+}
+
+StatusOr<Decision> MemoryStore::Impl::DecideFast(std::string_view key, const Limit& limit,
+                                                 int64_t cost) {
+  const uint64_t fp = Fingerprint(Hash64(key, seed), limit);
+  Shard& shard = ShardFor(fp);
+  const int64_t now = clock->NowMicros();
+  Decision d;
+  {  // The common case: the key has a slot. No lock; one compare-and-swap.
+    ReadSection section;
+    Slot* slot = shard.published.load(std::memory_order_acquire)->Find(fp);
+    if (slot != nullptr && DecideOnSlot(*slot, limit, now, cost, d)) return d;
   }
-  slot->state = e.next;
-  slot->expires = core::ExpiresAt(limit, e.next);
+  // A new key, or a slot being moved or changed under the lock.
+  LockGuard lock(shard.mu);
+  if (Slot* slot = shard.table.Find(fp); slot != nullptr) {
+    const bool done = DecideOnSlot(*slot, limit, now, cost, d);
+    assert(done);  // under the lock, the slots of the current table are not frozen
+    (void)done;
+    return d;
+  }
+  const core::Evaluation e = core::Evaluate(limit, CompactState{}, now, cost);
+  if (!e.decision.allowed) return e.decision;
+  if (Status s = Admit(shard, 1, now); !s.ok()) return s;
+  EnsureRoom(shard, now);
+  shard.table.Insert(fp, Pack(limit, e.next));
+  keys.fetch_add(1, std::memory_order_relaxed);
   return e.decision;
 }
 
@@ -449,7 +824,8 @@ void MemoryStore::Reset(std::string_view key, std::span<const Limit* const> limi
   Impl& m = *impl_;
   m.ForEachLocked(key, limits, [&m](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) {
     if (Slot* slot = shard.table.Find(fp); slot != nullptr) {
-      shard.table.Erase(slot);
+      Freeze(*slot);
+      Table::Erase(*slot);
       m.keys.fetch_sub(1, std::memory_order_relaxed);
     }
     if (shard.logs.erase(fp) > 0) m.keys.fetch_sub(1, std::memory_order_relaxed);
@@ -485,10 +861,13 @@ size_t MemoryStore::Sweep() {
     Shard& shard = m.shards[i];
     LockGuard lock(shard.mu);
     size_t cap = shard.table.capacity();
-    const size_t live = shard.table.size() - shard.table.CountExpired(now);
+    const size_t reclaimable = shard.table.CountReclaimable(now);
+    const size_t live = shard.table.size() - reclaimable;
     // Shrink tables that are mostly empty after a flood went away.
     while (cap > 8 && live * 4 < cap) cap /= 2;
-    size_t n = shard.table.Rebuild(cap, now);
+    // (A rebuild freezes every slot and waits for the lock-free readers:
+    // only when it reclaims something.)
+    size_t n = reclaimable > 0 || cap != shard.table.capacity() ? shard.table.Rebuild(cap, now) : 0;
     std::erase_if(shard.blocks, [now](const auto& b) { return b.second <= now; });
     std::erase_if(shard.settled, [now](const auto& b) { return b.second <= now; });
     for (auto it = shard.logs.begin(); it != shard.logs.end();) {
@@ -499,6 +878,7 @@ size_t MemoryStore::Sweep() {
         ++it;
       }
     }
+    shard.garbage.Collect();  // the tables this sweep and the rebuilds since the last one replaced
     m.keys.fetch_sub(n, std::memory_order_relaxed);
     dropped += n;
   }

@@ -129,6 +129,33 @@ TEST(MemoryStoreBounds, AFloodOfNewKeysNeverEvictsAnExistingClient) {
   EXPECT_FALSE(store.DecideOne("victim", l, 1)->allowed) << "the victim's limit was reset";
 }
 
+// A request over several limits that needs a new key in a full store: the
+// expired keys are dropped (a rebuild of the shard that holds the request's
+// other, existing slot), and the request is decided again on what is left.
+TEST(MemoryStoreBounds, SeveralLimitsAdmitANewKeyByDroppingExpiredOnes) {
+  ManualClock clock;
+  MemoryStore store({.shards = 1, .max_keys = 3, .clock = &clock});
+  const Limit brief = *Limit::TokenBucket("brief", 1, 1000);  // fresh again 1 ms on
+  const Limit lasting = *Limit::TokenBucket("lasting", 10, 1);
+  const Limit other = *Limit::FixedWindow("other", 5, seconds(60));
+  LimitCheck b[] = {{&brief, 1}};
+  LimitCheck l[] = {{&lasting, 1}};
+  LimitCheck both[] = {{&lasting, 1}, {&other, 1}};
+  ASSERT_TRUE(store.CheckSync({"old1", b})->overall.allowed);
+  ASSERT_TRUE(store.CheckSync({"old2", b})->overall.allowed);
+  ASSERT_TRUE(store.CheckSync({"a", l})->overall.allowed);
+  ASSERT_EQ(store.size(), 3u);
+  clock.Advance(milliseconds(10));  // old1 and old2 expire; a's state lasts
+  StatusOr<CheckResult> r = store.CheckSync({"a", both});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->overall.allowed);
+  EXPECT_EQ(r->decisions[0].remaining, 8);  // a's earlier token is still taken
+  EXPECT_EQ(store.size(), 2u);
+  EXPECT_EQ(store.CheckSync({"a", l})->overall.remaining, 7);  // and the slot is thawed
+  // No expired key left to drop: two new keys do not fit.
+  EXPECT_EQ(store.CheckSync({"b", both}).status().code(), StatusCode::kResourceExhausted);
+}
+
 TEST(MemoryStoreBounds, MemoryPerKeyIsSmall) {
   MemoryStore store;
   Limit l = *Limit::TokenBucket("b", 10, 5);
@@ -178,6 +205,122 @@ TEST(MemoryStoreConcurrency, ManyKeysManyThreads) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(allowed.load(), 1000 * 10);
   EXPECT_EQ(store.size(), 1000u);
+}
+
+// The lock-free single-limit path and the locked all-or-nothing path on the
+// SAME slot: every token is taken once, and the window counts exactly what
+// the multi-limit requests took.
+TEST(MemoryStoreConcurrency, LockFreeAndLockedDecisionsOnOneSlotAreExact) {
+  ManualClock clock;
+  MemoryStore store({.clock = &clock});
+  Limit l = *Limit::TokenBucket("b", 30'000, 1);
+  Limit w = *Limit::FixedWindow("w", 20'000, seconds(60));
+  std::atomic<int> single{0}, multi{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      LimitCheck both[] = {{&l, 1}, {&w, 1}};
+      for (int i = 0; i < 20'000; ++i) {
+        if (t % 2 == 0) {
+          if (store.DecideOne("hot", l, 1)->allowed) single.fetch_add(1);
+        } else if (store.CheckSync({"hot", both})->overall.allowed) {
+          multi.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(single.load() + multi.load(), 30'000);
+  EXPECT_LE(multi.load(), 20'000);
+  LimitCheck wc[] = {{&w, 1}};
+  EXPECT_EQ(store.PeekSync({"hot", wc})->overall.remaining, 20'000 - multi.load());
+}
+
+// Window states (two counters and the expiry in one compare-and-swap).
+TEST(MemoryStoreConcurrency, WindowsAreExactUnderContention) {
+  ManualClock clock;
+  MemoryStore store({.clock = &clock});
+  const Limit limits[] = {*Limit::FixedWindow("f", 700, seconds(60)),
+                          *Limit::SlidingWindow("s", 900, seconds(60)),
+                          *Limit::CalendarQuota("c", 800, CalendarUnit::kDay, "UTC")};
+  for (const Limit& l : limits) {
+    std::atomic<int> allowed{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < 500; ++i) allowed.fetch_add(store.DecideOne("k", l, 1)->allowed);
+      });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(allowed.load(), l.limit()) << l.name();
+  }
+}
+
+// Settlements (locked) and decisions (lock-free) on one bucket: with time
+// standing still, a GCRA state adds up every unit exactly.
+TEST(MemoryStoreConcurrency, SettlementsAndDecisionsOnOneSlotAddUp) {
+  ManualClock clock;
+  MemoryStore store({.clock = &clock});
+  Limit l = *Limit::TokenBucket("b", 1'000'000, 1);
+  std::atomic<int64_t> taken{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const LimitSettle s[] = {{&l, 3}};
+      for (int i = 0; i < 20'000; ++i) {
+        if (t % 2 == 0) {
+          taken.fetch_add(store.DecideOne("k", l, 1)->allowed ? 1 : 0);
+        } else {
+          ASSERT_TRUE(store.SettleSync({"k", s}).ok());
+          taken.fetch_add(3);
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  LimitCheck c[] = {{&l, 1}};
+  EXPECT_EQ(store.PeekSync({"k", c})->overall.remaining, 1'000'000 - taken.load());
+}
+
+// Tables rebuilt (growth, sweeps) and slots erased (resets) while lock-free
+// decisions run on held keys: no decision is lost or counted twice, and no
+// thread reads a freed table (ASan, TSan).
+TEST(MemoryStoreConcurrency, DecisionsStayExactWhileTablesAreRebuilt) {
+  ManualClock clock;
+  MemoryStore store({.shards = 4, .clock = &clock});
+  Limit held = *Limit::TokenBucket("held", 100, 1);
+  Limit churn = *Limit::TokenBucket("churn", 5, 1);
+  constexpr int kHot = 20;
+  std::atomic<int> allowed{0};
+  std::atomic<bool> stop{false};
+  std::thread churner([&] {
+    int i = 0;
+    while (!stop.load()) {
+      const std::string k = "new:" + std::to_string(i++);
+      ASSERT_TRUE(store.DecideOne(k, churn, 1).ok());  // new keys: the tables grow
+      if (i % 500 == 0) {
+        const Limit* ls[] = {&churn};
+        for (int j = i - 500; j < i; j += 2) {  // tombstones
+          ASSERT_TRUE(store.ResetSync("new:" + std::to_string(j), ls).ok());
+        }
+        store.Sweep();  // rebuilds the tables with tombstones
+      }
+    }
+  });
+  std::vector<std::thread> deciders;
+  for (int t = 0; t < 2; ++t) {
+    deciders.emplace_back([&] {
+      for (int round = 0; round < 1'000; ++round) {
+        for (int k = 0; k < kHot; ++k) {
+          allowed.fetch_add(store.DecideOne("hot:" + std::to_string(k), held, 1)->allowed);
+        }
+      }
+    });
+  }
+  for (auto& t : deciders) t.join();
+  stop = true;
+  churner.join();
+  EXPECT_EQ(allowed.load(), kHot * 100);
 }
 
 }  // namespace

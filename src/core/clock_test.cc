@@ -1,0 +1,142 @@
+// TscClock (src/core/tsc_clock.h) with its counter and reference driven by
+// hand, and Clock::System() against Clock::Kernel() on this machine.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "core/tsc_clock.h"
+#include "ratelimit/clock.h"
+
+namespace ratelimit::core {
+namespace {
+
+constexpr int64_t kStart = 1'700'000'000'000'000'000;  // ns
+constexpr double kHz = 3e9;                            // 3 ticks per ns
+
+struct Fake {
+  std::atomic<uint64_t> ticks{1'000'000};
+  std::atomic<int64_t> ref{kStart};
+};
+struct FakeSources {
+  Fake* f;
+  uint64_t Ticks() const { return f->ticks.load(std::memory_order_relaxed); }
+  int64_t RealtimeNanos() const { return f->ref.load(std::memory_order_relaxed); }
+};
+using Clock = TscClock<FakeSources>;
+constexpr Clock::Options kOpts{.period_ns = 10'000'000, .max_slew_back_ns = 50'000'000};
+
+// Advances the counter by `ns` of its time, and the reference by `ns` scaled
+// by (1 + ppm / 1e6).
+void Elapse(Fake& f, int64_t ns, double ppm) {
+  f.ticks.fetch_add(static_cast<uint64_t>(static_cast<double>(ns) * kHz / 1e9));
+  f.ref.fetch_add(static_cast<int64_t>(static_cast<double>(ns) * (1 + ppm / 1e6)));
+}
+
+TEST(TscClock, StaysWithinMicrosecondsOfTheReferenceThatDrifts) {
+  Fake f;
+  // Calibrated 300 ppm off, and the reference runs 150 ppm fast (NTP slewing).
+  Clock c(FakeSources{&f}, kHz * (1 + 300e-6), kOpts);
+  int64_t last = c.NowNanos();
+  int64_t worst = 0;
+  for (int i = 0; i < 200'000; ++i) {  // 10 s in steps of 50 us
+    Elapse(f, 50'000, 150);
+    const int64_t now = c.NowNanos();
+    ASSERT_GE(now, last);
+    last = now;
+    if (i > 10'000) worst = std::max(worst, std::abs(now - f.ref.load()));  // after 0.5 s
+  }
+  // The rate is learned: what is left is one period of the rate's error.
+  EXPECT_LE(worst, 3'000) << "ns off the reference";
+}
+
+TEST(TscClock, AForwardJumpOfTheReferenceIsFollowedAtTheNextReanchor) {
+  Fake f;
+  Clock c(FakeSources{&f}, kHz, kOpts);
+  Elapse(f, 1'000'000, 0);
+  const int64_t before = c.NowNanos();
+  f.ref.fetch_add(5'000'000'000);  // the system clock set 5 s forward
+  EXPECT_LT(c.NowNanos() - before, 10'000'000) << "not before the re-anchor";
+  Elapse(f, 10'000'000, 0);
+  EXPECT_EQ(c.NowNanos(), f.ref.load());
+}
+
+TEST(TscClock, ASmallStepBackIsSlewedWithoutGoingBack) {
+  Fake f;
+  Clock c(FakeSources{&f}, kHz, kOpts);
+  Elapse(f, 11'000'000, 0);
+  c.NowNanos();                // re-anchored
+  f.ref.fetch_sub(5'000'000);  // 5 ms back: held and slewed
+  int64_t last = c.NowNanos();
+  for (int i = 0; i < 100'000; ++i) {  // 1 s in steps of 10 us
+    Elapse(f, 10'000, 0);
+    const int64_t now = c.NowNanos();
+    ASSERT_GE(now, last) << "step " << i;
+    last = now;
+  }
+  EXPECT_LE(std::abs(last - f.ref.load()), 1'000) << "caught up within a second";
+}
+
+TEST(TscClock, ALargeStepBackIsFollowed) {
+  Fake f;
+  Clock c(FakeSources{&f}, kHz, kOpts);
+  Elapse(f, 11'000'000, 0);
+  c.NowNanos();
+  f.ref.fetch_sub(10'000'000'000);  // 10 s back: holding would stop every refill
+  Elapse(f, 10'000'001, 0);
+  EXPECT_EQ(c.NowNanos(), f.ref.load());
+}
+
+TEST(TscClock, NeverDecreasesWithinAThreadWhileAnotherDrivesAndSteps) {
+  Fake f;
+  // Re-anchored every 5 steps of 4 us.
+  Clock c(FakeSources{&f}, kHz * (1 - 500e-6),
+          {.period_ns = 20'000, .max_slew_back_ns = 50'000'000});
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> readers;
+  std::atomic<int> violations{0};
+  std::atomic<int64_t> reads{0};
+  for (int r = 0; r < 2; ++r) {
+    readers.emplace_back([&] {
+      int64_t last = 0;
+      while (!stop.load(std::memory_order_relaxed)) {
+        const int64_t now = c.NowNanos();
+        if (now < last) violations.fetch_add(1);
+        last = now;
+        reads.fetch_add(1);
+      }
+    });
+  }
+  for (int i = 0; i < 3'000; ++i) {
+    Elapse(f, 4'000, 200);
+    if (i % 1'000 == 999) f.ref.fetch_sub(2'000'000);  // small steps back: slewed
+    // Both readers see each step.
+    const int64_t seen = reads.load();
+    while (reads.load() < seen + 4) std::this_thread::yield();
+  }
+  stop = true;
+  for (std::thread& t : readers) t.join();
+  EXPECT_EQ(violations.load(), 0);
+}
+
+// The real thing: Clock::System() between two reads of CLOCK_REALTIME, over
+// 50 ms of spinning on this machine (several re-anchors).
+TEST(SystemClock, AgreesWithClockRealtime) {
+  const ratelimit::Clock& sys = ratelimit::Clock::System();
+  const ratelimit::Clock& kernel = ratelimit::Clock::Kernel();
+  const int64_t end = kernel.NowMicros() + 50'000;
+  int64_t worst = 0, last = 0, n = 0;
+  for (int64_t k0 = kernel.NowMicros(); k0 < end; k0 = kernel.NowMicros(), ++n) {
+    const int64_t s = sys.NowMicros();
+    const int64_t k1 = kernel.NowMicros();
+    ASSERT_GE(s, last);
+    last = s;
+    worst = std::max({worst, k0 - s, s - k1});
+  }
+  EXPECT_LE(worst, 50) << "us outside [CLOCK_REALTIME before, after], " << n << " reads";
+}
+
+}  // namespace
+}  // namespace ratelimit::core
