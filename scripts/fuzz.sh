@@ -5,6 +5,7 @@
 # and prints the reproducer input's path and how to replay it.
 #
 #   scripts/fuzz.sh [SECONDS]
+#   scripts/fuzz.sh --build-only    configure and build, do not fuzz
 #
 # Only the fuzz targets and the libraries they link are built (target
 # `fuzzers`; -O1 -gline-tables-only, as OSS-Fuzz builds; with ccache when it
@@ -20,11 +21,15 @@
 # Environment: JOBS (ninja parallelism, and how many targets fuzz at once;
 # default nproc), FUZZ_TARGETS (space-separated subset, default all),
 # FUZZ_BUILD_DIR (default build-fuzz), FUZZ_SOURCE_DIR (the CMake source
-# folder, default the repository). Called by `make fuzz` (FUZZ_SECONDS) and
+# folder, default the repository), FUZZ_WITH_TESTS=ON (the tree builds the
+# test binaries too: scripts/run-tests.sh's ASan + UBSan build is this tree,
+# so the libraries are compiled once for the tests and the fuzz targets). Called by `make fuzz` (FUZZ_SECONDS) and
 # by scripts/run-tests.sh (30 s per target). docs/fuzzing.md is the manual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
+BUILD_ONLY=0
+if [[ ${1:-} == --build-only ]]; then BUILD_ONLY=1; shift; fi
 SECONDS_PER_TARGET=${1:-30}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
@@ -48,10 +53,11 @@ fi
 # with other flags is brought to these.
 CC=clang CXX=clang++ cmake -S "$SOURCE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DRL_FUZZ=ON -DRL_SANITIZE=address \
-  -DRL_BUILD_TESTS=OFF -DRL_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
+  -DRL_BUILD_TESTS="${FUZZ_WITH_TESTS:-OFF}" -DRL_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
 targets=()
 for t in $TARGETS; do targets+=("${t}_fuzzer"); done
 ninja -C "$BUILD" -j "$JOBS" "${targets[@]}"
+(( BUILD_ONLY )) && exit 0
 
 # Leaks fail a run too (libFuzzer checks for them after each input that grew the heap).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Builds and runs the whole suite three times: a normal build (all tests,
+# Builds and runs the whole suite three times: a normal build (GCC; all tests,
 # the chaos tests among them: RUN_SERIAL, each has the machine to itself),
-# ASan+UBSan (all but the "no-sanitizer" ones) and TSan (tests labelled
-# "concurrency"); then every libFuzzer target for 30 s under ASan+UBSan
-# (scripts/fuzz.sh: a clang build of only the fuzz targets in build-fuzz/).
+# ASan+UBSan (Clang; all but the "no-sanitizer" ones) and TSan (GCC; tests
+# labelled "concurrency"); then every libFuzzer target for 30 s under
+# ASan+UBSan, built in the same Clang tree as the ASan tests
+# (scripts/fuzz.sh with FUZZ_BUILD_DIR=build-asan FUZZ_WITH_TESTS=ON): the
+# libraries are compiled once for both.
 # Exits non-zero on the first failure. Called by `make test` and CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,11 +43,14 @@ ninja -C build -j "$JOBS"
 step "test (RelWithDebInfo)"
 ctest --test-dir build --output-on-failure -j 2 --timeout 900
 
-step "build (ASan + UBSan)"
+step "build (ASan + UBSan, Clang, the fuzz targets in the same tree)"
 # Only the test binaries this run runs (target sanitizer_tests: all but those
 # labelled no-sanitizer) and what they start (ratelimitd, rl-lab); the others
-# show up in ctest as <binary>_NOT_BUILT, which is what -E skips.
-configure build-asan Debug -DRL_SANITIZE=address "${SAN_FLAGS[@]}"
+# show up in ctest as <binary>_NOT_BUILT, which is what -E skips. fuzz.sh
+# configures the tree (Clang, -O1 -gline-tables-only, -fsanitize=fuzzer-no-link:
+# the tests link no libFuzzer, the ASan runtime answers the coverage hooks).
+export FUZZ_BUILD_DIR=build-asan FUZZ_WITH_TESTS=ON
+scripts/fuzz.sh --build-only
 ninja -C build-asan -j "$JOBS" sanitizer_tests
 step "test (ASan + UBSan)"
 ctest --test-dir build-asan --output-on-failure -j 2 --timeout 900 -LE no-sanitizer -E '_NOT_BUILT$'
@@ -56,7 +61,7 @@ ninja -C build-tsan -j "$JOBS" concurrency_tests
 step "test (TSan, concurrency tests)"
 ctest --test-dir build-tsan --output-on-failure -j 2 --timeout 900 -L concurrency -LE no-sanitizer
 
-step "fuzz (libFuzzer, ASan + UBSan, 30 s per target)"
+step "fuzz (libFuzzer, ASan + UBSan, 30 s per target, in build-asan)"
 # Fails on any crash, leak, timeout or out-of-memory and prints the input.
 scripts/fuzz.sh 30
 

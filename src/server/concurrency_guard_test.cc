@@ -18,7 +18,7 @@ using std::chrono::milliseconds;
 using OnLimit = policy::ConcurrencyConfig::OnLimit;
 
 // Sanitizers slow every callback; latency bounds get slack there.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(RL_SANITIZED)  // ASan or TSan (CMakeLists.txt)
 constexpr milliseconds kSlack{40};
 #else
 constexpr milliseconds kSlack{0};

@@ -29,7 +29,7 @@ using testing::RedisServer;
 
 // Sanitizers slow every callback several times over; latency bounds get slack
 // there (the product build is held to the exact bounds).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(RL_SANITIZED)  // ASan or TSan (CMakeLists.txt)
 constexpr milliseconds kSlack{40};
 #else
 constexpr milliseconds kSlack{0};

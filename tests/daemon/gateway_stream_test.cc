@@ -146,7 +146,7 @@ TEST(GatewayStreaming, BigBodyPassesInConstantMemory) {
   // A proxy holding the body would grow by 24 MiB; piece by piece it stays flat.
   std::printf("relayed %zu KiB; ratelimitd RSS %lld -> %lld KiB\n", kBig / 1024,
               static_cast<long long>(rss_before), static_cast<long long>(rss_after));
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(RL_SANITIZED)  // ASan or TSan (CMakeLists.txt)
   // Sanitizers keep freed memory in a quarantine (256 MiB for ASan), so RSS
   // there counts every allocation ever made, not what is live: the bound is
   // checked in the normal build only.

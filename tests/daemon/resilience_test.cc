@@ -30,7 +30,7 @@ namespace {
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(RL_SANITIZED)  // ASan or TSan (CMakeLists.txt)
 constexpr milliseconds kSlack{200};
 #else
 constexpr milliseconds kSlack{0};
