@@ -38,6 +38,17 @@ using store::Mix;
 // sees inside. Without membarrier (an old kernel, a sandbox; TSan, which does
 // not model it) the reader pays a full fence instead.
 
+// RL_STORE_TSAN: built with ThreadSanitizer (GCC names it __SANITIZE_THREAD__,
+// Clang __has_feature(thread_sanitizer)), which models neither membarrier
+// nor an inline cmpxchg16b.
+#if defined(__SANITIZE_THREAD__)
+#define RL_STORE_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RL_STORE_TSAN 1
+#endif
+#endif
+
 struct alignas(64) ReaderRecord {
   std::atomic<uint64_t> count{0};  // odd: inside a lock-free section
   std::atomic<bool> in_use{true};
@@ -46,7 +57,7 @@ struct alignas(64) ReaderRecord {
 std::atomic<ReaderRecord*> g_records{nullptr};
 
 bool Asymmetric() {
-#if defined(__SANITIZE_THREAD__)
+#if defined(RL_STORE_TSAN)
   return false;
 #else
   static const bool ok =
@@ -146,7 +157,7 @@ Words Load(const Slot& s) {
   return {__atomic_load_n(&s.w[0], __ATOMIC_RELAXED), __atomic_load_n(&s.w[1], __ATOMIC_RELAXED)};
 }
 
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && !defined(RL_STORE_TSAN)
 // cmpxchg16b inline (a __sync builtin needs -mcx16, and a function built with
 // target("cx16") is not inlined into its callers). On failure the current
 // value lands in `expected`.
