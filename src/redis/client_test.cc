@@ -19,7 +19,7 @@ using std::chrono::milliseconds;
 using testing::RedisServer;
 using Clock = std::chrono::steady_clock;
 
-#if defined(RL_SANITIZED)  // ASan or TSan (CMakeLists.txt)
+#if defined(RL_SANITIZED)           // ASan or TSan (CMakeLists.txt)
 constexpr milliseconds kSlack{50};  // sanitizers slow everything down
 #else
 constexpr milliseconds kSlack{10};
