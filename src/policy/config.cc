@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -814,10 +815,24 @@ Status Loader::Route(const YAML::Node& n, RouteClass* r) {
 // cost: {reserve | from_request_header | from_request_json, settle_from, field, max}
 Status Loader::Metered(const YAML::Node& n, const std::string& what, RouteClass* r) {
   const std::string where = "cost of " + what;
-  RL_RETURN_IF_ERROR(CheckMap(
-      n, where,
-      {"reserve", "from_request_header", "from_request_json", "settle_from", "field", "max"}));
+  RL_RETURN_IF_ERROR(CheckMap(n, where,
+                              {"reserve", "from_request_header", "from_request_json", "settle_from",
+                               "field", "max", "unit"}));
   MeteredCost m;
+  if (const YAML::Node unit = Get(n, "unit"); unit.IsDefined()) {
+    RL_RETURN_IF_ERROR(Scalar(unit, "unit", &m.unit));
+    // Sent inside an sf-string (qu="tokens"): lower-case letters, digits and '-'.
+    const bool ok = !m.unit.empty() && m.unit.size() <= 32 &&
+                    std::all_of(m.unit.begin(), m.unit.end(), [](char c) {
+                      return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+                    });
+    if (!ok) {
+      return Error(unit, "'unit' of " + where +
+                             " must be 1-32 lower-case letters, digits or '-' (e.g. tokens), got " +
+                             Quote(m.unit));
+    }
+    if (m.unit == "requests") m.unit.clear();  // the draft's default: no qu
+  }
   const YAML::Node header = Get(n, "from_request_header"), json = Get(n, "from_request_json");
   if (header.IsDefined() && json.IsDefined()) {
     return Error(json, where + " takes from_request_header or from_request_json, not both");

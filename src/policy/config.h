@@ -119,6 +119,9 @@ struct MeteredCost {
   std::string field;                    // header or trailer name, or JSON path (sse_last_event)
   std::vector<std::string> field_path;  // sse_last_event: `field` split (SplitJsonPath)
   std::optional<int64_t> max;           // caps the reservation read from the request and the actual
+  // What the route's own limits count ("tokens"): RateLimit-Policy's `qu`
+  // when one of them speaks for the request. Empty: requests.
+  std::string unit;
 };
 std::string_view CostSourceName(MeteredCost::Source s);  // "reserve", "from_request_header", ...
 std::string_view SettleFromName(MeteredCost::SettleFrom s);  // "response_header", ...

@@ -211,6 +211,7 @@ std::string DumpRedacted(const Config& c) {
           << std::string(SettleFromName(m->settle_from));
       out << YAML::Key << "field" << YAML::Value << m->field;
       if (m->max) out << YAML::Key << "max" << YAML::Value << *m->max;
+      if (!m->unit.empty()) out << YAML::Key << "unit" << YAML::Value << m->unit;
       out << YAML::EndMap;
     } else {
       out << YAML::Key << "cost" << YAML::Value << r.cost;

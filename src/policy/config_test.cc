@@ -225,7 +225,7 @@ routes:
     path: /v1/chat
     limits: [tokens]
     cost: {from_request_json: max_tokens, reserve: 1000, settle_from: sse_last_event,
-           field: usage.total_tokens, max: 8000}
+           field: usage.total_tokens, max: 8000, unit: tokens}
   - name: embed
     path: /v1/embed
     limits: [tokens]
@@ -242,6 +242,7 @@ routes:
   EXPECT_EQ(chat.metered->settle_from, MeteredCost::SettleFrom::kSseLastEvent);
   EXPECT_EQ(chat.metered->field, "usage.total_tokens");
   EXPECT_EQ(chat.metered->max, 8000);
+  EXPECT_EQ(chat.metered->unit, "tokens");
   const RouteClass& embed = c->routes[1];
   ASSERT_TRUE(embed.metered.has_value());
   EXPECT_EQ(embed.metered->source, MeteredCost::Source::kRequestHeader);
@@ -256,6 +257,8 @@ routes:
   ASSERT_TRUE(again->routes[0].metered.has_value());
   EXPECT_EQ(again->routes[0].metered->max, 8000);
   EXPECT_EQ(again->routes[0].metered->request_field, "max_tokens");
+  EXPECT_EQ(again->routes[0].metered->unit, "tokens");
+  EXPECT_EQ(again->routes[1].metered->unit, "");  // requests: no qu
   EXPECT_EQ(again->routes[1].metered->field, "X-Usage");
   EXPECT_EQ(again->routes[2].cost, 5);
   EXPECT_EQ(SplitJsonPath("usage.total_tokens"),

@@ -56,6 +56,14 @@ void SetSpeaker(Outcome& o, const Decision& combined, std::span<const LimitOutco
   }
 }
 
+// Whether the limit speaking for `o` is one of the route's own (a metered
+// route's limits count its unit; plan and global limits count requests).
+bool SpeaksForRoute(const Outcome& o, const policy::RouteClass& route) {
+  if (!o.limited) return false;
+  return std::any_of(route.limits.begin(), route.limits.end(),
+                     [&](const policy::RuleLimit& rl) { return rl.limit.name() == o.limit_name; });
+}
+
 }  // namespace
 
 std::string_view VerdictName(Verdict v) {
@@ -166,7 +174,12 @@ struct Enforcer::Op {
     }
     o.limits = std::move(limits);
     o.overrides = std::move(overrides);
-    if (verdict == Verdict::kAllowed && plan.route != nullptr && plan.route->metered) Charge(o);
+    if (plan.route != nullptr && plan.route->metered) {
+      if (!plan.route->metered->unit.empty() && SpeaksForRoute(o, *plan.route)) {
+        o.unit = plan.route->metered->unit;
+      }
+      if (verdict == Verdict::kAllowed) Charge(o);
+    }
     auto cb = std::move(done);
     cb(std::move(o));
   }

@@ -85,8 +85,11 @@ struct Outcome {
   Decision decision;       // the Combine of every non-shadow decision
   std::string limit_name;  // the limit that speaks for the request (its numbers are decision's)
   std::chrono::microseconds window{0};  // that limit's window (Limit::window())
-  bool degraded = false;                // a failure mode decided some group
-  std::vector<LimitOutcome> limits;     // every non-shadow limit asked, in order
+  // What that limit counts when not requests (a metered route's `unit`, e.g.
+  // "tokens": RateLimit-Policy's qu); empty: requests.
+  std::string unit;
+  bool degraded = false;             // a failure mode decided some group
+  std::vector<LimitOutcome> limits;  // every non-shadow limit asked, in order
   // When a client's override applied: the table its limits (in `limits`) live in.
   std::shared_ptr<const OverrideTable> overrides;
   // Allowed requests on a route with a metered cost (RouteClass::metered):

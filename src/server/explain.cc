@@ -241,6 +241,7 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
       if (!m->request_field.empty()) metered["request_field"] = m->request_field;
       if (m->reserve) metered["reserve"] = *m->reserve;
       if (m->max) metered["max"] = *m->max;
+      if (!m->unit.empty()) metered["unit"] = m->unit;
       out["route"]["metered_cost"] = std::move(metered);
     }
   } else {

@@ -39,6 +39,11 @@ void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& inf
       policy += ";q=" + std::to_string(d.limit);
       const int64_t w = CeilSeconds(info.window);
       if (w > 0) policy += ";w=" + std::to_string(w);
+      if (!info.unit.empty()) {  // [a-z0-9-] (config.cc): valid in an sf-string as it is
+        policy += ";qu=\"";
+        policy.append(info.unit);
+        policy.push_back('"');
+      }
       out.emplace_back("RateLimit-Policy", std::move(policy));
       out.emplace_back("RateLimit",
                        quoted + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(reset));

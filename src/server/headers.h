@@ -40,6 +40,7 @@ struct RateLimitInfo {
   std::string_view name;                // the limit that speaks for the request
   std::chrono::microseconds window{0};  // Limit::window(): full refill time or window
   bool degraded = false;
+  std::string_view unit;  // what the limit counts when not requests: RateLimit-Policy's qu
 };
 
 using HeaderList = std::vector<std::pair<std::string, std::string>>;

@@ -66,6 +66,20 @@ TEST(Headers, Structured) {
   EXPECT_EQ(Get(h, "RateLimit"), "\"burst\";r=9;t=1");
 }
 
+// A limit that counts something else than requests (a metered route's
+// `unit`) says so with the draft's quota-unit parameter; RateLimit does not.
+TEST(Headers, StructuredNamesTheQuotaUnit) {
+  HeaderList h;
+  RateLimitInfo info = Allowed();
+  info.unit = "tokens";
+  AddRateLimitHeaders(HeaderDialect::kStructured, info, h);
+  EXPECT_EQ(Get(h, "RateLimit-Policy"), "\"burst\";q=10;w=2;qu=\"tokens\"");
+  EXPECT_EQ(Get(h, "RateLimit"), "\"burst\";r=9;t=1");
+  HeaderList draft;
+  AddRateLimitHeaders(HeaderDialect::kDraft06, info, draft);
+  EXPECT_EQ(draft.size(), 3u);  // the draft-06 fields have no unit
+}
+
 TEST(Headers, Legacy) {
   HeaderList h;
   AddRateLimitHeaders(HeaderDialect::kLegacy, Denied(), h);

@@ -134,12 +134,12 @@ std::string ConfigFor(const std::string& upstream) {
          "routes:\n"
          "  - name: chat\n    path: /sse\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: sse_last_event, field: usage.total_tokens, "
-         "max: 6000}\n"
+         "max: 6000, unit: tokens}\n"
          "  - name: header\n    path: /header\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}\n"
          "  - name: trailer\n    path: /trailer\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: response_trailer, field: X-Usage}\n"
-         "server:\n  upstream: " +
+         "server:\n  headers: structured\n  upstream: " +
          upstream + "\n";
 }
 
@@ -338,6 +338,25 @@ TEST_P(MeteredGateway, TotalChargedIsTheSumOfReportedUsages) {
 TEST_P(MeteredGateway, MaxCapsTheActualCost) {
   ASSERT_TRUE(Get("/sse", 9000).raw.starts_with("HTTP/1.1 200"));
   EXPECT_EQ(Remaining(), 10'000 - 6000);
+}
+
+// The chat route's limit counts tokens (`unit: tokens`): its RateLimit-Policy
+// says so with qu; the header route's (no unit) counts requests, no qu. The
+// next response's RateLimit shows what the last settlement left.
+TEST_P(MeteredGateway, RateLimitPolicyNamesTheUnitAndRateLimitFollowsTheSettlement) {
+  Answer a = Get("/sse", 2500);
+  ASSERT_TRUE(a.raw.starts_with("HTTP/1.1 200")) << a.raw;
+  EXPECT_NE(a.raw.find("RateLimit-Policy: \"tokens\";q=10000;w=60;qu=\"tokens\"\r\n"),
+            std::string::npos)
+      << a.raw;
+  EXPECT_NE(a.raw.find("RateLimit: \"tokens\";r=9000;"), std::string::npos) << a.raw;  // reserved
+  Answer b = Get("/sse", 100);
+  EXPECT_NE(b.raw.find("RateLimit: \"tokens\";r=6500;"),
+            std::string::npos)  // 10,000 - 2,500 - 1,000
+      << b.raw;
+  Answer h = Get("/header", 300);
+  EXPECT_NE(h.raw.find("RateLimit-Policy: \"tokens\";q=10000;w=60\r\n"), std::string::npos)
+      << h.raw;
 }
 
 TEST_P(MeteredGateway, FromAResponseHeaderAndFromATrailer) {

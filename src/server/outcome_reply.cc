@@ -7,8 +7,11 @@
 namespace ratelimit::server {
 
 RateLimitInfo InfoOf(const Outcome& o) {
-  return RateLimitInfo{
-      .decision = o.decision, .name = o.limit_name, .window = o.window, .degraded = o.degraded};
+  return RateLimitInfo{.decision = o.decision,
+                       .name = o.limit_name,
+                       .window = o.window,
+                       .degraded = o.degraded,
+                       .unit = o.unit};
 }
 
 unsigned HttpStatus(const Outcome& o, const HttpFace& face) {
