@@ -847,7 +847,8 @@ Status Loader::Metered(const YAML::Node& n, const std::string& what, RouteClass*
   } else if (json.IsDefined()) {
     m.source = MeteredCost::Source::kRequestJson;
     RL_RETURN_IF_ERROR(Scalar(json, "from_request_json", &m.request_field));
-    if (SplitJsonPath(m.request_field).empty()) {
+    m.request_path = SplitJsonPath(m.request_field);
+    if (m.request_path.empty()) {
       return Error(json, "from_request_json of " + what +
                              " must be a JSON path like max_tokens or a.b.c, got " +
                              Quote(m.request_field));

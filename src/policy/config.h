@@ -113,8 +113,9 @@ struct MeteredCost {
   enum class Source { kReserve, kRequestHeader, kRequestJson };
   enum class SettleFrom { kResponseHeader, kResponseTrailer, kSseLastEvent };
   Source source = Source::kReserve;
-  std::optional<int64_t> reserve;  // the reservation; with from_request_*: the fallback
-  std::string request_field;       // from_request_header: the name; _json: the path
+  std::optional<int64_t> reserve;         // the reservation; with from_request_*: the fallback
+  std::string request_field;              // from_request_header: the name; _json: the path
+  std::vector<std::string> request_path;  // from_request_json: `request_field` split
   SettleFrom settle_from = SettleFrom::kResponseHeader;
   std::string field;                    // header or trailer name, or JSON path (sse_last_event)
   std::vector<std::string> field_path;  // sse_last_event: `field` split (SplitJsonPath)

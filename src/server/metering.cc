@@ -44,10 +44,8 @@ const nlohmann::json* JsonFind(const nlohmann::json& doc, const std::vector<std:
   return at;
 }
 
-}  // namespace
-
-std::optional<int64_t> JsonCost(const nlohmann::json& doc, const std::vector<std::string>& path) {
-  const nlohmann::json* at = JsonFind(doc, path);
+// A whole number of 0 or more (as a cost), else nullopt.
+std::optional<int64_t> CostOf(const nlohmann::json* at) {
   if (at == nullptr) return std::nullopt;
   if (at->is_number_unsigned()) {
     const uint64_t v = at->get<uint64_t>();
@@ -60,6 +58,12 @@ std::optional<int64_t> JsonCost(const nlohmann::json& doc, const std::vector<std
     return v;
   }
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> JsonCost(const nlohmann::json& doc, const std::vector<std::string>& path) {
+  return CostOf(JsonFind(doc, path));
 }
 
 SseFieldReader::SseFieldReader(std::vector<std::string> path) : owned_(std::move(path)) {}
@@ -139,10 +143,9 @@ StatusOr<int64_t> ReserveCost(const MeteredCost& cost, int64_t route_cost, const
   } else {
     nlohmann::json doc = nlohmann::json::parse(request.body(), nullptr, false);
     if (!doc.is_discarded()) {
-      const std::vector<std::string> path = policy::SplitJsonPath(cost.request_field);
-      const nlohmann::json* at = JsonFind(doc, path);
+      const nlohmann::json* at = JsonFind(doc, cost.request_path);  // split when loaded
       present = at != nullptr && !at->is_null();
-      value = JsonCost(doc, path);
+      value = CostOf(at);
     }
   }
   if (value) return cost.max ? std::min(*value, *cost.max) : *value;

@@ -96,6 +96,9 @@ policy::MeteredCost Cost(policy::MeteredCost::Source source, std::string field,
   policy::MeteredCost c;
   c.source = source;
   c.request_field = std::move(field);
+  if (source == policy::MeteredCost::Source::kRequestJson) {
+    c.request_path = policy::SplitJsonPath(c.request_field);  // as the loader does
+  }
   c.reserve = reserve;
   c.max = max;
   c.settle_from = policy::MeteredCost::SettleFrom::kSseLastEvent;
