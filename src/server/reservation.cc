@@ -44,7 +44,10 @@ bool FromBase64Url(std::string_view in, std::string& out) {
       out.push_back(static_cast<char>((acc >> bits) & 0xFF));
     }
   }
-  return true;
+  // Only the canonical spelling: a last character carrying 6 bits of no byte,
+  // or unused bits set, would let several ids decode to one (the MAC's last
+  // character has 2 unused bits: 'A' and 'B' both decoded to the same MAC).
+  return bits < 6 && (acc & ((1u << bits) - 1)) == 0;
 }
 
 std::string Mac(std::string_view payload, std::string_view secret) {

@@ -40,6 +40,18 @@ TEST(Reservation, AnythingAlteredOrForeignIsRefused) {
     bad[at] = bad[at] == 'A' ? 'B' : 'A';
     EXPECT_FALSE(VerifyReservation(bad, "secret-a").ok()) << at;
   }
+  // The MAC's last character carries 2 unused bits: setting them spells
+  // another id for the same bytes, which is refused too (it was accepted
+  // while the test above flipped 'A' <-> 'B' at a random id's end).
+  {
+    std::string padded = id;
+    const std::string_view alphabet =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    const size_t v = alphabet.find(padded.back());
+    ASSERT_NE(v, std::string_view::npos);
+    padded.back() = alphabet[v ^ 1];
+    EXPECT_FALSE(VerifyReservation(padded, "secret-a").ok()) << padded;
+  }
   // A cheaper reservation made by the caller: signed by nobody.
   Reservation cheap = Sample();
   cheap.cost = 1;
