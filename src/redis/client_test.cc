@@ -116,12 +116,15 @@ TEST_F(RedisClientTest, ConcurrentIncrsArePipelinedAndMatchedInOrder) {
         });
       }
       // Interleaved ECHOs with unique payloads: each must get its own text back.
+      // With two connections the last ECHO sent is not the last one answered,
+      // so the thread waits for all 100 (else pending() may still count some).
       std::promise<void> finished;
+      auto echoed = std::make_shared<std::atomic<int>>(0);
       for (int i = 1; i <= 100; ++i) {
         std::string text = "t" + std::to_string(t) + "-" + std::to_string(i);
-        client.Execute({"ECHO", text}, [&, i, text](StatusOr<Reply> r) {
+        client.Execute({"ECHO", text}, [&, echoed, text](StatusOr<Reply> r) {
           if (!r.ok() || r->str != text) bad_order.fetch_add(1);
-          if (i == 100) finished.set_value();
+          if (echoed->fetch_add(1) + 1 == 100) finished.set_value();
         });
       }
       finished.get_future().wait();
