@@ -88,6 +88,13 @@ struct RedisConnectionOptions {
   // call (one node; 0: each leaves at once). Fewer, fuller calls cost both
   // sides less; a call out longer than this delays nobody.
   std::chrono::microseconds hold_back{1000};
+  // RedisStore on a Cluster (Redis 7.0+): the checks of different slots that
+  // one master serves share a script call (a node call; check.lua's node
+  // mode), as one node's checks do, instead of a call per slot: distinct
+  // clients almost never share a slot, so without it every check is a call
+  // of its own (docs/scaling.md). A slot that moved is found before anything
+  // is written, and its checks are sent again per slot. false: calls per slot.
+  bool node_calls = true;
   // The io_context to run the client on, run by ONE thread of the caller's
   // (calls may still come from any thread). nullptr: a thread of the store's
   // own. Sharing the thread that serves the requests spares a hand-off each

@@ -82,6 +82,9 @@ struct StoreStats {
   uint64_t cache_hits = 0;     // checks answered by the over-limit cache
   uint64_t prefetch_hits = 0;  // checks answered with a prefetched token (Limit::prefetch)
   uint64_t failures = 0;       // checks that completed with an error
+  // Redis Cluster: checks of a node call sent again one slot per call (the
+  // node no longer served one of the call's keys: a slot moved).
+  uint64_t resent = 0;
   // Redis: each sent check's time queued before its call left (the batcher:
   // hold_back, max_calls_in_flight), and each script call's time from sending
   // to its reply (the wire, Redis' queue and the script).

@@ -479,6 +479,20 @@ void ClusterClient::EvalScript(const Script& script, std::span<const std::string
   state_->Send(std::move(call), -1, false);
 }
 
+void ClusterClient::EvalScriptOnNode(const Script& script, uint16_t slot,
+                                     std::span<const std::string_view> args, Callback cb,
+                                     std::chrono::milliseconds timeout) {
+  auto call = std::make_unique<Call>();
+  call->script = &script;
+  call->words.assign(args.begin(), args.end());
+  call->num_keys = 0;
+  call->slot = static_cast<uint16_t>(slot % kClusterSlots);
+  call->deadline = Clock::now() + timeout;
+  call->cb = std::move(cb);
+  if (!state_->init_status.ok()) return state_->FailSoon(std::move(call), state_->init_status);
+  state_->Send(std::move(call), -1, false);
+}
+
 int ClusterClient::NodeForSlot(uint16_t slot) const {
   LockGuard lock(state_->mu);
   return state_->has_map ? state_->slot_node[slot % kClusterSlots] : -1;

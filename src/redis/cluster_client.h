@@ -76,6 +76,10 @@ class ClusterClient final : public Endpoint {
   void EvalScript(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
                   std::chrono::milliseconds timeout) override;
+  // EVALSHA with no KEYS on the master of `slot` by the current map (see
+  // Endpoint::EvalScriptOnNode); NOSCRIPT loads the script there and retries.
+  void EvalScriptOnNode(const Script& script, uint16_t slot, std::span<const std::string_view> args,
+                        Callback cb, std::chrono::milliseconds timeout) override;
 
   // The node serving `slot` now, or -1 while no map is known.
   int NodeForSlot(uint16_t slot) const override;

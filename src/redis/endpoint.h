@@ -50,6 +50,17 @@ class Endpoint {
   virtual void EvalScript(const Script& script, std::span<const std::string_view> keys,
                           std::span<const std::string_view> args, Callback cb,
                           std::chrono::milliseconds timeout) = 0;
+  // EVALSHA with no KEYS on the node that serves `slot` by this endpoint's
+  // map, for a script that takes its keys in `args` (of any slots that node
+  // serves) and refuses keys the node does not serve before it writes: Redis
+  // redirects nothing without KEYS. store::RedisStore's node calls on a
+  // Cluster; an endpoint of one node sends it to that node.
+  virtual void EvalScriptOnNode(const Script& script, uint16_t slot,
+                                std::span<const std::string_view> args, Callback cb,
+                                std::chrono::milliseconds timeout) {
+    (void)slot;
+    EvalScript(script, {}, args, std::move(cb), timeout);
+  }
   // One command on the node serving args[1]'s slot.
   // REQUIRES: args.size() >= 2; every key of the command in args[1]'s slot.
   virtual void Execute(std::span<const std::string_view> args, Callback cb,

@@ -376,6 +376,10 @@ std::string Metrics::Render(const Store* store) const {
     Header(out, "ratelimit_lease_hits_total", "counter",
            "Checks allowed with a leased token (limits with lease) without a Redis call.");
     out += "ratelimit_lease_hits_total " + std::to_string(st.prefetch_hits) + "\n";
+    Header(out, "ratelimit_redis_resent_checks_total", "counter",
+           "Redis Cluster: checks of a node call sent again one slot per call (a slot had "
+           "moved; the map is refreshed).");
+    out += "ratelimit_redis_resent_checks_total " + std::to_string(st.resent) + "\n";
     Header(out, "ratelimit_store_pending_checks", "gauge", "Redis checks queued or in flight now.");
     out += "ratelimit_store_pending_checks " + std::to_string(redis->pending()) + "\n";
     Header(out, "ratelimit_redis_queued_seconds", "histogram",

@@ -75,11 +75,17 @@ void CheckBatcher::Flush() {
       queue_.erase(queue_.begin(), queue_.begin() + whole);
     }
   }
-  // A script may only touch keys of one slot: one call per slot.
-  auto by_slot = [](const PendingCheck& a, const PendingCheck& b) { return a.slot < b.slot; };
-  if (!std::is_sorted(batch.begin(), batch.end(), by_slot)) {
-    std::stable_sort(batch.begin(), batch.end(), by_slot);
+  // A call holds the checks of one node (PendingCheck::node >= 0: check.lua's
+  // node mode) or else of one slot (a script's keys share a slot).
+  auto order = [](const PendingCheck& a, const PendingCheck& b) {
+    return a.node != b.node ? a.node < b.node : a.slot < b.slot;
+  };
+  if (!std::is_sorted(batch.begin(), batch.end(), order)) {
+    std::stable_sort(batch.begin(), batch.end(), order);
   }
+  auto joins = [](const PendingCheck& first, const PendingCheck& p) {
+    return first.node == p.node && (p.node >= 0 || first.slot == p.slot);
+  };
   std::vector<PendingCheck> group;
   auto send = [&] {
     // The call may take only what is left of the earliest deadline in it.
@@ -99,7 +105,7 @@ void CheckBatcher::Flush() {
       expire_(p);
       continue;
     }
-    if (!group.empty() && group.front().slot != p.slot) send();
+    if (!group.empty() && !joins(group.front(), p)) send();
     queued_.Observe(now - p.queued_at);
     group.push_back(std::move(p));
     if (group.size() == per_call) send();

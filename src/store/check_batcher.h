@@ -9,8 +9,10 @@
 // when a batch waited for the reply). The age bound keeps a frozen or distant
 // Redis from holding checks back: a call out longer than that no longer delays
 // the next one, so calls (and the breaker's failures) keep coming as they did.
-// When the backend is sharded (a cluster), where calls are per slot and rarely
-// fill a batch, checks go out at once; a batch is split by slot.
+// When the backend is sharded (a cluster) a batch is split by node for the
+// checks that carry one (PendingCheck::node: RedisStore's node calls) and by
+// slot for the others; `sharded` (calls per slot only, which rarely fill a
+// batch) sends every check at once instead of holding it back.
 // At low load every check goes out at once (a batch of one); nothing waits on
 // a timer. Invariant: a non-empty queue has a Flush scheduled on the executor
 // or a call out whose reply (Returned) will flush it.

@@ -31,7 +31,10 @@ struct PendingCheck {
   // the tokens asked for (> 1: a 'T' evaluation that may take several).
   uint64_t prefetch_fp = 0;
   int64_t prefetch = 0, want = 1;
-  uint16_t slot = 0;                  // the slot of every key of the check
+  uint16_t slot = 0;  // the slot of every key of the check
+  // The node it may share a call with checks of other slots (a Cluster's
+  // node calls, RedisStore), or -1: its call holds its slot's checks only.
+  int node = -1;
   CircuitBreaker* breaker = nullptr;  // the breaker that let it through
   lua::CheckCall call;
   CheckCallback done;

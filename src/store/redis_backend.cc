@@ -17,6 +17,8 @@ StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnecti
                                                              std::string_view script_source) {
   std::unique_ptr<RedisBackend> b(new RedisBackend(options));
   b->script_ = redis::Script::Create(std::string(script_source));
+  b->node_script_ =
+      redis::Script::Create("#!lua flags=allow-cross-slot-keys\n" + std::string(script_source));
   if (options.io_context != nullptr) {
     b->exec_ = options.io_context->get_executor();
   } else {
@@ -89,6 +91,11 @@ void RedisBackend::Eval(std::span<const std::string_view> keys,
                         std::span<const std::string_view> args, redis::Callback done,
                         std::chrono::milliseconds timeout) {
   endpoint_->EvalScript(script_, keys, args, Counted(std::move(done)), timeout);
+}
+
+void RedisBackend::EvalOnNode(uint16_t slot, std::span<const std::string_view> args,
+                              redis::Callback done, std::chrono::milliseconds timeout) {
+  endpoint_->EvalScriptOnNode(node_script_, slot, args, Counted(std::move(done)), timeout);
 }
 
 void RedisBackend::Execute(std::span<const std::string_view> args, redis::Callback done) {

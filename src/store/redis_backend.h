@@ -74,6 +74,15 @@ class RedisBackend {
   // The script (given to Create) on keys' node, within `timeout`.
   void Eval(std::span<const std::string_view> keys, std::span<const std::string_view> args,
             redis::Callback done, std::chrono::milliseconds timeout);
+  // The script in node mode (check.lua's "N" calls; Redis 7.0+: it is loaded
+  // with the shebang line that allows keys of several slots) with no KEYS on
+  // the node that serves `slot` by the endpoint's map, within `timeout`.
+  void EvalOnNode(uint16_t slot, std::span<const std::string_view> args, redis::Callback done,
+                  std::chrono::milliseconds timeout);
+  // The node serving `slot` now (a small integer), or -1 while it is unknown.
+  int NodeOf(uint16_t slot) const { return endpoint_->NodeForSlot(slot); }
+  // The endpoint may have a stale map: ask it to look again.
+  void RequestRefresh() { endpoint_->RequestRefresh(); }
   // A command on args[1]'s node, within the options' deadline.
   void Execute(std::span<const std::string_view> args, redis::Callback done);
   // Admit + Eval/Execute + Report: a call made on its own (not batched).
@@ -112,6 +121,7 @@ class RedisBackend {
 
   const RedisConnectionOptions opts_;
   redis::Script script_;
+  redis::Script node_script_;  // script_ behind "#!lua flags=allow-cross-slot-keys"
   std::string url_for_logs_;
   std::atomic<int64_t> calls_out_{0};
   // Unknown nodes' stand-in, then one per node id.

@@ -6,7 +6,8 @@
 //                      v
 //                  RedisBackend::Admit (the node's breaker, store/redis_backend.h)
 //                      v
-//                  CheckBatcher (queue, hold_back, per-slot calls; store/check_batcher.h)
+//                  CheckBatcher (queue, hold_back, calls per slot or per
+//                      |         Cluster node; store/check_batcher.h)
 //                      v
 //                  lua::Encode --> RedisBackend::Eval --> lua::Decode
 //                  (store/lua/check_codec.h)                 v
@@ -36,7 +37,10 @@ struct RedisStore::Impl {
   const Clock* clock;
   store::RedisKeys keys;
   store::PendingBound bound;
-  std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_failures{0};
+  std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_failures{0}, stat_resent{0};
+  // Node calls (Options::node_calls, a Cluster only): off for good once a
+  // node cannot run the node script (Redis before 7.0).
+  std::atomic<bool> node_calls{false};
   store::StageRecorder stat_call_time;  // send to reply, per script call
   Mutex secret_mu;
   std::string secret RL_GUARDED_BY(secret_mu);  // "" until fetched (SharedSecret)
@@ -59,11 +63,12 @@ struct RedisStore::Impl {
                    .clock = clock,
                    .bound = &bound}),
         backend(std::move(b)) {
+    node_calls.store(opts.node_calls && backend->sharded(), std::memory_order_relaxed);
     batcher = std::make_unique<store::CheckBatcher>(
         store::CheckBatcher::Options{.max_batch = opts.max_batch,
                                      .max_calls_in_flight = opts.max_calls_in_flight,
                                      .hold_back = opts.hold_back,
-                                     .sharded = backend->sharded()},
+                                     .sharded = backend->sharded() && !opts.node_calls},
         backend->executor(),
         [this](std::vector<PendingCheck> group, std::chrono::milliseconds timeout) {
           Send(std::move(group), timeout);
@@ -150,28 +155,77 @@ struct RedisStore::Impl {
       return p.done(refused);
     }
     p.breaker = *breaker;
+    p.node = NodeCallable(p) ? backend->NodeOf(p.slot) : -1;
     batcher->Add(std::move(p));
   }
 
-  // On the executor: one script call for a group of one slot.
+  // Whether `p` may share a call with checks of other slots on its node. Not
+  // with a block period: its block key is not read before the script writes
+  // (check.lua, node mode), so a stale map could stop the call half done.
+  bool NodeCallable(const PendingCheck& p) const {
+    if (!node_calls.load(std::memory_order_relaxed)) return false;
+    for (const store::lua::LimitCall& l : p.call.limits) {
+      if (l.spec.block != 0) return false;
+    }
+    return true;
+  }
+
+  // On the executor: one script call for a group of one slot, or (a node
+  // call) of several slots that one Cluster node serves.
   void Send(std::vector<PendingCheck> group, std::chrono::milliseconds timeout) {
     std::vector<const store::lua::CheckCall*> calls;
     calls.reserve(group.size());
-    for (const PendingCheck& p : group) calls.push_back(&p.call);
+    bool one_slot = true;
+    for (const PendingCheck& p : group) {
+      calls.push_back(&p.call);
+      one_slot = one_slot && p.slot == group.front().slot;
+    }
     const std::optional<int64_t> now = opts.time_source == TimeSource::kLocal
                                            ? std::optional<int64_t>(clock->NowMicros())
                                            : std::nullopt;
     store::lua::EncodedCall call = store::lua::Encode(now, calls);
     stat_calls.fetch_add(1, std::memory_order_relaxed);
+    const uint16_t slot = group.front().slot;
     auto shared = std::make_shared<std::vector<PendingCheck>>(std::move(group));
-    backend->Eval(
-        call.keys, call.args,
-        [this, shared, sent = std::chrono::steady_clock::now()](StatusOr<redis::Reply> reply) {
-          stat_call_time.Observe(std::chrono::steady_clock::now() - sent);
-          batcher->Returned();
-          Complete(*shared, reply);
-        },
-        timeout);
+    auto on_reply = [this, shared, node_call = !one_slot,
+                     sent = std::chrono::steady_clock::now()](StatusOr<redis::Reply> reply) {
+      stat_call_time.Observe(std::chrono::steady_clock::now() - sent);
+      batcher->Returned();
+      if (node_call && reply.ok() && reply->IsError() && Resend(*shared, reply->str)) return;
+      Complete(*shared, reply);
+    };
+    if (one_slot) return backend->Eval(call.keys, call.args, std::move(on_reply), timeout);
+    // Node mode: "N", the number of keys, the keys, then the arguments.
+    std::vector<std::string_view> args;
+    args.reserve(2 + call.keys.size() + call.args.size());
+    const std::string n = std::to_string(call.keys.size());
+    args.push_back("N");
+    args.push_back(n);
+    args.insert(args.end(), call.keys.begin(), call.keys.end());
+    args.insert(args.end(), call.args.begin(), call.args.end());
+    backend->EvalOnNode(slot, args, std::move(on_reply), timeout);
+  }
+
+  // A node call that Redis refused before the script changed anything: the
+  // node no longer serves one of its keys (RLNOTLOCAL: the map is stale, a
+  // slot moved or is moving), the cluster is down for now, or the node
+  // cannot run the node script (before Redis 7.0: node calls stop). Its
+  // checks go back to the batcher one slot per call, where MOVED and ASK are
+  // followed; they keep their place in the pending bound and their deadline.
+  // False for any other reply: the call's outcome stands.
+  bool Resend(std::vector<PendingCheck>& group, std::string_view error) {
+    const bool not_local = error.starts_with("RLNOTLOCAL");
+    const bool unusable = error.find("shebang") != std::string_view::npos ||
+                          error.find("compiling") != std::string_view::npos;
+    if (!not_local && !unusable && !error.starts_with("CLUSTERDOWN")) return false;
+    if (unusable) node_calls.store(false, std::memory_order_relaxed);
+    if (not_local) backend->RequestRefresh();
+    stat_resent.fetch_add(group.size(), std::memory_order_relaxed);
+    for (PendingCheck& p : group) {
+      p.node = -1;
+      batcher->Add(std::move(p));
+    }
+    return true;
   }
 
   void Complete(std::vector<PendingCheck>& group, const StatusOr<redis::Reply>& reply) {
@@ -367,6 +421,7 @@ RedisStore::Stats RedisStore::stats() const {
           .cache_hits = impl_->admission.cache_hits(),
           .prefetch_hits = impl_->admission.prefetch_hits(),
           .failures = impl_->stat_failures.load(std::memory_order_relaxed),
+          .resent = impl_->stat_resent.load(std::memory_order_relaxed),
           .queued = impl_->batcher->queued(),
           .call = impl_->stat_call_time.Snapshot()};
 }

@@ -207,6 +207,83 @@ TEST_F(RedisStoreClusterFailover, UnderLoad) {
   EXPECT_TRUE(cluster_.IsMaster(cluster_.MasterOfSlot(KeySlot(store->KeyFor(clients[0], l)))));
 }
 
+// Checks the store sends at once for N clients on a master (distinct slots)
+// share its script calls (node calls), every state lands on its slot's master
+// exactly once, and after a slot moved behind the store's back the node call
+// that still names its key is refused before it wrote anything and its
+// checks are sent again per slot (ratelimit_redis_resent_checks_total).
+TEST_F(RedisStoreClusterTest, NodeCallsShareACallAcrossSlotsAndResendWhenASlotMoved) {
+  auto store =
+      MustCreate({.url = cluster_.url(), .deadline = seconds(2), .max_calls_in_flight = 1});
+  Limit l = *Limit::TokenBucket("b", 10, 0.001);  // 10, then one per 1000 s
+  constexpr int kClients = 120;
+  std::vector<std::string> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back("node-call-" + std::to_string(i));
+  // All at once: with one call out at a time, the rest queue behind the
+  // first and leave as one call per master (at most max_batch checks each).
+  auto round = [&](int expect_remaining) {
+    std::promise<void> all_done;
+    std::atomic<int> left{kClients}, wrong{0};
+    LimitCheck c[] = {{&l, 1}};
+    for (const std::string& client : clients) {
+      store->Check({client, c}, [&](StatusOr<CheckResult> r) {
+        if (!r.ok() || !r->overall.allowed || r->overall.remaining != expect_remaining) {
+          if (wrong.fetch_add(1) == 0) {
+            ADD_FAILURE() << (r.ok() ? "remaining " + std::to_string(r->overall.remaining)
+                                     : r.status().ToString());
+          }
+        }
+        if (left.fetch_sub(1) == 1) all_done.set_value();
+      });
+    }
+    ASSERT_EQ(all_done.get_future().wait_for(seconds(10)), std::future_status::ready);
+    EXPECT_EQ(wrong.load(), 0);
+  };
+  {  // The slot map comes with the first call; until then checks go per slot.
+    LimitCheck c[] = {{&l, 1}};
+    ASSERT_TRUE(store->CheckSync({"node-call-warm-up", c}).ok());
+  }
+  const StoreStats before = store->stats();
+  round(9);
+  StoreStats first = store->stats();
+  first.checks -= before.checks;
+  first.script_calls -= before.script_calls;
+  std::set<uint16_t> slots;
+  for (const std::string& c : clients) slots.insert(KeySlot(store->KeyFor(c, l)));
+  std::cout << "[ node calls ] " << kClients << " checks of " << slots.size() << " slots in "
+            << first.script_calls << " script calls\n";
+  EXPECT_EQ(first.checks, static_cast<uint64_t>(kClients));
+  EXPECT_LE(first.script_calls, 12u) << "checks of different slots did not share calls";
+  EXPECT_EQ(first.resent, 0u);
+
+  // Move the first client's slot to another master; the store's map still
+  // names the old one.
+  const std::string moved_key = store->KeyFor(clients[0], l);
+  const uint16_t slot = KeySlot(moved_key);
+  const size_t from = cluster_.MasterOfSlot(slot);
+  size_t to = from;
+  for (size_t m : cluster_.Masters()) {
+    if (m != from) to = m;
+  }
+  cluster_.BeginMigration(slot, from, to);
+  ASSERT_GE(cluster_.MigrateKeys(slot, from, to), 1);
+  cluster_.FinishMigration(slot, to);
+  round(8);  // exactly one more token each: nothing taken twice, nothing lost
+  const StoreStats second = store->stats();
+  std::cout << "[ node calls ] after the move: "
+            << second.script_calls - before.script_calls - first.script_calls << " script calls, "
+            << second.resent << " checks sent again\n";
+  EXPECT_GE(second.resent, 1u) << "the call naming the moved key was not refused";
+  EXPECT_EQ(second.failures, 0u);
+  // Each state is where its slot lives now, with two tokens taken.
+  for (const std::string& c : clients) {
+    const std::string key = store->KeyFor(c, l);
+    EXPECT_EQ(cluster_.node(cluster_.MasterOfSlot(KeySlot(key))).Cli("EXISTS", key), "1") << key;
+  }
+  EXPECT_EQ(cluster_.node(from).Cli("CLUSTER", "COUNTKEYSINSLOT", std::to_string(slot)), "0");
+  EXPECT_EQ(cluster_.node(to).Cli("EXISTS", moved_key), "1");
+}
+
 TEST_F(RedisStoreClusterTest, SlotMigrationUnderLoadKeepsDecisionsExact) {
   auto store = MustCreate({.url = cluster_.url(), .deadline = milliseconds(1000)});
   Limit l = *Limit::TokenBucket("b", 100, 0.001);  // 100, then one per 1000 s

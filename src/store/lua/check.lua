@@ -34,6 +34,29 @@
 --          when one denies, the others answer for their state as it stands (cost 0).
 
 local rcall, rpcall = redis.call, redis.pcall  -- locals: no global lookup per call
+
+-- Node mode (Redis Cluster; src/store/redis_store.cc, NodeCall): the checks of
+-- many slots served by ONE node in one call. The script is then loaded with
+-- the shebang line "#!lua flags=allow-cross-slot-keys" and called with no
+-- KEYS; ARGV is "N", the number of keys n, the n keys, then the arguments
+-- above. Redis routes nothing here: the caller picked the node from its slot
+-- map, which may be stale (a slot moved or migrating). Every key is read
+-- before anything is written (the MGETs below, one per key: a multi-key
+-- command must stay in one slot), so a key this node does not serve stops
+-- the call with the error "RLNOTLOCAL ..." before it changed anything, and
+-- the caller sends those checks again one slot per call, where MOVED and ASK
+-- are followed. (A block key, "<key>!b", is not read first: the caller never
+-- puts a limit with a block period in a node call.)
+local KEYS, ARGV = KEYS, ARGV
+local node_mode = ARGV[1] == 'N'
+if node_mode then
+  local n = tonumber(ARGV[2])
+  local k, a = {}, {}
+  for i = 1, n do k[i] = ARGV[2 + i] end
+  for i = 3 + n, #ARGV do a[#a + 1] = ARGV[i] end
+  KEYS, ARGV = k, a
+end
+
 local now = tonumber(ARGV[1])
 if not now then
   local t = rcall('TIME')
@@ -68,7 +91,13 @@ end
 -- current as the script writes: a batch may check one key twice, and the
 -- second check must see the first one's write.
 local values = {}
-do
+if node_mode then
+  for j = 1, #KEYS do
+    local got = rpcall('MGET', KEYS[j])
+    if got.err then return redis.error_reply('RLNOTLOCAL ' .. got.err) end
+    if got[1] then values[KEYS[j]] = got[1] end
+  end
+else
   local n, i = #KEYS, 1
   while i <= n do  -- in chunks: unpack() has a small stack
     local last = math.min(n, i + 999)
