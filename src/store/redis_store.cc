@@ -208,13 +208,15 @@ struct RedisStore::Impl {
 
   // A node call that Redis refused before the script changed anything: the
   // node no longer serves one of its keys (RLNOTLOCAL: the map is stale, a
-  // slot moved or is moving), the cluster is down for now, or the node
-  // cannot run the node script (before Redis 7.0: node calls stop). Its
+  // slot moved or is moving), it is a replica now (READONLY: a failover
+  // demoted it; a call with KEYS would have been redirected by MOVED), the
+  // cluster is down for now, or the node cannot run the node script (before
+  // Redis 7.0: node calls stop). Its
   // checks go back to the batcher one slot per call, where MOVED and ASK are
   // followed; they keep their place in the pending bound and their deadline.
   // False for any other reply: the call's outcome stands.
   bool Resend(std::vector<PendingCheck>& group, std::string_view error) {
-    const bool not_local = error.starts_with("RLNOTLOCAL");
+    const bool not_local = error.starts_with("RLNOTLOCAL") || error.starts_with("READONLY");
     const bool unusable = error.find("shebang") != std::string_view::npos ||
                           error.find("compiling") != std::string_view::npos;
     if (!not_local && !unusable && !error.starts_with("CLUSTERDOWN")) return false;
