@@ -107,6 +107,13 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
 
   // ---- calls ----
 
+  // A new call from the API: to the slot's owner, or failed (soon) when the
+  // client never started.
+  void Start(CallPtr call) {
+    if (!init_status.ok()) return FailSoon(std::move(call), init_status);
+    Send(std::move(call), -1, false);
+  }
+
   // Sends `call` to `node` (with ASKING first when `asking`), or to the slot's
   // owner when node < 0.
   void Send(CallPtr call, int node, bool asking) {
@@ -454,8 +461,7 @@ void ClusterClient::Execute(std::span<const std::string_view> args, Callback cb,
   call->slot = args.size() >= 2 ? KeySlot(args[1]) : 0;
   call->deadline = Clock::now() + timeout;
   call->cb = std::move(cb);
-  if (!state_->init_status.ok()) return state_->FailSoon(std::move(call), state_->init_status);
-  state_->Send(std::move(call), -1, false);
+  state_->Start(std::move(call));
 }
 
 void ClusterClient::Execute(const std::vector<std::string>& args, Callback cb) {
@@ -463,34 +469,38 @@ void ClusterClient::Execute(const std::vector<std::string>& args, Callback cb) {
   Execute(views, std::move(cb), state_->options.node.command_timeout);
 }
 
-void ClusterClient::EvalScript(const Script& script, std::span<const std::string_view> keys,
-                               std::span<const std::string_view> args, Callback cb,
-                               std::chrono::milliseconds timeout) {
+namespace {
+
+// EVALSHA of `script` on `keys` then `args`, routed by `slot`.
+CallPtr ScriptCall(const Script& script, uint16_t slot, std::span<const std::string_view> keys,
+                   std::span<const std::string_view> args, Callback cb,
+                   std::chrono::milliseconds timeout) {
   auto call = std::make_unique<Call>();
   call->script = &script;
   call->words.reserve(keys.size() + args.size());
   call->words.assign(keys.begin(), keys.end());
   call->words.insert(call->words.end(), args.begin(), args.end());
   call->num_keys = keys.size();
-  call->slot = keys.empty() ? 0 : KeySlot(keys[0]);
+  call->slot = slot;
   call->deadline = Clock::now() + timeout;
   call->cb = std::move(cb);
-  if (!state_->init_status.ok()) return state_->FailSoon(std::move(call), state_->init_status);
-  state_->Send(std::move(call), -1, false);
+  return call;
+}
+
+}  // namespace
+
+void ClusterClient::EvalScript(const Script& script, std::span<const std::string_view> keys,
+                               std::span<const std::string_view> args, Callback cb,
+                               std::chrono::milliseconds timeout) {
+  const uint16_t slot = keys.empty() ? 0 : KeySlot(keys[0]);
+  state_->Start(ScriptCall(script, slot, keys, args, std::move(cb), timeout));
 }
 
 void ClusterClient::EvalScriptOnNode(const Script& script, uint16_t slot,
                                      std::span<const std::string_view> args, Callback cb,
                                      std::chrono::milliseconds timeout) {
-  auto call = std::make_unique<Call>();
-  call->script = &script;
-  call->words.assign(args.begin(), args.end());
-  call->num_keys = 0;
-  call->slot = static_cast<uint16_t>(slot % kClusterSlots);
-  call->deadline = Clock::now() + timeout;
-  call->cb = std::move(cb);
-  if (!state_->init_status.ok()) return state_->FailSoon(std::move(call), state_->init_status);
-  state_->Send(std::move(call), -1, false);
+  state_->Start(ScriptCall(script, static_cast<uint16_t>(slot % kClusterSlots), {}, args,
+                           std::move(cb), timeout));
 }
 
 int ClusterClient::NodeForSlot(uint16_t slot) const {

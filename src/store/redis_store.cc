@@ -68,7 +68,7 @@ struct RedisStore::Impl {
         store::CheckBatcher::Options{.max_batch = opts.max_batch,
                                      .max_calls_in_flight = opts.max_calls_in_flight,
                                      .hold_back = opts.hold_back,
-                                     .sharded = backend->sharded() && !opts.node_calls},
+                                     .sharded = backend->sharded() && !node_calls.load()},
         backend->executor(),
         [this](std::vector<PendingCheck> group, std::chrono::milliseconds timeout) {
           Send(std::move(group), timeout);
@@ -211,9 +211,9 @@ struct RedisStore::Impl {
   // slot moved or is moving), it is a replica now (READONLY: a failover
   // demoted it; a call with KEYS would have been redirected by MOVED), the
   // cluster is down for now, or the node cannot run the node script (before
-  // Redis 7.0: node calls stop). Its
-  // checks go back to the batcher one slot per call, where MOVED and ASK are
-  // followed; they keep their place in the pending bound and their deadline.
+  // Redis 7.0: node calls stop). Its checks go back to the batcher one slot
+  // per call, where MOVED and ASK are followed; they keep their place in the
+  // pending bound and their deadline.
   // False for any other reply: the call's outcome stands.
   bool Resend(std::vector<PendingCheck>& group, std::string_view error) {
     const bool not_local = error.starts_with("RLNOTLOCAL") || error.starts_with("READONLY");

@@ -32,6 +32,29 @@ std::unique_ptr<RedisStore> MustCreate(RedisStore::Options o) {
   return *std::move(s);
 }
 
+// One check of `l` for each client, all submitted before any answer is
+// awaited (in this order); each must be allowed with `remaining` left.
+void CheckAllAtOnce(RedisStore& store, const Limit& l, const std::vector<std::string>& clients,
+                    int64_t remaining) {
+  std::promise<void> all_done;
+  std::atomic<size_t> left{clients.size()};
+  std::atomic<int> wrong{0};
+  LimitCheck c[] = {{&l, 1}};
+  for (const std::string& client : clients) {
+    store.Check({client, c}, [&](StatusOr<CheckResult> r) {
+      if (!r.ok() || !r->overall.allowed || r->overall.remaining != remaining) {
+        if (wrong.fetch_add(1) == 0) {
+          ADD_FAILURE() << (r.ok() ? "remaining " + std::to_string(r->overall.remaining)
+                                   : r.status().ToString());
+        }
+      }
+      if (left.fetch_sub(1) == 1) all_done.set_value();
+    });
+  }
+  ASSERT_EQ(all_done.get_future().wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 class RedisStoreClusterTest : public ::testing::Test {
  protected:
   RedisCluster cluster_;
@@ -223,24 +246,9 @@ TEST_F(RedisStoreClusterTest, NodeCallsShareACallAcrossSlotsAndResendWhenASlotMo
   // first and leave as one call per master (at most max_batch checks each).
   // clients[0] (whose slot moves below) goes last: the first check may leave
   // alone, as a call of one slot (which MOVED redirects, nothing resent).
+  const std::vector<std::string> last_first(clients.rbegin(), clients.rend());
   auto round = [&](int expect_remaining) {
-    std::promise<void> all_done;
-    std::atomic<int> left{kClients}, wrong{0};
-    LimitCheck c[] = {{&l, 1}};
-    for (auto it = clients.rbegin(); it != clients.rend(); ++it) {
-      const std::string& client = *it;
-      store->Check({client, c}, [&](StatusOr<CheckResult> r) {
-        if (!r.ok() || !r->overall.allowed || r->overall.remaining != expect_remaining) {
-          if (wrong.fetch_add(1) == 0) {
-            ADD_FAILURE() << (r.ok() ? "remaining " + std::to_string(r->overall.remaining)
-                                     : r.status().ToString());
-          }
-        }
-        if (left.fetch_sub(1) == 1) all_done.set_value();
-      });
-    }
-    ASSERT_EQ(all_done.get_future().wait_for(seconds(10)), std::future_status::ready);
-    EXPECT_EQ(wrong.load(), 0);
+    CheckAllAtOnce(*store, l, last_first, expect_remaining);
   };
   {  // The slot map comes with the first call; until then checks go per slot.
     LimitCheck c[] = {{&l, 1}};
@@ -320,25 +328,9 @@ TEST_F(RedisStoreClusterTest, NodeCallsToADemotedMasterAreSentAgain) {
   ASSERT_TRUE(cluster_.IsMaster(replica));
   ASSERT_FALSE(cluster_.IsMaster(old_master));
 
-  constexpr int kClients = 90;
-  std::promise<void> all_done;
-  std::atomic<int> left{kClients}, wrong{0};
-  LimitCheck c[] = {{&l, 1}};
   std::vector<std::string> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back("demote-" + std::to_string(i));
-  for (const std::string& client : clients) {
-    store->Check({client, c}, [&](StatusOr<CheckResult> r) {
-      if (!r.ok() || !r->overall.allowed || r->overall.remaining != 9) {
-        if (wrong.fetch_add(1) == 0) {
-          ADD_FAILURE() << (r.ok() ? "remaining " + std::to_string(r->overall.remaining)
-                                   : r.status().ToString());
-        }
-      }
-      if (left.fetch_sub(1) == 1) all_done.set_value();
-    });
-  }
-  ASSERT_EQ(all_done.get_future().wait_for(seconds(10)), std::future_status::ready);
-  EXPECT_EQ(wrong.load(), 0);
+  for (int i = 0; i < 90; ++i) clients.push_back("demote-" + std::to_string(i));
+  CheckAllAtOnce(*store, l, clients, 9);
   std::cout << "[ node calls ] after the failover: " << store->stats().resent
             << " checks sent again\n";
   EXPECT_GE(store->stats().resent, 1u) << "no node call went to the demoted master";

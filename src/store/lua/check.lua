@@ -35,7 +35,7 @@
 
 local rcall, rpcall = redis.call, redis.pcall  -- locals: no global lookup per call
 
--- Node mode (Redis Cluster; src/store/redis_store.cc, NodeCall): the checks of
+-- Node mode (Redis Cluster; src/store/redis_store.cc, node calls): the checks of
 -- many slots served by ONE node in one call. The script is then loaded with
 -- the shebang line "#!lua flags=allow-cross-slot-keys" and called with no
 -- KEYS; ARGV is "N", the number of keys n, the n keys, then the arguments
