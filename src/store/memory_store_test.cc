@@ -156,6 +156,29 @@ TEST(MemoryStoreBounds, SeveralLimitsAdmitANewKeyByDroppingExpiredOnes) {
   EXPECT_EQ(store.CheckSync({"b", both}).status().code(), StatusCode::kResourceExhausted);
 }
 
+// A full store looks for expired keys in a shard at most every 10 ms
+// (memory_store.cc, Admit): a flood of new keys at the bound must not copy
+// the shard's table once per refused key. A key that expired in between
+// makes room at the next look.
+TEST(MemoryStoreBounds, AFullShardLooksForExpiredKeysAtMostEvery10ms) {
+  ManualClock clock;
+  MemoryStore store({.shards = 1, .max_keys = 3, .clock = &clock});
+  const Limit brief = *Limit::TokenBucket("brief", 1, 1000);  // fresh again 1 ms on
+  const Limit lasting = *Limit::TokenBucket("lasting", 10, 1);
+  ASSERT_TRUE(store.DecideOne("old1", brief, 1)->allowed);
+  ASSERT_TRUE(store.DecideOne("old2", brief, 1)->allowed);
+  ASSERT_TRUE(store.DecideOne("a", lasting, 1)->allowed);
+  EXPECT_EQ(store.DecideOne("x", lasting, 1).status().code(), StatusCode::kResourceExhausted);
+  clock.Advance(milliseconds(2));  // old1 and old2 expire, 2 ms after the last look
+  EXPECT_EQ(store.DecideOne("y", lasting, 1).status().code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store.DecideOne("a", lasting, 1)->allowed) << "existing keys are decided";
+  clock.Advance(milliseconds(8));  // 10 ms after the look that found nothing
+  StatusOr<Decision> y = store.DecideOne("y", lasting, 1);
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  EXPECT_EQ(y->remaining, 9);
+  EXPECT_EQ(store.size(), 2u);
+}
+
 TEST(MemoryStoreBounds, MemoryPerKeyIsSmall) {
   MemoryStore store;
   Limit l = *Limit::TokenBucket("b", 10, 5);
