@@ -20,6 +20,12 @@ B=$(cd "${1:?usage: bench/redis-tail.sh BUILD_DIR [RATE] [SECONDS] [RATELIMITD]}
 RATE=${2:-20000}
 SECS=${3:-5}
 RLD=${4:-$B/ratelimitd}
+# KEYS: distinct client keys (100,000: each seen every few seconds, so none
+# expires); WARM_SECS: load before the measured run (1); REDIS_EXTRA: more
+# redis-server arguments (e.g. "--hz 100"). Steady expiry, as when clients come
+# and go: KEYS=5000000 WARM_SECS=12 (keys live 10 s after their last check).
+KEYS=${KEYS:-100000}
+WARM_SECS=${WARM_SECS:-1}
 [[ -x $RLD && -x $B/http_load ]] || { echo "redis-tail.sh: need $RLD and $B/http_load" >&2; exit 2; }
 
 # shellcheck source=bench/procs.sh
@@ -29,7 +35,7 @@ up() { wait_port "$1" 10 || { echo "redis-tail.sh: nothing listens on $1" >&2; e
 
 RP=$(free_port)
 redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --dir "$WORK" \
-  --latency-monitor-threshold 1 --slowlog-log-slower-than 1000 --daemonize no >"$WORK/redis.log" 2>&1 &
+  --latency-monitor-threshold 1 --slowlog-log-slower-than 1000 ${REDIS_EXTRA:-} --daemonize no >"$WORK/redis.log" 2>&1 &
 PIDS+=($!)
 up "$RP"
 rcli() { redis-cli -p "$RP" "$@"; }
@@ -42,14 +48,14 @@ up "$LP"
 up "$AP"
 
 # Warm-up (keys in Redis, script loaded), then reset what is counted.
-"$B/http_load" --port="$LP" --kind=check --rate="$RATE" --connections=64 --duration-ms=1000 \
-  --warmup-ms=0 >/dev/null || true
+"$B/http_load" --port="$LP" --kind=check --rate="$RATE" --connections=64 --keys="$KEYS" \
+  --duration-ms=$((WARM_SECS * 1000)) --warmup-ms=0 >/dev/null || true
 rcli CONFIG RESETSTAT >/dev/null
 rcli LATENCY RESET >/dev/null
 rcli SLOWLOG RESET >/dev/null
 curl -s "http://127.0.0.1:$AP/metrics" >"$WORK/m0.txt"
 
-"$B/http_load" --port="$LP" --kind=check --rate="$RATE" --connections=64 \
+"$B/http_load" --port="$LP" --kind=check --rate="$RATE" --connections=64 --keys="$KEYS" \
   --duration-ms=$((SECS * 1000)) --warmup-ms=0 || true
 curl -s "http://127.0.0.1:$AP/metrics" >"$WORK/m1.txt"
 

@@ -140,7 +140,7 @@ fi
 # ---------------------------------------------------------------- redis
 REDIS_PORT=$(free_port)
 mkdir -p "$WORK/redis"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --latency-monitor-threshold 1 ${REDIS_EXTRA:-} \
   --dir "$WORK/redis" --logfile "$WORK/redis/redis.log" --daemonize no &
 REDIS_PID=$!
 PIDS+=("$REDIS_PID")
@@ -472,7 +472,11 @@ elif ((HTTP_ROWS)); then
       for e in "${LAT[@]}"; do
         read -r l t rt <<<"$e"
         [[ -n ${PORT[$t]:-} ]] && ((rt > 0)) || continue
+        [[ $t == rld_redis ]] && rcli CONFIG RESETSTAT >/dev/null && rcli LATENCY RESET >/dev/null
         o=$(half_load "${PORT[$t]}" "${KIND[$t]}" "$rt")
+        if [[ $t == rld_redis ]]; then  # what Redis saw meanwhile (keys expired, its stalls)
+          raw "redis during $l: expired_keys=$(rcli INFO stats | tr -d '\r' | sed -n 's/^expired_keys://p') latency_latest=$(rcli LATENCY LATEST | tr '\n' ' ')"
+        fi
         P50S[$l]+=" $(kv p50_us "$o")"; P99S[$l]+=" $(kv p99_us "$o")"; P999S[$l]+=" $(kv p999_us "$o")"
         LAST[$l]=$o
         UNSENT[$l]=$(( ${UNSENT[$l]:-0} + $(kv never_sent "$o") ))

@@ -72,16 +72,21 @@ local keyi = 1
 -- cheaper than %.0f).
 local function str(n) return string.format('%d', n) end
 -- The key's TTL: until its state equals the fresh state, plus a second, and
--- at least 10 s. The floor is for Redis' expire cycle: a client that comes
+-- at least 10-15 s. The floor is for Redis' expire cycle: a client that comes
 -- back within it overwrites its key instead of having it expire and be made
 -- again, and a Redis expiring tens of thousands of short-lived keys a second
 -- stalls every call in `expire-cycle` runs of several ms (issue 22;
--- docs/performance.md, "Where the tail comes from"). A key's state past its
--- time reads as fresh, so a longer life changes no answer. A string, not a
--- Lua number: Redis 7.2+ prints numbers with fpconv_dtoa, which writes
--- 100000000 as "1e+08", and PX refuses that.
+-- docs/performance.md, "Where the tail comes from"). The floor's 0-5 s spread
+-- (from the clock's microseconds, which a burst of calls does not share) is
+-- for a burst of new clients: made within a few seconds, their keys would
+-- otherwise all expire within those seconds again, 10 s later, and stall
+-- Redis then (15-18 ms expire-cycle runs measured in `make bench`'s row 3b).
+-- A key's state past its time reads as fresh, so a longer life changes no
+-- answer. A string, not a Lua number: Redis 7.2+ prints numbers with
+-- fpconv_dtoa, which writes 100000000 as "1e+08", and PX refuses that.
+local ttl_floor = 10000 + (now % 1000) * 5
 local function ttl_ms(until_us)
-  return str(math.max(floor((until_us - now + 999) / 1000) + 1000, 10000))
+  return str(math.max(floor((until_us - now + 999) / 1000) + 1000, ttl_floor))
 end
 
 -- The string states of every key of the call, read with one MGET: each
