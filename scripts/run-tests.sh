@@ -18,9 +18,16 @@ step() { printf '\n==== %s (%s)\n' "$1" "$(date +%T)"; }
 
 # ccache, when the machine has it, makes a re-run after a small change quick;
 # nothing requires it.
+# The cache is keyed on paths relative to the checkout (base_dir) and not on
+# the build directory (hash_dir off, which -g would otherwise add): a fresh
+# clone elsewhere, as CI makes, reuses what an earlier clone compiled. Without
+# these, every clone missed (ccache -s: 3 hits of 496 for a clone of a tree
+# whose every object was cached). What embeds an absolute path (-D...PATH=)
+# still misses, as it must.
 LAUNCHER=()
 if command -v ccache >/dev/null; then
   LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
 fi
 
 configure() {  # dir, build type, extra cmake args...
