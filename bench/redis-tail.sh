@@ -23,7 +23,8 @@ RLD=${4:-$B/ratelimitd}
 # KEYS: distinct client keys (100,000: each seen every few seconds, so none
 # expires); WARM_SECS: load before the measured run (1); REDIS_EXTRA: more
 # redis-server arguments (e.g. "--hz 100"). Steady expiry, as when clients come
-# and go: KEYS=5000000 WARM_SECS=12 (keys live 10 s after their last check).
+# and go: KEYS=400000 WARM_SECS=12 at 15000/s (each key comes back after 12 s,
+# and its TTL floor is 10-15 s: about 15,000 expire a second).
 KEYS=${KEYS:-100000}
 WARM_SECS=${WARM_SECS:-1}
 [[ -x $RLD && -x $B/http_load ]] || { echo "redis-tail.sh: need $RLD and $B/http_load" >&2; exit 2; }
