@@ -105,7 +105,7 @@ if [[ $MODE == full ]]; then
       -DCMAKE_CXX_FLAGS="-Wno-error=restrict" >"$WORK/cmake.log" 2>&1 ||
       { cat "$WORK/cmake.log" >&2; die "cmake"; }
   fi
-  targets=(redis_decisions_bench http_load memory_store_benchmark grpc_load grpc_trivial_server)
+  targets=(redis_decisions_bench http_load memory_store_benchmark grpc_h2_load grpc_trivial_server)
   targets+=(overrides_benchmark)
   targets+=(sse_upstream)
   # (grep reads the whole list: with pipefail, grep -q's early exit would
@@ -568,9 +568,11 @@ fi
 # ShouldRateLimit through ratelimitd's gRPC face (memory store, then Redis)
 # and through a trivial server of the same proto that answers OK without
 # deciding (gRPC's own ceiling here), with the same driver (bench/macro/
-# grpc_load: async client, closed loop with 64 calls outstanding for the
-# most calls/s, then an open loop at half of each one's most for latency).
-GRPC_LOAD=$B/grpc_load
+# grpc_h2_load: gRPC over nghttp2, Envoy's HTTP/2 codec, one thread, two
+# connections; closed loop with 64 calls outstanding for the most calls/s,
+# then an open loop at half of each one's most for latency).
+GRPC_LOAD=$B/grpc_h2_load
+GRPC_CONNS=2
 GRPC_TRIVIAL=$B/grpc_trivial_server
 if want 8 && [[ -z $RLD || ! -x $GRPC_LOAD || ! -x $GRPC_TRIVIAL ]]; then
   row 8 "Envoy ShouldRateLimit (memory store) calls/s vs a trivial gRPC server" "n/a (not built)" "trivial server, same proto" "n/a" "n/a" "≥ 0.8x, p99 < 1 ms at half load" "n/a"
@@ -591,11 +593,11 @@ elif want 8; then
     G_PID[$store]=$!; PIDS+=("${G_PID[$store]}")
     wait_port "$p" 10 || fail "8: ratelimitd ($store) gRPC did not start"
   done
-  grpc_run() {  # name args...: one grpc_load run, key=value line
+  grpc_run() {  # name args...: one grpc_h2_load run, key=value line
     local out
-    out=$("$GRPC_LOAD" --target="127.0.0.1:${G_PORT[$1]}" "${@:2}" --duration-ms="$DUR_MS" \
-      --warmup-ms="$WARM_MS" 2>&1) || fail "8: grpc_load $1 ${*:2}: $out"
-    raw "grpc_load $1 ${*:2} $out"
+    out=$("$GRPC_LOAD" --target="127.0.0.1:${G_PORT[$1]}" --connections="$GRPC_CONNS" "${@:2}" \
+      --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" 2>&1) || fail "8: grpc_h2_load $1 ${*:2}: $out"
+    raw "grpc_h2_load $1 --connections=$GRPC_CONNS ${*:2} $out"
     [[ $(kv errors "$out") == 0 && $(kv over_limit "$out") == 0 && $(kv calls "$out") != 0 ]] ||
       fail "8: $1 answered errors or OVER_LIMIT, or nothing in the measured time: $out"
     echo "$out"
@@ -616,7 +618,7 @@ elif want 8; then
   r8=$(ratio "${G_RATE[memory]}" "${G_RATE[trivial]}")
   res=MISS; ge "$r8" 0.8 && awk -v p="${G_P99[memory]}" 'BEGIN { exit !(p < 1000) }' && res=PASS
   row 8a "Envoy ShouldRateLimit (memory store) calls/s; at half load p50/p99/p99.9 ${G_P50[memory]}/${G_P99[memory]}/${G_P999[memory]} us (trivial: ${G_P50[trivial]}/${G_P99[trivial]}/${G_P999[trivial]} us)" \
-    "$(fmt "${G_RATE[memory]}")" "trivial gRPC server, same proto and driver (grpc_load, 64 in flight)" "$(fmt "${G_RATE[trivial]}")" "$r8" \
+    "$(fmt "${G_RATE[memory]}")" "trivial gRPC server, same proto and driver (grpc_h2_load, 64 in flight)" "$(fmt "${G_RATE[trivial]}")" "$r8" \
     "≥ 0.8x, p99 < 1 ms at half load" "$res"
   row 8b "Envoy ShouldRateLimit (Redis store) calls/s; at half load p50/p99/p99.9 ${G_P50[redis]}/${G_P99[redis]}/${G_P999[redis]} us" \
     "$(fmt "${G_RATE[redis]}")" "the same, memory store" "$(fmt "${G_RATE[memory]}")" "$(ratio "${G_RATE[redis]}" "${G_RATE[memory]}")" \

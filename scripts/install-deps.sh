@@ -13,6 +13,9 @@ build_pkgs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # The gRPC face (src/grpc): gRPC C++ with its CMake config, protoc and its plugin.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  # The gRPC load driver (bench/macro/grpc_h2_load) speaks HTTP/2 with nghttp2,
+  # the codec Envoy's own gRPC client uses.
+  libnghttp2-dev
 )
 test_pkgs=(
   redis-server redis-tools   # the store the integration tests talk to (never mocked)

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "flags.h"
+#include "pacing.h"
 
 namespace {
 
@@ -177,11 +178,7 @@ int main(int argc, char** argv) {
   ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
 
   const int ep = ::epoll_create1(0);
-  const int tfd = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
-  epoll_event tev{};
-  tev.events = EPOLLIN;
-  tev.data.u64 = UINT64_MAX;
-  ::epoll_ctl(ep, EPOLL_CTL_ADD, tfd, &tev);
+  bench::PaceTimer timer(ep);
 
   std::vector<Conn> conns(f.connections);
   for (size_t i = 0; i < conns.size(); ++i) {
@@ -245,14 +242,7 @@ int main(int argc, char** argv) {
       backlog.pop_front();
     }
   };
-  auto arm_timer = [&](Clock::time_point at) {
-    itimerspec its{};
-    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
-    its.it_value.tv_sec = ns / 1'000'000'000;
-    its.it_value.tv_nsec = ns % 1'000'000'000;
-    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
-    ::timerfd_settime(tfd, TFD_TIMER_ABSTIME, &its, nullptr);
-  };
+  auto arm_timer = [&](Clock::time_point at) { timer.ArmAt(at); };
 
   if (f.rate <= 0) {
     for (size_t i = 0; i < conns.size(); ++i) send_on(i, Clock::now());
@@ -269,9 +259,8 @@ int main(int argc, char** argv) {
     const auto now = Clock::now();
     if (now >= end) stopping = true;
     for (int e = 0; e < n; ++e) {
-      if (events[e].data.u64 == UINT64_MAX) {
-        uint64_t expirations;
-        (void)!::read(tfd, &expirations, sizeof expirations);
+      if (events[e].data.u64 == bench::PaceTimer::kTimerTag) {
+        timer.Drain();
         continue;
       }
       Conn& c = conns[events[e].data.u64];
@@ -305,9 +294,7 @@ int main(int argc, char** argv) {
             c.in.erase(0, static_cast<size_t>(len));
             if (server_closes) closed = true;  // do not send on it again: reconnect
             if (c.due >= measure_from && c.due < end) {
-              const auto ns =
-                  std::chrono::duration_cast<std::chrono::nanoseconds>(done - c.due).count();
-              stats.latency_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(ns, UINT32_MAX)));
+              bench::Record(stats.latency_ns, done - c.due);
               if (degraded) ++stats.degraded;
               if (status == 429)
                 ++stats.s429;
@@ -385,17 +372,11 @@ int main(int argc, char** argv) {
   for (const auto& due : backlog) {
     if (due < measure_from) continue;
     ++never_sent;
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(stopped - due).count();
-    stats.latency_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(ns, UINT32_MAX)));
+    bench::Record(stats.latency_ns, stopped - due);
   }
 
   auto& v = stats.latency_ns;
-  auto pct = [&](double q) -> double {
-    if (v.empty()) return 0;
-    const size_t i = std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())));
-    std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(i), v.end());
-    return v[i] / 1000.0;
-  };
+  auto pct = [&](double q) { return bench::Percentile(v, q) / 1000.0; };
   const double secs = static_cast<double>(f.duration_ms) / 1000.0;
   const int64_t answered = stats.s2xx + stats.s429 + stats.other;  // never_sent excluded
   std::printf(

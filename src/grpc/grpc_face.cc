@@ -14,6 +14,7 @@
 #include <mutex>
 #include <thread>
 
+#include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -298,6 +299,7 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
     }
   }
   impl->SetConfig(initial);  // before the server and the watch thread start
+  DisableAbseilDeadlockDetection();
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(impl->options.listen, grpc::InsecureServerCredentials(), &impl->port);
@@ -351,6 +353,10 @@ void GrpcFace::Shutdown() {
   impl_->server->Wait();
   impl_->ioc.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+void DisableAbseilDeadlockDetection() {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 Status CheckEnvoyConfig(const std::string& dir) { return envoy::LoadDirectory(dir).status(); }
