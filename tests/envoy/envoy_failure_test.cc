@@ -1,5 +1,6 @@
 // The gRPC face when Redis dies (SIGSTOP) under load: every call is answered
-// within the store deadline + 10 ms, by the failure mode (open: OK, closed:
+// within the store deadline + 10 ms (or stalled together with a call that
+// touches no store: the machine), by the failure mode (open: OK, closed:
 // OVER_LIMIT, local: decided locally, error: gRPC UNAVAILABLE), and the
 // circuit breaker opens. A C++ client built from proto/ (wire compatibility
 // with Envoy's own proto is envoy_grpc_test's job).
@@ -32,12 +33,32 @@ constexpr int kDeadlineMs = 20;  // store.deadline: Envoy's default timeout
 constexpr int kThreads = 4;
 constexpr int kPauseMs = 1;
 
+constexpr int64_t kBoundUs = (kDeadlineMs + 10) * 1000;
+constexpr int64_t kStallUs = 10'000;  // a store-free call this slow: the machine stalled
+
+struct Interval {
+  Clock::time_point from, to;
+  bool Overlaps(const Interval& o) const { return from <= o.to && o.from <= to; }
+};
+
 struct Tally {
   std::mutex mu;
   std::map<std::string, int> answers;  // "OK", "OVER_LIMIT", "UNAVAILABLE", ...
   int64_t slowest_us = 0;
   int calls = 0;
+  std::vector<Interval> over_bound;  // calls slower than kBoundUs
 };
+
+// The calls over the bound that no stall of a store-free call overlapped.
+int Unexplained(const Tally& t, const std::vector<Interval>& stalls) {
+  int n = 0;
+  for (const Interval& call : t.over_bound) {
+    bool stalled = false;
+    for (const Interval& s : stalls) stalled = stalled || call.Overlaps(s);
+    n += stalled ? 0 : 1;
+  }
+  return n;
+}
 
 std::string Answer(const grpc::Status& s, const pb::RateLimitResponse& r) {
   if (!s.ok())
@@ -49,7 +70,15 @@ std::string Answer(const grpc::Status& s, const pb::RateLimitResponse& r) {
                                                                  : "UNKNOWN";
 }
 
-// The bound is 10 ms over the deadline, on a shared 2-core machine. So the
+// The bound is 10 ms over the deadline, on a shared 2-core machine, where a
+// gRPC call that touches no store at all now and then takes 30-50 ms (seen
+// with Redis healthy, before the pause, on 2026-12-03: the VM and gRPC's
+// thread hand-offs, docs/performance.md section 8). So a probe thread asks
+// the same daemon, over the same channel, for a domain it does not have
+// (answered without the store) the whole time, and a load call over the
+// bound passes only if a probe call was stalled (> 10 ms) at the same
+// moment, at most 1% of the calls of a phase; an answer waiting on the dead
+// Redis has no such company. Also, the
 // load is paced (each thread waits kPauseMs between calls: a saturating load
 // would measure the scheduler, not the daemon), and, as tests/chaos does (see
 // its HighPriority), the test moves itself to the lowest real-time priority
@@ -91,6 +120,29 @@ TEST_P(EnvoyFailure, DeadRedisUnderLoadIsAnsweredInTimeByTheFailureMode) {
   std::atomic<bool> stop{false}, paused{false};
   Tally before, transition, during;
   std::vector<std::thread> load;
+  std::mutex stalls_mu;
+  std::vector<Interval> stalls;  // probe calls slower than kStallUs
+  int probes = 0;
+  load.emplace_back([&] {
+    auto stub = pb::RateLimitService::NewStub(channel);
+    pb::RateLimitRequest req;
+    req.set_domain("no-such-domain");  // OK without a store step
+    req.add_descriptors()->add_entries()->set_key("client");
+    while (!stop) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+      pb::RateLimitResponse resp;
+      const Interval call{Clock::now(), {}};
+      (void)stub->ShouldRateLimit(&ctx, req, &resp);
+      const Interval done{call.from, Clock::now()};
+      {
+        std::lock_guard lock(stalls_mu);
+        ++probes;
+        if (done.to - done.from > std::chrono::microseconds(kStallUs)) stalls.push_back(done);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPauseMs));
+    }
+  });
   for (int t = 0; t < kThreads; ++t) {
     load.emplace_back([&, t] {
       auto stub = pb::RateLimitService::NewStub(channel);
@@ -106,8 +158,8 @@ TEST_P(EnvoyFailure, DeadRedisUnderLoadIsAnsweredInTimeByTheFailureMode) {
         pb::RateLimitResponse resp;
         const auto t0 = Clock::now();
         const grpc::Status s = stub->ShouldRateLimit(&ctx, req, &resp);
-        const int64_t us =
-            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t0).count();
+        const auto t1 = Clock::now();
+        const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(t1 - t0).count();
         // Calls under way when Redis stopped may get either answer.
         Tally& tally = was_paused ? during : paused ? transition : before;
         {
@@ -115,6 +167,7 @@ TEST_P(EnvoyFailure, DeadRedisUnderLoadIsAnsweredInTimeByTheFailureMode) {
           ++tally.answers[Answer(s, resp)];
           ++tally.calls;
           tally.slowest_us = std::max(tally.slowest_us, us);
+          if (us > kBoundUs) tally.over_bound.push_back({t0, t1});
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(kPauseMs));
       }
@@ -132,8 +185,17 @@ TEST_P(EnvoyFailure, DeadRedisUnderLoadIsAnsweredInTimeByTheFailureMode) {
 
   EXPECT_GT(before.calls, 0);
   EXPECT_EQ(before.answers["OK"], before.calls);
-  EXPECT_LE(before.slowest_us, (kDeadlineMs + 10) * 1000);
-  EXPECT_LE(transition.slowest_us, (kDeadlineMs + 10) * 1000);
+  // Each phase: every call within the bound, or stalled with the probe.
+  auto within_bound = [&](const char* phase, const Tally& t) {
+    EXPECT_EQ(Unexplained(t, stalls), 0)
+        << phase << ": calls over " << kBoundUs << " us with no stall of the probe; slowest "
+        << t.slowest_us << " us";
+    EXPECT_LE(static_cast<int>(t.over_bound.size()), t.calls / 100 + 1)
+        << phase << ": too many calls over the bound to be the machine's";
+    EXPECT_LT(t.slowest_us, 500'000) << phase;
+  };
+  within_bound("before", before);
+  within_bound("transition", transition);
   ASSERT_GT(during.calls, 50);
   const std::string expected = mode == "closed"  ? "OVER_LIMIT"
                                : mode == "error" ? "UNAVAILABLE"
@@ -143,13 +205,17 @@ TEST_P(EnvoyFailure, DeadRedisUnderLoadIsAnsweredInTimeByTheFailureMode) {
   EXPECT_EQ(during.answers[expected], during.calls) << "mode " << mode << ": " << seen;
   EXPECT_EQ(transition.answers["OK"] + (expected == "OK" ? 0 : transition.answers[expected]),
             transition.calls);
-  EXPECT_LE(during.slowest_us, (kDeadlineMs + 10) * 1000) << "mode " << mode;
+  within_bound(("during, mode " + mode).c_str(), during);
   // Open (1) or probing (2), not closed, while Redis is stopped.
   const size_t at = metrics.body.find("\nratelimit_store_breaker_state ");
   ASSERT_NE(at, std::string::npos);
   EXPECT_NE(metrics.body.substr(at, 33), "\nratelimit_store_breaker_state 0\n");
-  std::printf("ENVOY failure_mode %s: %d calls while Redis was stopped, slowest %.1f ms\n",
-              mode.c_str(), during.calls, during.slowest_us / 1000.0);
+  std::printf(
+      "ENVOY failure_mode %s: %d calls while Redis was stopped, slowest %.1f ms; calls over "
+      "%lld ms: %zu before, %zu in transition, %zu during; probe calls stalled: %zu of %d\n",
+      mode.c_str(), during.calls, during.slowest_us / 1000.0,
+      static_cast<long long>(kBoundUs / 1000), before.over_bound.size(),
+      transition.over_bound.size(), during.over_bound.size(), stalls.size(), probes);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, EnvoyFailure,
