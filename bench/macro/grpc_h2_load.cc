@@ -24,7 +24,6 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,7 +83,7 @@ class Driver {
   int Run();
 
  private:
-  bool Connect(Conn& c, size_t index);
+  bool Connect(Conn& c);
   void Submit(Clock::time_point due);
   void Flush(Conn& c);
   void Read(Conn& c);
@@ -151,7 +150,7 @@ nghttp2_nv Header(const std::string& name, const std::string& value) {
                     value.size(), NGHTTP2_NV_FLAG_NO_COPY_NAME | NGHTTP2_NV_FLAG_NO_COPY_VALUE};
 }
 
-bool Driver::Connect(Conn& c, size_t index) {
+bool Driver::Connect(Conn& c) {
   c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -174,7 +173,6 @@ bool Driver::Connect(Conn& c, size_t index) {
                                              {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, 1 << 20}};
   nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, settings, 2);
   nghttp2_session_set_local_window_size(c.session, NGHTTP2_FLAG_NONE, 0, 1 << 24);
-  (void)index;
   return true;
 }
 
@@ -301,7 +299,7 @@ int Driver::Run() {
   bench::PaceTimer timer(ep);
   conns_.resize(static_cast<size_t>(o_.connections));
   for (size_t i = 0; i < conns_.size(); ++i) {
-    if (!Connect(conns_[i], i)) {
+    if (!Connect(conns_[i])) {
       std::fprintf(stderr, "grpc_h2_load: cannot connect to %s\n", o_.target.c_str());
       return 2;
     }
