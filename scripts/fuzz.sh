@@ -23,8 +23,9 @@
 # FUZZ_BUILD_DIR (default build-fuzz), FUZZ_SOURCE_DIR (the CMake source
 # folder, default the repository), FUZZ_WITH_TESTS=ON (the tree builds the
 # test binaries too: scripts/run-tests.sh's ASan + UBSan build is this tree,
-# so the libraries are compiled once for the tests and the fuzz targets). Called by `make fuzz` (FUZZ_SECONDS) and
-# by scripts/run-tests.sh (30 s per target). docs/fuzzing.md is the manual.
+# so the libraries are compiled once for the tests and the fuzz targets),
+# RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake). Called by
+# `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per target). docs/fuzzing.md is the manual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -53,7 +54,8 @@ fi
 # with other flags is brought to these.
 CC=clang CXX=clang++ cmake -S "$SOURCE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DRL_FUZZ=ON -DRL_SANITIZE=address \
-  -DRL_BUILD_TESTS="${FUZZ_WITH_TESTS:-OFF}" -DRL_BUILD_BENCH=OFF "${launcher[@]}" >/dev/null
+  -DRL_BUILD_TESTS="${FUZZ_WITH_TESTS:-OFF}" -DRL_BUILD_BENCH=OFF -DRL_UNITY="${RL_UNITY:-OFF}" \
+  "${launcher[@]}" >/dev/null
 targets=()
 for t in $TARGETS; do targets+=("${t}_fuzzer"); done
 ninja -C "$BUILD" -j "$JOBS" "${targets[@]}"

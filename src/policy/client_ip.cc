@@ -7,6 +7,7 @@
 
 #include "core/ascii.h"
 #include "policy/policy.h"
+#include "policy/text.h"
 
 namespace ratelimit::policy {
 namespace {
@@ -16,15 +17,6 @@ struct Hop {
   enum Kind { kAddress, kOpaque, kMalformed } kind;
   IpAddress address;
 };
-
-constexpr std::string_view kSpace = " \t";
-
-std::string_view Trim(std::string_view s) {
-  const size_t b = s.find_first_not_of(kSpace);
-  if (b == std::string_view::npos) return {};
-  const size_t e = s.find_last_not_of(kSpace);
-  return s.substr(b, e - b + 1);
-}
 
 // A port: 1..5 digits, at most 65535.
 bool IsPort(std::string_view s) {

@@ -2,6 +2,7 @@
 // "<file>:<line>: <what>". The schema is documented field by field in
 // docs/configuration.md; keep the two in step.
 #include "policy/config.h"
+#include "policy/text.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -25,8 +26,6 @@
 
 namespace ratelimit::policy {
 namespace {
-
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // Printable ASCII without space: what an API key, user id or plan may hold.
 bool IsVisibleAscii(std::string_view s) {

@@ -1,4 +1,5 @@
 #include "policy/ip.h"
+#include "policy/text.h"
 
 #include <arpa/inet.h>
 
@@ -9,8 +10,6 @@ namespace ratelimit::policy {
 namespace {
 
 constexpr std::array<uint8_t, 12> kV4MappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // Keeps the first `bits` bits of `b`, zeroes the rest.
 std::array<uint8_t, 16> Mask(std::array<uint8_t, 16> b, int bits) {

@@ -11,6 +11,7 @@
 //     of first appearance; enforcing limits of one key share one group and are
 //     decided all or nothing.
 #include "policy/policy.h"
+#include "policy/text.h"
 
 #include <algorithm>
 #include <set>
@@ -18,14 +19,6 @@
 
 namespace ratelimit::policy {
 namespace {
-
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 // A header value usable as an identity: 1..200 visible ASCII characters.
 // Anything else is ignored (the next identity source is used), so a client

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "redis/io_thread.h"
+#include "redis/test_calls.h"
 #include "support/redis_server.h"
 
 namespace ratelimit::redis {
@@ -18,6 +19,8 @@ namespace {
 using std::chrono::milliseconds;
 using testing::RedisServer;
 using Clock = std::chrono::steady_clock;
+using test_calls::Call;
+using test_calls::Since;
 
 #if defined(RL_SANITIZED)           // ASan or TSan (CMakeLists.txt)
 constexpr milliseconds kSlack{50};  // sanitizers slow everything down
@@ -29,23 +32,6 @@ Options OptionsFor(const RedisServer& server) {
   StatusOr<Options> o = ParseRedisUrl(server.url());
   EXPECT_TRUE(o.ok()) << o.status().message();
   return *o;
-}
-
-StatusOr<Reply> Call(Client& client, std::vector<std::string_view> args,
-                     milliseconds timeout = milliseconds(0)) {
-  std::promise<StatusOr<Reply>> promise;
-  auto future = promise.get_future();
-  Callback cb = [&promise](StatusOr<Reply> r) { promise.set_value(std::move(r)); };
-  if (timeout.count() > 0) {
-    client.Execute(args, std::move(cb), timeout);
-  } else {
-    client.Execute(args, std::move(cb));
-  }
-  return future.get();
-}
-
-milliseconds Since(Clock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
 }
 
 // Retries PING until it succeeds; returns how long that took (or `limit`).

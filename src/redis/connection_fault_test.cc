@@ -7,6 +7,7 @@
 
 #include "redis/client.h"
 #include "redis/io_thread.h"
+#include "redis/test_calls.h"
 #include "support/fake_tcp_server.h"
 #include "support/subprocess.h"
 
@@ -16,6 +17,8 @@ namespace {
 using std::chrono::milliseconds;
 using testing::FakeTcpServer;
 using Clock = std::chrono::steady_clock;
+using test_calls::Call;
+using test_calls::Since;
 
 Options LocalOptions(uint16_t port) {
   Options o;
@@ -24,18 +27,6 @@ Options LocalOptions(uint16_t port) {
   o.connections = 1;
   o.command_timeout = milliseconds(2000);
   return o;
-}
-
-StatusOr<Reply> Call(Client& client, std::vector<std::string_view> args, milliseconds timeout) {
-  std::promise<StatusOr<Reply>> promise;
-  auto future = promise.get_future();
-  client.Execute(
-      args, [&promise](StatusOr<Reply> r) { promise.set_value(std::move(r)); }, timeout);
-  return future.get();
-}
-
-milliseconds Since(Clock::time_point start) {
-  return std::chrono::duration_cast<milliseconds>(Clock::now() - start);
 }
 
 TEST(ConnectionFaultTest, NothingListeningIsUnavailableQuickly) {

@@ -13,8 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-Status Bad(std::string m) { return InvalidArgument(std::move(m)); }
-
 const json* Field(const json& j, std::string_view name) {
   auto it = j.find(name);
   return it == j.end() ? nullptr : &*it;
@@ -24,7 +22,7 @@ Status String(const json& j, std::string_view name, std::string* out) {
   const json* v = Field(j, name);
   if (v == nullptr) return Status::Ok();
   if (!v->is_string() || v->get_ref<const std::string&>().empty()) {
-    return Bad("field '" + std::string(name) + "' must be a non-empty string");
+    return InvalidArgument("field '" + std::string(name) + "' must be a non-empty string");
   }
   *out = v->get<std::string>();
   return Status::Ok();
@@ -42,7 +40,7 @@ bool IssuedLeaseId(std::string_view id) {
 
 // Common to both: key, and either route or name (+ limits, for acquire).
 StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool release) {
-  if (!j.is_object()) return Bad("the body must be a JSON object");
+  if (!j.is_object()) return InvalidArgument("the body must be a JSON object");
   static constexpr std::string_view kReleaseFields[] = {"key", "name", "route", "lease_id"};
   static constexpr std::string_view kAcquireFields[] = {"key", "name", "route", "max_in_flight",
                                                         "lease_ttl"};
@@ -53,14 +51,14 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
     if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
       std::string list;
       for (std::string_view a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-      return Bad("unknown field '" + it.key() + "' (expected " + list + ")");
+      return InvalidArgument("unknown field '" + it.key() + "' (expected " + list + ")");
     }
   }
   ParsedAcquire p;
   policy::ConcurrencyConfig& c = p.request.config;
   c.on_limit = policy::ConcurrencyConfig::OnLimit::kReject;  // the caller decides what to do
   if (Status s = String(j, "key", &p.request.key); !s.ok()) return s;
-  if (p.request.key.empty()) return Bad("field 'key' is required");
+  if (p.request.key.empty()) return InvalidArgument("field 'key' is required");
   std::string route;
   if (Status s = String(j, "route", &route); !s.ok()) return s;
   if (Status s = String(j, "name", &p.request.name); !s.ok()) return s;
@@ -68,7 +66,8 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
   if (!route.empty()) {
     for (const char* f : {"name", "max_in_flight", "lease_ttl"}) {
       if (Field(j, f) != nullptr) {
-        return Bad("field '" + std::string(f) + "' does not go with 'route' (the route sets it)");
+        return InvalidArgument("field '" + std::string(f) +
+                               "' does not go with 'route' (the route sets it)");
       }
     }
     const policy::RouteClass* r = nullptr;
@@ -77,34 +76,35 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
         if (rc.name == route) r = &rc;
       }
     }
-    if (r == nullptr) return Bad("unknown route '" + route + "'");
-    if (!r->concurrency) return Bad("route '" + route + "' has no concurrency limit");
+    if (r == nullptr) return InvalidArgument("unknown route '" + route + "'");
+    if (!r->concurrency) return InvalidArgument("route '" + route + "' has no concurrency limit");
     p.request.name = r->name;
     c.max_in_flight = r->concurrency->max_in_flight;
     c.lease_ttl = r->concurrency->lease_ttl;
     if (r->failure_mode) p.request.failure_mode = *r->failure_mode;
   } else {
-    if (p.request.name.empty()) return Bad("field 'name' (or 'route') is required");
+    if (p.request.name.empty()) return InvalidArgument("field 'name' (or 'route') is required");
     if (Status s = ValidateLimitName(p.request.name); !s.ok()) {
-      return Bad("field 'name': " + s.message());
+      return InvalidArgument("field 'name': " + s.message());
     }
     if (!release) {
       const json* max = Field(j, "max_in_flight");
-      if (max == nullptr) return Bad("field 'max_in_flight' is required");
+      if (max == nullptr) return InvalidArgument("field 'max_in_flight' is required");
       if (!max->is_number_integer() || max->get<int64_t>() < 1 ||
           max->get<int64_t>() > kMaxInFlight) {
-        return Bad("field 'max_in_flight' must be an integer in [1, " +
-                   std::to_string(kMaxInFlight) + "]");
+        return InvalidArgument("field 'max_in_flight' must be an integer in [1, " +
+                               std::to_string(kMaxInFlight) + "]");
       }
       c.max_in_flight = max->get<int64_t>();
       if (const json* ttl = Field(j, "lease_ttl"); ttl != nullptr) {
         if (!ttl->is_string()) {
-          return Bad("field 'lease_ttl' must be a duration string such as \"30s\"");
+          return InvalidArgument("field 'lease_ttl' must be a duration string such as \"30s\"");
         }
         StatusOr<std::chrono::microseconds> d = ParseDuration(ttl->get_ref<const std::string&>());
-        if (!d.ok()) return Bad("field 'lease_ttl': " + d.status().message());
+        if (!d.ok()) return InvalidArgument("field 'lease_ttl': " + d.status().message());
         if (*d < std::chrono::milliseconds(10) || *d > kMaxLeaseTtl || d->count() % 1000 != 0) {
-          return Bad("field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+          return InvalidArgument(
+              "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
         }
         c.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
       }
@@ -112,9 +112,9 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
   }
   if (release) {
     if (Status s = String(j, "lease_id", &p.lease_id); !s.ok()) return s;
-    if (p.lease_id.empty()) return Bad("field 'lease_id' is required");
+    if (p.lease_id.empty()) return InvalidArgument("field 'lease_id' is required");
     if (!IssuedLeaseId(p.lease_id)) {
-      return Bad(
+      return InvalidArgument(
           "field 'lease_id' is not a lease id /v1/acquire gives out (32 hex digits, "
           "or l- and 32 hex digits)");
     }

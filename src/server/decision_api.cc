@@ -23,8 +23,6 @@ namespace {
 
 using nlohmann::json;
 
-Status Bad(std::string m) { return InvalidArgument(std::move(m)); }
-
 bool ValidUtf8(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
@@ -97,22 +95,25 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
       block_for = &it.value();
     } else {
       const auto* f = std::find(std::begin(kFields), std::end(kFields), k);
-      if (f == std::end(kFields)) return Bad(where + ": unknown field '" + k + "'");
+      if (f == std::end(kFields)) return InvalidArgument(where + ": unknown field '" + k + "'");
       fields[f - std::begin(kFields)] = &it.value();
     }
   }
   std::string limit_name = "default";
   if (name != nullptr) {
-    if (!name->is_string()) return Bad(where + ": field 'name' must be a string");
+    if (!name->is_string()) return InvalidArgument(where + ": field 'name' must be a string");
     limit_name = name->get<std::string>();
-    if (Status s = ValidateLimitName(limit_name); !s.ok()) return Bad(where + ": " + s.message());
+    if (Status s = ValidateLimitName(limit_name); !s.ok())
+      return InvalidArgument(where + ": " + s.message());
   }
-  if (algorithm == nullptr) return Bad(where + ": field 'algorithm' is required");
-  if (!algorithm->is_string()) return Bad(where + ": field 'algorithm' must be a string");
+  if (algorithm == nullptr) return InvalidArgument(where + ": field 'algorithm' is required");
+  if (!algorithm->is_string())
+    return InvalidArgument(where + ": field 'algorithm' must be a string");
   StatusOr<Algorithm> algo = ParseAlgorithm(algorithm->get_ref<const std::string&>());
   if (!algo.ok()) {
-    return Bad(where + ": unknown algorithm '" + algorithm->get<std::string>() +
-               "' (token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_log)");
+    return InvalidArgument(
+        where + ": unknown algorithm '" + algorithm->get<std::string>() +
+        "' (token_bucket, leaky_bucket, fixed_window, sliding_window or sliding_log)");
   }
   const std::string algo_name(AlgorithmName(*algo));
   const auto [count_field_name, second_field_name] = SpecFieldNames(*algo);
@@ -125,31 +126,33 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     } else if (kFields[f] == second_name) {
       second = fields[f];
     } else if (fields[f] != nullptr) {
-      return Bad(where + ": field '" + std::string(kFields[f]) + "' does not apply to " +
-                 algo_name + " (use '" + count_name + "' and '" + second_name + "')");
+      return InvalidArgument(where + ": field '" + std::string(kFields[f]) +
+                             "' does not apply to " + algo_name + " (use '" + count_name +
+                             "' and '" + second_name + "')");
     }
   }
   LimitSpec spec{.name = std::move(limit_name), .algorithm = *algo};
   if (count_field == nullptr)
-    return Bad(where + ": field '" + count_name + "' is required for " + algo_name);
+    return InvalidArgument(where + ": field '" + count_name + "' is required for " + algo_name);
   if (!GetInt(*count_field, 1, spec.count))
-    return Bad(where + ": field '" + count_name + "' must be a positive integer");
+    return InvalidArgument(where + ": field '" + count_name + "' must be a positive integer");
   if (second == nullptr)
-    return Bad(where + ": field '" + second_name + "' is required for " + algo_name);
+    return InvalidArgument(where + ": field '" + second_name + "' is required for " + algo_name);
   if (TakesRate(*algo)) {
     if (!second->is_number() || !(second->get<double>() > 0)) {
-      return Bad(where + ": field '" + second_name + "' must be a positive number");
+      return InvalidArgument(where + ": field '" + second_name + "' must be a positive number");
     }
     spec.per_second = second->get<double>();
   } else {
     if (!second->is_string()) {
-      return Bad(where + ": field 'window' must be a duration string such as \"60s\"");
+      return InvalidArgument(where + ": field 'window' must be a duration string such as \"60s\"");
     }
     std::optional<std::string_view> align_text, timezone_text;
     for (auto [field, text, key] : {std::tuple{align, &align_text, "align"},
                                     std::tuple{timezone, &timezone_text, "timezone"}}) {
       if (field == nullptr) continue;
-      if (!field->is_string()) return Bad(where + ": field '" + key + "' must be a string");
+      if (!field->is_string())
+        return InvalidArgument(where + ": field '" + key + "' must be a string");
       *text = field->get_ref<const std::string&>();
     }
     Status w =
@@ -157,12 +160,13 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     if (!w.ok()) {
       const std::string_view m = w.message();
       const bool names_its_field = m.starts_with("align") || m.starts_with("timezone");
-      return Bad(where + ": " + (names_its_field ? "" : "field 'window': ") + std::string(m));
+      return InvalidArgument(where + ": " + (names_its_field ? "" : "field 'window': ") +
+                             std::string(m));
     }
   }
   if (TakesRate(*algo) && (align != nullptr || timezone != nullptr)) {
-    return Bad(where + ": field '" + (align != nullptr ? "align" : "timezone") +
-               "' is for fixed_window only, not " + algo_name);
+    return InvalidArgument(where + ": field '" + (align != nullptr ? "align" : "timezone") +
+                           "' is for fixed_window only, not " + algo_name);
   }
   // The core names the limit ("limit 'default': capacity must ..."); `where`
   // already says which one, and 'default' is no name the caller wrote.
@@ -171,16 +175,17 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
   if (!out.ok()) {
     std::string_view m = out.status().message();
     if (m.starts_with(named)) m.remove_prefix(named.size());
-    return Bad(where + ": " + std::string(m));
+    return InvalidArgument(where + ": " + std::string(m));
   }
   if (block_for != nullptr) {  // a block period (issue 21), "10m"
     if (!block_for->is_string()) {
-      return Bad(where + ": field 'block_for' must be a duration string such as \"10m\"");
+      return InvalidArgument(where +
+                             ": field 'block_for' must be a duration string such as \"10m\"");
     }
     StatusOr<std::chrono::microseconds> d = ParseDuration(block_for->get_ref<const std::string&>());
-    if (!d.ok()) return Bad(where + ": field 'block_for': " + d.status().message());
+    if (!d.ok()) return InvalidArgument(where + ": field 'block_for': " + d.status().message());
     out = out->WithBlockFor(*d);
-    if (!out.ok()) return Bad(where + ": " + out.status().message());
+    if (!out.ok()) return InvalidArgument(where + ": " + out.status().message());
   }
   return out;
 }
@@ -192,9 +197,9 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
 Status NotAConfiguredLimitsName(const Limit& l, const policy::Policy* policy) {
   const Limit* configured = policy != nullptr ? policy->NamedLimit(l.name()) : nullptr;
   if (configured == nullptr || *configured == l) return Status::Ok();
-  return Bad("limit '" + l.name() +
-             "' is configured with other parameters; name it (\"limit\": \"" + l.name() +
-             "\") to use the configured one, or give this one another name");
+  return InvalidArgument("limit '" + l.name() +
+                         "' is configured with other parameters; name it (\"limit\": \"" +
+                         l.name() + "\") to use the configured one, or give this one another name");
 }
 
 void AppendInt(std::string& out, int64_t v) {
@@ -236,10 +241,11 @@ Status AssembleChecks(std::span<const Limit* const> named, ParsedCheck& out) {
   for (const Limit* n : named) {
     const Limit* l = n != nullptr ? n : &out.owned[next_owned++];
     for (const LimitCheck& c : out.checks) {
-      if (c.limit->name() == l->name()) return Bad("limit '" + l->name() + "' appears twice");
+      if (c.limit->name() == l->name())
+        return InvalidArgument("limit '" + l->name() + "' appears twice");
     }
     if (Status s = l->ValidateCost(out.cost); !s.ok()) {
-      return Bad("limit '" + l->name() + "': " + s.message());
+      return InvalidArgument("limit '" + l->name() + "': " + s.message());
     }
     out.checks.push_back({l, out.cost});
   }
@@ -453,7 +459,7 @@ StatusOr<json> ParseBody(std::string_view body) {
   json j = json::parse(body, track, /*allow_exceptions=*/false);
   if (!j.is_discarded()) {
     if (!repeated.empty()) {
-      return Bad("member '" + repeated + "' appears twice in one JSON object");
+      return InvalidArgument("member '" + repeated + "' appears twice in one JSON object");
     }
     return j;
   }
@@ -464,9 +470,9 @@ StatusOr<json> ParseBody(std::string_view body) {
   } catch (const json::exception& e) {
     std::string what = e.what();
     if (auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    return Bad("request body is not valid JSON: " + what);
+    return InvalidArgument("request body is not valid JSON: " + what);
   }
-  return Bad("request body is not valid JSON");
+  return InvalidArgument("request body is not valid JSON");
 }
 
 namespace {
@@ -474,18 +480,19 @@ namespace {
 // "reserve": true and "reserve_ttl": "<duration>" (issue 21).
 Status ParseReserve(const json* reserve, const json* ttl, const json& limits, ParsedCheck& out) {
   if (reserve != nullptr && !reserve->is_boolean())
-    return Bad("field 'reserve' must be true or false");
+    return InvalidArgument("field 'reserve' must be true or false");
   out.reserve = reserve != nullptr && reserve->get<bool>();
-  if (ttl != nullptr && !out.reserve) return Bad("field 'reserve_ttl' needs \"reserve\": true");
+  if (ttl != nullptr && !out.reserve)
+    return InvalidArgument("field 'reserve_ttl' needs \"reserve\": true");
   if (!out.reserve) return Status::Ok();
   out.reserve_ttl_ms = kDefaultReservationTtlMs;
   if (ttl != nullptr) {
     if (!ttl->is_string())
-      return Bad("field 'reserve_ttl' must be a duration string such as \"30s\"");
+      return InvalidArgument("field 'reserve_ttl' must be a duration string such as \"30s\"");
     StatusOr<std::chrono::microseconds> d = ParseDuration(ttl->get_ref<const std::string&>());
-    if (!d.ok()) return Bad("field 'reserve_ttl': " + d.status().message());
+    if (!d.ok()) return InvalidArgument("field 'reserve_ttl': " + d.status().message());
     if (d->count() < 1000 || d->count() > kMaxReservationTtlMs * 1000) {
-      return Bad("field 'reserve_ttl' must be 1ms..1h");
+      return InvalidArgument("field 'reserve_ttl' must be 1ms..1h");
     }
     out.reserve_ttl_ms = d->count() / 1000;
   }
@@ -497,7 +504,7 @@ Status ParseReserve(const json* reserve, const json* ttl, const json& limits, Pa
 
 StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
                                  size_t max_key_length) {
-  if (!j.is_object()) return Bad("a check must be a JSON object");
+  if (!j.is_object()) return InvalidArgument("a check must be a JSON object");
   const json* key = nullptr;
   const json* cost = nullptr;
   const json* limits = nullptr;
@@ -519,30 +526,31 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
     else if (k == "limit")
       limit = &it.value();
     else
-      return Bad("unknown field '" + k +
-                 "' (expected key, cost, limits or limit, or reserve and reserve_ttl)");
+      return InvalidArgument("unknown field '" + k +
+                             "' (expected key, cost, limits or limit, or reserve and reserve_ttl)");
   }
   ParsedCheck out;
-  if (key == nullptr) return Bad("field 'key' is required");
-  if (!key->is_string()) return Bad("field 'key' must be a string");
+  if (key == nullptr) return InvalidArgument("field 'key' is required");
+  if (!key->is_string()) return InvalidArgument("field 'key' must be a string");
   out.key = key->get<std::string>();
   if (Status s = ValidateKey(out.key, max_key_length, "field 'key'"); !s.ok()) return s;
-  if (!ValidUtf8(out.key)) return Bad("field 'key' is not valid UTF-8");
+  if (!ValidUtf8(out.key)) return InvalidArgument("field 'key' is not valid UTF-8");
   if (cost != nullptr && !GetInt(*cost, 0, out.cost)) {
-    return Bad("field 'cost' must be a non-negative integer");
+    return InvalidArgument("field 'cost' must be a non-negative integer");
   }
-  if (limits != nullptr && limit != nullptr) return Bad("use either 'limits' or 'limit', not both");
-  if (limits == nullptr && limit == nullptr) return Bad("field 'limits' is required");
+  if (limits != nullptr && limit != nullptr)
+    return InvalidArgument("use either 'limits' or 'limit', not both");
+  if (limits == nullptr && limit == nullptr) return InvalidArgument("field 'limits' is required");
   json one;
   if (limit != nullptr) {
     one = json::array({*limit});
     limits = &one;
   }
-  if (!limits->is_array()) return Bad("field 'limits' must be an array");
-  if (limits->empty()) return Bad("field 'limits' must name at least one limit");
+  if (!limits->is_array()) return InvalidArgument("field 'limits' must be an array");
+  if (limits->empty()) return InvalidArgument("field 'limits' must name at least one limit");
   if (limits->size() > kMaxChecksPerRequest) {
-    return Bad("field 'limits' has " + std::to_string(limits->size()) +
-               " entries; the maximum is " + std::to_string(kMaxChecksPerRequest));
+    return InvalidArgument("field 'limits' has " + std::to_string(limits->size()) +
+                           " entries; the maximum is " + std::to_string(kMaxChecksPerRequest));
   }
   // First the inline limits (owned), then pointers: `owned` must not reallocate.
   out.owned.reserve(limits->size());
@@ -553,16 +561,16 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
     if (e.is_string()) {
       const std::string& name = e.get_ref<const std::string&>();
       named[i] = policy != nullptr ? policy->NamedLimit(name) : nullptr;
-      if (named[i] == nullptr) return Bad(where + ": unknown limit '" + name + "'");
+      if (named[i] == nullptr) return InvalidArgument(where + ": unknown limit '" + name + "'");
     } else if (e.is_object()) {
       StatusOr<Limit> l = ParseInlineLimit(e, where);
       if (!l.ok()) return l.status();
       if (Status s = NotAConfiguredLimitsName(*l, policy); !s.ok()) {
-        return Bad(where + ": " + s.message());
+        return InvalidArgument(where + ": " + s.message());
       }
       out.owned.push_back(std::move(*l));
     } else {
-      return Bad(where + ": must be a limit object or the name of a configured limit");
+      return InvalidArgument(where + ": must be a limit object or the name of a configured limit");
     }
   }
   if (Status s = AssembleChecks(named, out); !s.ok()) return s;

@@ -12,8 +12,6 @@ namespace {
 
 using json = nlohmann::json;
 
-Status Bad(std::string m) { return InvalidArgument(std::move(m)); }
-
 bool Token(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
     return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
@@ -28,19 +26,20 @@ constexpr size_t kMaxPart = 16 * 1024;
 
 Status Check(const ExplainRequest& r) {
   if (!Token(r.method) || r.method.size() > 64) {
-    return Bad("the method must be an HTTP token such as GET");
+    return InvalidArgument("the method must be an HTTP token such as GET");
   }
-  if (!r.target.starts_with("/")) return Bad("the target must start with '/' (origin form)");
+  if (!r.target.starts_with("/"))
+    return InvalidArgument("the target must start with '/' (origin form)");
   if (r.target.size() > kMaxPart || r.headers.size() > 100) {
-    return Bad("the target or the headers are too large for a request");
+    return InvalidArgument("the target or the headers are too large for a request");
   }
   for (const auto& [name, value] : r.headers) {
     if (name.size() + value.size() > kMaxPart) {
-      return Bad("header '" + name.substr(0, 64) + "' is too large for a request");
+      return InvalidArgument("header '" + name.substr(0, 64) + "' is too large for a request");
     }
-    if (!Token(name)) return Bad("header name '" + name + "' is not an HTTP token");
+    if (!Token(name)) return InvalidArgument("header name '" + name + "' is not an HTTP token");
     if (value.find_first_of(std::string_view("\r\n\0", 3)) != std::string::npos) {
-      return Bad("header '" + name + "' holds a line break or NUL");
+      return InvalidArgument("header '" + name + "' holds a line break or NUL");
     }
   }
   return Status::Ok();
@@ -111,34 +110,35 @@ std::string_view IdentitySourceName(policy::IdentitySource s) {
 }
 
 StatusOr<ExplainRequest> ParseExplainRequest(const json& body) {
-  if (!body.is_object()) return Bad("the body must be a JSON object");
+  if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
   ExplainRequest r;
   bool have_target = false;
   for (auto it = body.begin(); it != body.end(); ++it) {
     const std::string& k = it.key();
     const json& v = it.value();
     if (k == "method" || k == "target" || k == "peer") {
-      if (!v.is_string()) return Bad("field '" + k + "' must be a string");
+      if (!v.is_string()) return InvalidArgument("field '" + k + "' must be a string");
       (k == "method" ? r.method : k == "target" ? r.target : r.peer) = v.get<std::string>();
       have_target = have_target || k == "target";
     } else if (k == "headers") {
       if (!v.is_object()) {
-        return Bad(
+        return InvalidArgument(
             "field 'headers' must be an object: {\"X-API-Key\": \"k\", \"X-Forwarded-For\": "
             "[\"a\", \"b\"]}");
       }
       for (auto h = v.begin(); h != v.end(); ++h) {
         const json values = h.value().is_array() ? h.value() : json::array({h.value()});
         for (const json& one : values) {
-          if (!one.is_string()) return Bad("header '" + h.key() + "' must be a string or strings");
+          if (!one.is_string())
+            return InvalidArgument("header '" + h.key() + "' must be a string or strings");
           r.headers.emplace_back(h.key(), one.get<std::string>());
         }
       }
     } else {
-      return Bad("unknown field '" + k + "' (expected method, target, headers, peer)");
+      return InvalidArgument("unknown field '" + k + "' (expected method, target, headers, peer)");
     }
   }
-  if (!have_target) return Bad("field 'target' is required");
+  if (!have_target) return InvalidArgument("field 'target' is required");
   if (Status s = Check(r); !s.ok()) return s;
   return r;
 }
@@ -148,12 +148,14 @@ StatusOr<ExplainRequest> ParseExplainCommand(std::string_view request_line,
                                              std::string_view peer) {
   ExplainRequest r;
   const size_t space = request_line.find(' ');
-  if (space == std::string_view::npos) return Bad("--explain wants 'METHOD TARGET': 'GET /api/x'");
+  if (space == std::string_view::npos)
+    return InvalidArgument("--explain wants 'METHOD TARGET': 'GET /api/x'");
   r.method = std::string(request_line.substr(0, space));
   r.target = std::string(request_line.substr(space + 1));
   for (const std::string& line : header_lines) {
     const size_t colon = line.find(':');
-    if (colon == std::string::npos) return Bad("-H wants 'Name: value', not '" + line + "'");
+    if (colon == std::string::npos)
+      return InvalidArgument("-H wants 'Name: value', not '" + line + "'");
     std::string_view value = std::string_view(line).substr(colon + 1);
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
       value.remove_prefix(1);
@@ -168,7 +170,7 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
                        const OverrideTable* overrides, int64_t now_ms) {
   if (Status s = Check(req); !s.ok()) return s;
   StatusOr<policy::IpAddress> peer = policy::IpAddress::Parse(req.peer);
-  if (!peer.ok()) return Bad("the peer '" + req.peer + "' is not an IP address");
+  if (!peer.ok()) return InvalidArgument("the peer '" + req.peer + "' is not an IP address");
   // The request as the server would hold it, seen through the Router's own view.
   Request http_req;
   http_req.method_string(req.method);
@@ -189,7 +191,8 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
     auto m = http_req.find("X-Original-Method");
     auto u = http_req.find("X-Original-URI");
     if (m == http_req.end() || u == http_req.end()) {
-      return Bad("/v1/auth needs X-Original-Method and X-Original-URI (it answers 400)");
+      return InvalidArgument(
+          "/v1/auth needs X-Original-Method and X-Original-URI (it answers 400)");
     }
     method = m->value();
     target = u->value();
@@ -199,7 +202,7 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
   std::string xff;
   const policy::RequestView view = MakeView(http_req, method, target, *peer, xff);
   StatusOr<policy::RequestPlan> plan = policy.Resolve(view);
-  if (!plan.ok()) return Bad(plan.status().message() + " (the request would be a 400)");
+  if (!plan.ok()) return InvalidArgument(plan.status().message() + " (the request would be a 400)");
   const policy::Config& c = policy.config();
   out["canonical_path"] = plan->canonical_path;
   if (!out.contains("face")) {

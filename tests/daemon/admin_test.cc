@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "harness.h"
+#include "json_calls.h"
 
 namespace rltest {
 namespace {
@@ -42,8 +43,6 @@ HttpResponse Admin(const Daemon& d, const std::string& method, const std::string
                    const Headers& headers = {}) {
   return Http(d.admin_port(), method, target, headers);
 }
-
-json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
 
 class AdminApi : public ::testing::Test {
  protected:

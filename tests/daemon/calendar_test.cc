@@ -12,15 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "json_calls.h"
 #include "support/redis_server.h"
 
 namespace rltest {
 namespace {
 
 using nlohmann::json;
-
-HttpResponse Check(int port, const std::string& body) { return PostJson(port, "/v1/check", body); }
-json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
 
 // Within 3 s (the test's and the daemon's clocks read a moment apart,
 // headers round up to whole seconds).

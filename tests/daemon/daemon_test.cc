@@ -16,17 +16,12 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "json_calls.h"
 
 namespace rltest {
 namespace {
 
 using nlohmann::json;
-
-json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
-
-HttpResponse Check(int port, const std::string& body) {
-  return Http(port, "POST", "/v1/check", {{"Content-Type", "application/json"}}, body);
-}
 
 const char* kBurst =
     R"({"name": "burst", "algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5})";

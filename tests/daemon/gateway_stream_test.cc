@@ -117,7 +117,7 @@ int64_t RssKb(pid_t pid) {
   return -1;
 }
 
-std::string Config(int upstream_port) {
+std::string StreamConfig(int upstream_port) {
   return "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream_port) +
          "\n"
          "limits:\n  api: {algorithm: token_bucket, capacity: 100, refill_per_second: 100}\n"
@@ -127,7 +127,7 @@ std::string Config(int upstream_port) {
 TEST(GatewayStreaming, BigBodyPassesInConstantMemory) {
   StreamingUpstream upstream;
   const std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml", Config(upstream.port()));
+  WriteFile(dir + "/c.yaml", StreamConfig(upstream.port()));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
   ASSERT_EQ(Http(d.port(), "GET", "/close").status, 200);  // warm up: threads, pools
@@ -159,7 +159,7 @@ TEST(GatewayStreaming, BigBodyPassesInConstantMemory) {
 TEST(GatewayStreaming, FirstPiecesArriveBeforeTheUpstreamFinishes) {
   StreamingUpstream upstream;
   const std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml", Config(upstream.port()));
+  WriteFile(dir + "/c.yaml", StreamConfig(upstream.port()));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
 
@@ -202,7 +202,7 @@ TEST(GatewayStreaming, FirstPiecesArriveBeforeTheUpstreamFinishes) {
 TEST(GatewayStreaming, CloseDelimitedBodyIsChunkedForHttp11AndClosedForHttp10) {
   StreamingUpstream upstream;
   const std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml", Config(upstream.port()));
+  WriteFile(dir + "/c.yaml", StreamConfig(upstream.port()));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
 

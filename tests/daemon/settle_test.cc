@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness.h"
+#include "json_calls.h"
 #include "support/redis_server.h"
 
 namespace rltest {
@@ -33,8 +34,6 @@ std::string Config() {
 HttpResponse Check(const Daemon& d, const std::string& body) {
   return Http(d.port(), "POST", "/v1/check", {{"Content-Type", "application/json"}}, body);
 }
-
-json Body(const HttpResponse& r) { return json::parse(r.body, nullptr, false); }
 
 TEST(SettleDaemon, ABlockHoldsOnEveryInstanceUntilItEndsOrIsLifted) {
   ratelimit::testing::RedisServer redis;
