@@ -15,7 +15,7 @@
 #
 # The price: names at file scope (anonymous namespaces, statics) share one
 # translation unit per batch and must not collide; the build fails if they do.
-# Generated sources (absolute paths: the demo page, protoc output) compile alone.
+# Generated sources (in the build tree: the demo page, protoc output) compile alone.
 option(RL_UNITY "Compile the libraries and tests in batches of files (make test's trees)" OFF)
 set(RL_UNITY_BATCH 8 CACHE STRING "Files per batch when RL_UNITY is ON")
 
@@ -29,7 +29,22 @@ function(rl_unity target)
   set(own)
   set(own_abs)
   foreach(s IN LISTS sources)
-    if(s MATCHES "\\.cc$" AND NOT IS_ABSOLUTE "${s}")
+    if(NOT s MATCHES "\\.cc$")
+      continue()
+    endif()
+    if(IS_ABSOLUTE "${s}")
+      # A source of the tree named by its full path (the fuzz entry points
+      # that tests/fuzz_regressions replays): included relative to `dir`.
+      # Generated files (in the build tree) compile alone.
+      cmake_path(IS_PREFIX PROJECT_BINARY_DIR "${s}" NORMALIZE generated)
+      cmake_path(IS_PREFIX PROJECT_SOURCE_DIR "${s}" NORMALIZE in_tree)
+      if(generated OR NOT in_tree)
+        continue()
+      endif()
+      file(RELATIVE_PATH rel ${dir} ${s})
+      list(APPEND own ${rel})
+      list(APPEND own_abs ${s})
+    else()
       list(APPEND own ${s})
       list(APPEND own_abs ${dir}/${s})
     endif()

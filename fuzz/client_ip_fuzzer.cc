@@ -104,5 +104,3 @@ int FuzzClientIp(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzClientIp)

@@ -22,7 +22,7 @@
 namespace ratelimit::fuzz {
 namespace {
 
-constexpr std::string_view kConfig = R"(
+constexpr std::string_view kDecisionApiConfig = R"(
 server:
   headers: structured
 store:
@@ -43,7 +43,7 @@ limits:
 }  // namespace
 
 int FuzzDecisionApi(const uint8_t* data, size_t size) {
-  static const std::shared_ptr<const policy::Policy> policy = CompilePolicy(kConfig);
+  static const std::shared_ptr<const policy::Policy> policy = CompilePolicy(kDecisionApiConfig);
   const std::string_view body(reinterpret_cast<const char*>(data), size);
   ServerFixture f(policy);
   server::DecisionApi api(f.enforcer());
@@ -95,5 +95,3 @@ int FuzzDecisionApi(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzDecisionApi)

@@ -43,5 +43,3 @@ int FuzzDuration(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzDuration)

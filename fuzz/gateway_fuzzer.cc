@@ -48,7 +48,7 @@ constexpr std::string_view kSplit = "|UPSTREAM|";
 constexpr std::string_view kDefaultAnswer =
     "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
 
-constexpr std::string_view kConfig = R"(
+constexpr std::string_view kGatewayConfig = R"(
 server:
   headers: draft06
 store:
@@ -177,7 +177,7 @@ std::optional<http::response<http::string_body>> Expected(std::string_view answe
 }  // namespace
 
 int FuzzGateway(const uint8_t* data, size_t size) {
-  static const std::shared_ptr<const policy::Policy> kPolicy = CompilePolicy(kConfig);
+  static const std::shared_ptr<const policy::Policy> kPolicy = CompilePolicy(kGatewayConfig);
   static Upstream* upstream = new Upstream();  // lives as long as the process
   if (size == 0) return 0;
   const std::string_view peer_text = kPeers[data[0] & 3];
@@ -278,5 +278,3 @@ int FuzzGateway(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzGateway)

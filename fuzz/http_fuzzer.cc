@@ -171,5 +171,3 @@ int FuzzHttp(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzHttp)

@@ -51,5 +51,3 @@ int FuzzPath(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzPath)

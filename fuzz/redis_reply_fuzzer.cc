@@ -152,5 +152,3 @@ int FuzzRedisReply(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzRedisReply)

@@ -78,5 +78,3 @@ int FuzzRedisUrl(const uint8_t* data, size_t size) {
 }
 
 }  // namespace ratelimit::fuzz
-
-RL_FUZZ_ENTRY(FuzzRedisUrl)

@@ -1,12 +1,13 @@
 // Fuzz targets: one entry point per fuzzed surface, each taking arbitrary
-// bytes. They are linked two ways:
+// bytes. fuzz/<name>_fuzzer.cc defines Fuzz<Name>; all of them are the
+// library rl_fuzz_targets (fuzz/CMakeLists.txt), linked two ways:
 //
-//   fuzz/<name>_fuzzer.cc   defines Fuzz<Name> and, unless RL_FUZZ_REPLAY is
-//                           defined, a thin LLVMFuzzerTestOneInput calling it
-//                           (built with clang -DRL_FUZZ=ON, run by scripts/fuzz.sh)
-//   tests/fuzz_regressions  compiles the same files with RL_FUZZ_REPLAY and
-//                           replays every file of fuzz/corpus/<name>/ and
-//                           fuzz/regressions/<name>/ through them (GCC, ctest label unit)
+//   <name>_fuzzer           fuzz/entry.cc, libFuzzer's LLVMFuzzerTestOneInput
+//                           calling Fuzz<Name> (clang -DRL_FUZZ=ON, run by
+//                           scripts/fuzz.sh)
+//   tests/fuzz_regressions  replays every file of fuzz/corpus/<name>/ and
+//                           fuzz/regressions/<name>/ through them (any
+//                           compiler, ctest label unit)
 //
 // Each entry point returns 0 and never throws. A broken invariant prints what
 // broke and aborts (RL_FUZZ_CHECK), which libFuzzer records as a crash.
@@ -51,13 +52,3 @@ int FuzzGateway(const uint8_t* data, size_t size);      // request -> Gateway ->
   do {                                                                                    \
     if (!(cond)) ::ratelimit::fuzz::InvariantFailed(__FILE__, __LINE__, #cond, (detail)); \
   } while (0)
-
-// The libFuzzer entry point of one target (omitted in the replay test).
-#ifdef RL_FUZZ_REPLAY
-#define RL_FUZZ_ENTRY(fn)
-#else
-#define RL_FUZZ_ENTRY(fn)                                                   \
-  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { \
-    return ::ratelimit::fuzz::fn(data, size);                               \
-  }
-#endif
