@@ -25,7 +25,8 @@
 # test binaries too: scripts/run-tests.sh's ASan + UBSan build is this tree,
 # so the libraries are compiled once for the tests and the fuzz targets),
 # RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake). Called by
-# `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per target). docs/fuzzing.md is the manual.
+# `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per target).
+# docs/fuzzing.md is the manual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD

@@ -1,8 +1,10 @@
 // ASCII helpers for protocol tokens (header names, Forwarded parameters):
-// case-insensitive in ASCII only, as HTTP's are; no locale.
+// case-insensitive in ASCII only, as HTTP's are; no locale. And the two the
+// config parsers share (Trim, Quote).
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace ratelimit::core {
@@ -19,5 +21,15 @@ inline bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
   }
   return true;
 }
+
+// `s` without leading and trailing spaces and tabs.
+inline std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+// `s` in single quotes, as the config errors show a value.
+inline std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 }  // namespace ratelimit::core

@@ -1,4 +1,5 @@
 #include "ratelimit/limit.h"
+#include "core/ascii.h"
 
 #include <algorithm>
 #include <charconv>
@@ -10,7 +11,7 @@ namespace {
 
 constexpr int64_t kMaxExact = int64_t{1} << 53;  // doubles in Redis Lua stay exact below this
 
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+using core::Quote;
 
 }  // namespace
 

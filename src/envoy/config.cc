@@ -1,4 +1,5 @@
 #include "envoy/config.h"
+#include "core/ascii.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -18,7 +19,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string Quote(std::string_view s) { return "'" + std::string(s) + "'"; }
+using core::Quote;
 
 // A plain (unquoted) scalar that YAML would read as a number, a boolean or
 // null: envoyproxy/ratelimit's Go decoder refuses it as a map key.

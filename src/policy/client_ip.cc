@@ -7,11 +7,11 @@
 
 #include "core/ascii.h"
 #include "policy/policy.h"
-#include "policy/text.h"
 
 namespace ratelimit::policy {
 namespace {
 
+using core::Trim;
 // One hop as a proxy reported it.
 struct Hop {
   enum Kind { kAddress, kOpaque, kMalformed } kind;

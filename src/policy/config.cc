@@ -2,7 +2,7 @@
 // "<file>:<line>: <what>". The schema is documented field by field in
 // docs/configuration.md; keep the two in step.
 #include "policy/config.h"
-#include "policy/text.h"
+#include "core/ascii.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -27,6 +27,7 @@
 namespace ratelimit::policy {
 namespace {
 
+using core::Quote;
 // Printable ASCII without space: what an API key, user id or plan may hold.
 bool IsVisibleAscii(std::string_view s) {
   for (char c : s) {

@@ -1,5 +1,5 @@
 #include "policy/ip.h"
-#include "policy/text.h"
+#include "core/ascii.h"
 
 #include <arpa/inet.h>
 
@@ -9,6 +9,7 @@
 namespace ratelimit::policy {
 namespace {
 
+using core::Quote;
 constexpr std::array<uint8_t, 12> kV4MappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
 
 // Keeps the first `bits` bits of `b`, zeroes the rest.

@@ -11,7 +11,7 @@
 //     of first appearance; enforcing limits of one key share one group and are
 //     decided all or nothing.
 #include "policy/policy.h"
-#include "policy/text.h"
+#include "core/ascii.h"
 
 #include <algorithm>
 #include <set>
@@ -20,6 +20,8 @@
 namespace ratelimit::policy {
 namespace {
 
+using core::Quote;
+using core::Trim;
 // A header value usable as an identity: 1..200 visible ASCII characters.
 // Anything else is ignored (the next identity source is used), so a client
 // cannot grow keys without bound or smuggle control characters into them.
