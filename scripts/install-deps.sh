@@ -11,11 +11,12 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libssl-dev libhiredis-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  # The gRPC face (src/grpc): gRPC C++ with its CMake config, protoc and its plugin.
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  # The gRPC load driver (bench/macro/grpc_h2_load) speaks HTTP/2 with nghttp2,
-  # the codec Envoy's own gRPC client uses.
-  libnghttp2-dev
+  # The gRPC face (src/grpc): HTTP/2 from nghttp2 (the codec Envoy's own gRPC
+  # client uses; bench/macro/grpc_h2_load speaks it too), messages from protobuf.
+  libnghttp2-dev libprotobuf-dev protobuf-compiler
+  # gRPC C++ for the tests' and the bench's clients and the bench's trivial
+  # gRPC server (the peer): its CMake config, its protoc plugin.
+  libgrpc++-dev protobuf-compiler-grpc
 )
 test_pkgs=(
   redis-server redis-tools   # the store the integration tests talk to (never mocked)

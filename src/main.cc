@@ -291,6 +291,7 @@ int main(int argc, char** argv) {
   const ratelimit::policy::StoreConfig store_config = config.store;
   const ratelimit::policy::EnvoySection envoy_section = config.envoy;
   const std::string grpc_listen = config.server.grpc_listen;
+  const int grpc_threads = config.server.threads;
   auto policy = ratelimit::policy::Policy::Create(std::move(config));
   if (!policy.ok()) {
     Log(Level::kError, "bad config", {{"error", policy.status().message()}});
@@ -320,7 +321,8 @@ int main(int argc, char** argv) {
     ratelimit::grpcface::GrpcOptions go{.listen = grpc_listen,
                                         .envoy_config_dir = envoy_section.config_dir,
                                         .store = store_config,
-                                        .headers = envoy_section.headers};
+                                        .headers = envoy_section.headers,
+                                        .threads = grpc_threads};
     go.failure_mode = store_config.failure_mode;
     if (!envoy_section.failure_mode.empty())
       go.failure_mode = *ratelimit::ParseFailureMode(envoy_section.failure_mode);

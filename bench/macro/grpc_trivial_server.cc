@@ -1,7 +1,9 @@
 // grpc_trivial_server: the same RateLimitService (proto/), answering every
 // ShouldRateLimit OK without deciding anything: gRPC's own ceiling on this
 // machine, the peer of ratelimitd's gRPC face in scripts/bench.sh (row 8).
-// Same server setup as src/grpc (callback API, gRPC's default threads).
+// gRPC C++ (callback API, gRPC's default threads), what a service written
+// with gRPC's own server would start from; ratelimitd's face runs on a
+// server of its own (src/grpc/h2_server.h).
 //
 //   grpc_trivial_server --listen=127.0.0.1:0    prints "listening PORT", serves until SIGTERM
 #include <absl/synchronization/mutex.h>
@@ -38,8 +40,9 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a.rfind("--listen=", 0) == 0) listen = a.substr(9);
   }
-  // As ratelimitd's gRPC face does (src/grpc/grpc_face.cc): Abseil's
-  // deadlock detector off, which Debian's Abseil build leaves on.
+  // Abseil's deadlock detector off, as a release build of Abseil has it
+  // (Debian's leaves it on: 5-8% of a gRPC server's CPU behind one
+  // process-wide lock, docs/performance.md row 8).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   Trivial service;
   int port = 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -12,16 +13,16 @@
 #include <chrono>
 #include <csignal>
 #include <mutex>
+#include <optional>
 #include <thread>
-
-#include <absl/synchronization/mutex.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
+#include <vector>
 
 #include "envoy/config.h"
 #include "envoy/describe.h"
 #include "envoy/plan.h"
-#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "envoy/service/ratelimit/v3/rls.pb.h"
+#include "grpc/h2_server.h"
+#include "grpc/health/v1/health.pb.h"
 #include "ratelimit/clock.h"
 #include "ratelimit/thread_annotations.h"
 #include "server/enforcer.h"
@@ -32,6 +33,7 @@
 namespace ratelimit::grpcface {
 
 namespace pb = ::envoy::service::ratelimit::v3;
+namespace hpb = ::grpc::health::v1;
 namespace net = boost::asio;
 using server::Level;
 using server::Log;
@@ -107,26 +109,34 @@ void Count(const envoy::RequestPlan& plan, const envoy::Response& resp, bool deg
 
 }  // namespace
 
-struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
+constexpr char kRateLimitService[] = "envoy.service.ratelimit.v3.RateLimitService";
+
+struct GrpcFace::Impl {
   GrpcOptions options;
   std::shared_ptr<Store> store;
   std::unique_ptr<server::Enforcer> enforcer;
-  std::unique_ptr<grpc::Server> server;
   int port = 0;
   mutable Mutex config_mu;
   std::shared_ptr<const envoy::Config> current RL_GUARDED_BY(config_mu);
   // Why the last reload failed ("" when it did not), and when (Unix ms).
   std::string reload_error RL_GUARDED_BY(config_mu);
   int64_t reload_error_at_ms RL_GUARDED_BY(config_mu) = 0;
-  std::once_flag shutdown_once;
 
-  // Signals and inotify, on a thread of their own.
+  // Health: SERVING until the shutdown starts; Watch calls hear of the change.
+  Mutex health_mu;
+  bool serving RL_GUARDED_BY(health_mu) = true;
+  std::vector<GrpcCall> watchers RL_GUARDED_BY(health_mu);
+
+  // The calls, the signals and inotify, on `threads` threads. The server is
+  // declared after the io_context: it goes first.
   net::io_context ioc;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  std::unique_ptr<H2Server> server;
   net::signal_set signals{ioc, SIGHUP, SIGTERM, SIGINT};
   std::unique_ptr<net::posix::stream_descriptor> watch;
   net::steady_timer debounce{ioc};
   char watch_buf[4096];
-  std::thread thread;
+  std::vector<std::thread> threads;
 
   std::shared_ptr<const envoy::Config> Config() const {
     LockGuard lock(config_mu);
@@ -173,48 +183,79 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
     return Status::Ok();
   }
 
-  grpc::ServerUnaryReactor* ShouldRateLimit(grpc::CallbackServerContext* ctx,
-                                            const pb::RateLimitRequest* request,
-                                            pb::RateLimitResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    struct Call {
+  void ShouldRateLimit(GrpcCall call) {
+    pb::RateLimitRequest request;
+    const std::string_view bytes = call.request();
+    if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return call.Finish(GrpcCode::kInternal, "cannot parse the RateLimitRequest");
+    }
+    struct Pending {
       std::shared_ptr<const envoy::Config> config;
       envoy::Request request;
       envoy::RequestPlan plan;
     };
-    auto call = std::make_shared<Call>();
-    call->config = Config();
-    call->request = FromProto(*request);
-    StatusOr<envoy::RequestPlan> plan = envoy::MakePlan(*call->config, call->request);
-    if (!plan.ok()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, plan.status().message()));
-      return reactor;
+    auto p = std::make_shared<Pending>();
+    p->config = Config();
+    p->request = FromProto(request);
+    StatusOr<envoy::RequestPlan> plan = envoy::MakePlan(*p->config, p->request);
+    if (!plan.ok()) return call.Finish(GrpcCode::kInvalidArgument, plan.status().message());
+    p->plan = std::move(*plan);
+    DecideEnvoy(*enforcer, p->plan, options.failure_mode, options.store,
+                [this, p, call = std::move(call)](EnvoyDecided d) {
+                  if (d.unavailable) {
+                    return call.Finish(GrpcCode::kUnavailable,
+                                       "the rate limit store cannot decide: " + d.error.message());
+                  }
+                  if (!d.error.ok())
+                    return call.Finish(GrpcCode::kInvalidArgument, d.error.message());
+                  const envoy::Response r =
+                      envoy::Respond(p->plan, d.result ? &*d.result : nullptr,
+                                     d.shadow ? &*d.shadow : nullptr, Clock::System().NowMicros());
+                  pb::RateLimitResponse response;
+                  ToProto(r, &response);
+                  Count(p->plan, r, d.degraded);
+                  if (options.headers != policy::HeaderDialect::kNone && d.result) {
+                    AddHeaders(p->plan, *d.result, d.degraded, &response);
+                  }
+                  call.Reply(response.SerializeAsString());
+                });
+  }
+
+  // grpc.health.v1: "" is the server, kRateLimitService its one service.
+  static bool Known(const std::string& service) {
+    return service.empty() || service == kRateLimitService;
+  }
+  static std::string HealthAnswer(hpb::HealthCheckResponse::ServingStatus status) {
+    hpb::HealthCheckResponse r;
+    r.set_status(status);
+    return r.SerializeAsString();
+  }
+  void Check(GrpcCall call) {
+    hpb::HealthCheckRequest req;
+    const std::string_view bytes = call.request();
+    if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+      return call.Finish(GrpcCode::kInternal, "cannot parse the HealthCheckRequest");
+    if (!Known(req.service())) return call.Finish(GrpcCode::kNotFound, "unknown service");
+    LockGuard lock(health_mu);
+    call.Reply(HealthAnswer(serving ? hpb::HealthCheckResponse::SERVING
+                                    : hpb::HealthCheckResponse::NOT_SERVING));
+  }
+  void Watch(GrpcCall call) {
+    hpb::HealthCheckRequest req;
+    const std::string_view bytes = call.request();
+    if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
+      return call.Finish(GrpcCode::kInternal, "cannot parse the HealthCheckRequest");
+    // An unknown service is SERVICE_UNKNOWN and the stream stays open (the
+    // protocol's rule: the service may appear later). Here it never does.
+    LockGuard lock(health_mu);
+    if (!Known(req.service())) {
+      call.Write(HealthAnswer(hpb::HealthCheckResponse::SERVICE_UNKNOWN));
+    } else {
+      call.Write(HealthAnswer(serving ? hpb::HealthCheckResponse::SERVING
+                                      : hpb::HealthCheckResponse::NOT_SERVING));
     }
-    call->plan = std::move(*plan);
-    DecideEnvoy(
-        *enforcer, call->plan, options.failure_mode, options.store,
-        [this, call, reactor, response](EnvoyDecided d) {
-          if (d.unavailable) {
-            reactor->Finish(
-                grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                             "the rate limit store cannot decide: " + d.error.message()));
-            return;
-          }
-          if (!d.error.ok()) {
-            reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, d.error.message()));
-            return;
-          }
-          const envoy::Response r =
-              envoy::Respond(call->plan, d.result ? &*d.result : nullptr,
-                             d.shadow ? &*d.shadow : nullptr, Clock::System().NowMicros());
-          ToProto(r, response);
-          Count(call->plan, r, d.degraded);
-          if (options.headers != policy::HeaderDialect::kNone && d.result) {
-            AddHeaders(call->plan, *d.result, d.degraded, response);
-          }
-          reactor->Finish(grpc::Status::OK);
-        });
-    return reactor;
+    if (!serving) return call.Finish(GrpcCode::kOk);
+    watchers.push_back(std::move(call));
   }
 
   // The headers of the enforcing limit closest to its limit (the Combine).
@@ -251,12 +292,13 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
         WaitForSignal();
         return;
       }
-      // SIGTERM/SIGINT: the daemon drains its HTTP faces; this one stops too.
-      ShutdownServer();
+      // SIGTERM/SIGINT: the daemon drains its HTTP faces; this one starts
+      // draining too (GrpcFace::Shutdown waits for it).
+      BeginShutdown();
     });
   }
 
-  void Watch() {
+  void WatchDir() {
     watch->async_read_some(net::buffer(watch_buf),
                            [this](const boost::system::error_code& ec, size_t) {
                              if (ec) return;
@@ -264,14 +306,26 @@ struct GrpcFace::Impl final : pb::RateLimitService::CallbackService {
                              debounce.async_wait([this](const boost::system::error_code& e) {
                                if (!e) (void)Reload();
                              });
-                             Watch();
+                             WatchDir();
                            });
   }
 
-  void ShutdownServer() {
-    std::call_once(shutdown_once, [this] {
-      if (server) server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    });
+  // Health turns NOT_SERVING (Watch calls hear it and end), the listener
+  // closes, and every connection gets GOAWAY: calls in flight finish.
+  // Non-blocking; any thread; idempotent.
+  void BeginShutdown() {
+    std::vector<GrpcCall> ending;
+    {
+      LockGuard lock(health_mu);
+      if (!serving) return;
+      serving = false;
+      ending.swap(watchers);
+    }
+    for (const GrpcCall& w : ending) {
+      w.Write(HealthAnswer(hpb::HealthCheckResponse::NOT_SERVING));
+      w.Finish(GrpcCode::kOk);
+    }
+    server->Drain();
   }
 };
 
@@ -295,26 +349,29 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
       inotify_add_watch(fd, impl->options.envoy_config_dir.c_str(),
                         IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE);
       impl->watch = std::make_unique<net::posix::stream_descriptor>(impl->ioc, fd);
-      impl->Watch();
+      impl->WatchDir();
     }
   }
-  impl->SetConfig(initial);  // before the server and the watch thread start
-  DisableAbseilDeadlockDetection();
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(impl->options.listen, grpc::InsecureServerCredentials(), &impl->port);
-  builder.RegisterService(impl.get());
-  impl->server = builder.BuildAndStart();
-  if (!impl->server || impl->port == 0) {
-    return Unavailable("cannot listen for gRPC on " + impl->options.listen);
-  }
-  impl->server->GetHealthCheckService()->SetServingStatus(true);
-  impl->WaitForSignal();
+  impl->SetConfig(initial);  // before the server and the threads start
+  impl->server = std::make_unique<H2Server>(impl->ioc, H2ServerOptions{});
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->ioc.run(); });
+  impl->server->Handle(std::string("/") + kRateLimitService + "/ShouldRateLimit",
+                       [raw](GrpcCall call) { raw->ShouldRateLimit(std::move(call)); });
+  impl->server->Handle("/grpc.health.v1.Health/Check",
+                       [raw](GrpcCall call) { raw->Check(std::move(call)); });
+  impl->server->Handle("/grpc.health.v1.Health/Watch",
+                       [raw](GrpcCall call) { raw->Watch(std::move(call)); });
+  if (Status s = impl->server->Listen(impl->options.listen); !s.ok()) return s;
+  impl->port = impl->server->port();
+  impl->WaitForSignal();
+  impl->work.emplace(impl->ioc.get_executor());
+  int n = impl->options.threads;
+  if (n <= 0) n = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  for (int i = 0; i < n; ++i) impl->threads.emplace_back([raw] { raw->ioc.run(); });
   Log(Level::kInfo, "gRPC listening",
       {{"addr", impl->options.listen},
        {"port", static_cast<int64_t>(impl->port)},
+       {"threads", static_cast<int64_t>(n)},
        {"envoy_config", impl->options.envoy_config_dir},
        {"domains", static_cast<int64_t>(initial->domains.size())}});
   return std::unique_ptr<GrpcFace>(new GrpcFace(std::move(impl)));
@@ -348,15 +405,13 @@ nlohmann::json GrpcFace::Describe() const {
 }
 
 void GrpcFace::Shutdown() {
-  if (!impl_) return;
-  impl_->ShutdownServer();
-  impl_->server->Wait();
+  if (!impl_ || impl_->threads.empty()) return;
+  impl_->BeginShutdown();
+  impl_->server->Shutdown(std::chrono::seconds(5));
+  impl_->work.reset();
   impl_->ioc.stop();
-  if (impl_->thread.joinable()) impl_->thread.join();
-}
-
-void DisableAbseilDeadlockDetection() {
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  for (std::thread& t : impl_->threads) t.join();
+  impl_->threads.clear();
 }
 
 Status CheckEnvoyConfig(const std::string& dir) { return envoy::LoadDirectory(dir).status(); }

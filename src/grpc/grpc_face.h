@@ -14,10 +14,12 @@
 // logged and the config in use stays. SIGTERM/SIGINT start the shutdown of
 // the listener (in-flight calls finish, at most 5 s).
 //
-// This header includes no gRPC: gRPC's headers stay in src/grpc's .cc files.
+// The gRPC server under it is ours (h2_server.h: nghttp2's HTTP/2 and gRPC's
+// wire format on Asio), not gRPC C++: docs/envoy.md says why.
 //
 // Thread-safety: Start, Shutdown and the destructor from one thread; calls
-// are served on gRPC's threads (callback API, no thread per call).
+// are served on the face's `threads` threads, each call on its connection's
+// strand, no thread per call.
 #pragma once
 
 #include <memory>
@@ -43,6 +45,7 @@ struct GrpcOptions {
   // response_headers_to_add for the descriptor closest to its limit (kNone:
   // off, as in envoyproxy/ratelimit).
   policy::HeaderDialect headers = policy::HeaderDialect::kNone;
+  int threads = 0;  // threads serving calls; 0 = one per core (server.threads)
 };
 
 class GrpcFace {
@@ -59,7 +62,8 @@ class GrpcFace {
   // The loaded domains and the last reload's result, for the admin API's
   // GET /v1/envoy/domains (docs/admin.md).
   nlohmann::json Describe() const;
-  // Stops accepting, lets in-flight calls finish (at most 5 s). Idempotent.
+  // Health turns NOT_SERVING, stops accepting, sends GOAWAY, lets in-flight
+  // calls finish (at most 5 s), stops the threads. Idempotent.
   void Shutdown();
 
   struct Impl;
@@ -68,14 +72,6 @@ class GrpcFace {
   explicit GrpcFace(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Turns off Abseil's mutex deadlock detector for the process. Debian builds
-// Abseil without NDEBUG, which leaves it on: every absl::Mutex that gRPC
-// locks then also updates a lock-order graph behind one process-wide spin
-// lock (perf: 5-8% of the daemon under ShouldRateLimit load, and a point
-// where gRPC's threads queue). Release builds of Abseil have it off.
-// GrpcFace::Start calls it; idempotent.
-void DisableAbseilDeadlockDetection();
 
 // Validates an Envoy config directory (for --check-config): OK or the first
 // error with its file:line.

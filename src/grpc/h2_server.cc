@@ -1,0 +1,545 @@
+#include "grpc/h2_server.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <nghttp2/nghttp2.h>
+
+#include <array>
+#include <atomic>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "ratelimit/thread_annotations.h"
+
+namespace ratelimit::grpcface {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kPrefix = 5;               // gRPC's message prefix: flag + length
+constexpr size_t kMaxPendingOut = 1 << 20;  // stop reading while this much is unsent
+
+nghttp2_nv Header(std::string_view name, std::string_view value) {
+  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                    value.size(), NGHTTP2_NV_FLAG_NO_COPY_NAME};
+}
+
+void AppendFramed(std::string& out, std::string_view message) {
+  const auto n = static_cast<uint32_t>(message.size());
+  const char prefix[kPrefix] = {0, static_cast<char>(n >> 24), static_cast<char>(n >> 16),
+                                static_cast<char>(n >> 8), static_cast<char>(n)};
+  out.append(prefix, kPrefix);
+  out.append(message);
+}
+
+}  // namespace
+
+std::chrono::nanoseconds ParseGrpcTimeout(std::string_view v) {
+  if (v.size() < 2 || v.size() > 9) return std::chrono::nanoseconds(-1);
+  int64_t n = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size() - 1, n);
+  if (ec != std::errc() || p != v.data() + v.size() - 1 || n < 0)
+    return std::chrono::nanoseconds(-1);
+  switch (v.back()) {
+    case 'H': return std::chrono::hours(n);
+    case 'M': return std::chrono::minutes(n);
+    case 'S': return std::chrono::seconds(n);
+    case 'm': return std::chrono::milliseconds(n);
+    case 'u': return std::chrono::microseconds(n);
+    case 'n': return std::chrono::nanoseconds(n);
+    default: return std::chrono::nanoseconds(-1);
+  }
+}
+
+std::string PercentEncode(std::string_view m) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(m.size());
+  for (const char ch : m) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c <= 0x7e && c != '%') {
+      out.push_back(ch);
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
+}
+
+// Everything below touches a connection only on its strand.
+struct GrpcCall::Stream {
+  int32_t id = 0;
+  // The request.
+  std::string method, path, content_type, encoding;
+  size_t header_bytes = 0;
+  std::string body;  // gRPC-framed
+  bool too_big = false;
+  SteadyClock::time_point deadline = SteadyClock::time_point::max();
+  // The answer.
+  bool dispatched = false;  // handed to a handler (or answered by the server)
+  bool started = false;     // response headers submitted with a data provider
+  bool finished = false;    // Finish called: trailers follow the data
+  bool closed = false;      // nghttp2 closed the stream, or the connection went
+  std::string out;          // framed messages not yet handed to nghttp2
+  size_t out_off = 0;
+  std::string status, message;  // the trailers
+};
+
+struct H2Server::Shared {
+  H2ServerOptions options;
+  std::unordered_map<std::string, GrpcHandler> handlers;
+  std::atomic<bool> stopping{false};
+  mutable Mutex mu;
+  std::condition_variable_any gone;
+  std::unordered_map<GrpcCall::Conn*, std::weak_ptr<GrpcCall::Conn>> conns RL_GUARDED_BY(mu);
+};
+
+struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
+  using Shared = H2Server::Shared;
+
+  Conn(tcp::socket s, std::shared_ptr<Shared> sh)
+      : socket(std::move(s)), shared(std::move(sh)), handshake(socket.get_executor()) {}
+
+  ~Conn() {
+    if (session != nullptr) nghttp2_session_del(session);
+    Unregister();  // never started (over max_connections)
+  }
+  // Shutdown waits for this, not for the object: a GrpcCall may outlive it.
+  void Unregister() {
+    LockGuard lock(shared->mu);
+    shared->conns.erase(this);
+    shared->gone.notify_all();
+  }
+
+  tcp::socket socket;
+  std::shared_ptr<Shared> shared;
+  net::steady_timer handshake;
+  nghttp2_session* session = nullptr;
+  std::array<uint8_t, 16 << 10> in{};
+  std::string out;  // being written
+  bool writing = false, reading = false, closed = false, greeted = false;
+  int batch = 0;  // > 0: inside a read's dispatch; one Flush at its end
+  std::unordered_map<int32_t, std::shared_ptr<Stream>> streams;
+  std::vector<std::shared_ptr<Stream>> ready;  // complete requests, dispatched after mem_recv
+
+  void Start() {
+    nghttp2_session_callbacks* cb = nullptr;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, OnBeginHeaders);
+    nghttp2_session_callbacks_set_on_header_callback(cb, OnHeader);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, OnData);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, OnFrame);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, OnClose);
+    nghttp2_session_server_new(&session, cb, this);
+    nghttp2_session_callbacks_del(cb);
+    const nghttp2_settings_entry settings[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, shared->options.max_concurrent_streams},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+         static_cast<uint32_t>(shared->options.max_header_bytes)},
+    };
+    nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, settings, std::size(settings));
+    handshake.expires_after(shared->options.handshake_timeout);
+    handshake.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec && !self->greeted) self->Close();
+    });
+    Flush();
+    Read();
+  }
+
+  void Read() {
+    if (reading || closed || out.size() > kMaxPendingOut) return;
+    reading = true;
+    socket.async_read_some(net::buffer(in), [self = shared_from_this()](
+                                                const boost::system::error_code& ec, size_t n) {
+      self->reading = false;
+      if (ec || self->closed) return self->Close();
+      const ssize_t rv = nghttp2_session_mem_recv(self->session, self->in.data(), n);
+      if (rv < 0) return self->Close();
+      if (!self->greeted) {
+        self->greeted = true;
+        self->handshake.cancel();
+      }
+      ++self->batch;
+      for (std::shared_ptr<Stream>& s : std::exchange(self->ready, {})) self->Dispatch(s);
+      --self->batch;
+      self->Flush();
+      self->Read();
+    });
+  }
+
+  // Hands what nghttp2 has to send to the socket, one write at a time.
+  void Flush() {
+    if (closed || writing || batch > 0) return;
+    for (;;) {
+      const uint8_t* data = nullptr;
+      const ssize_t n = nghttp2_session_mem_send(session, &data);
+      if (n < 0) return Close();
+      if (n == 0) break;
+      out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+    }
+    if (out.empty()) {
+      if (nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0)
+        Close();
+      return;
+    }
+    writing = true;
+    net::async_write(socket, net::buffer(out),
+                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                       self->writing = false;
+                       self->out.clear();
+                       if (ec) return self->Close();
+                       self->Flush();
+                       self->Read();
+                     });
+  }
+
+  void Close() {
+    if (closed) return;
+    closed = true;
+    handshake.cancel();
+    boost::system::error_code ignored;
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+    for (auto& [id, s] : streams) s->closed = true;
+    streams.clear();
+    ready.clear();
+    Unregister();
+  }
+
+  void GoAway() {
+    if (closed) return;
+    nghttp2_submit_goaway(session, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(session), NGHTTP2_NO_ERROR,
+                          nullptr, 0);
+    Flush();
+  }
+
+  // A complete request: the handler for its path, or the server's answer.
+  void Dispatch(const std::shared_ptr<Stream>& s) {
+    if (s->closed || s->dispatched) return;
+    s->dispatched = true;
+    GrpcCall call(shared_from_this(), s);
+    if (s->method != "POST") return RespondHttp(*s, "405");
+    if (s->content_type.rfind("application/grpc", 0) != 0) return RespondHttp(*s, "415");
+    const auto h = shared->handlers.find(s->path);
+    if (h == shared->handlers.end())
+      return call.Finish(GrpcCode::kUnimplemented, "unknown method " + s->path);
+    if (s->too_big) {
+      // Answered at once; the rest of the request is read and dropped (a
+      // RST_STREAM here would overtake the answer in nghttp2's queue).
+      return call.Finish(GrpcCode::kResourceExhausted,
+                         "request message larger than " +
+                             std::to_string(shared->options.max_message_bytes) + " bytes");
+    }
+    if (s->body.size() < kPrefix) return call.Finish(GrpcCode::kInternal, "no request message");
+    const auto* b = reinterpret_cast<const unsigned char*>(s->body.data());
+    const size_t len = (size_t{b[1]} << 24) | (size_t{b[2]} << 16) | (size_t{b[3]} << 8) | b[4];
+    if (b[0] != 0) {
+      if (s->encoding.empty() || s->encoding == "identity")
+        return call.Finish(GrpcCode::kInternal, "compressed flag set without grpc-encoding");
+      return Unimplemented(*s, "grpc-encoding " + s->encoding + " is not supported");
+    }
+    if (kPrefix + len != s->body.size()) {
+      return call.Finish(GrpcCode::kInternal, kPrefix + len > s->body.size()
+                                                  ? "truncated request message"
+                                                  : "more than one request message");
+    }
+    h->second(std::move(call));
+  }
+
+  // Trailers-only answers.
+  void RespondHttp(Stream& s, std::string_view status) {
+    const nghttp2_nv nv[] = {Header(":status", status)};
+    nghttp2_submit_response(session, s.id, nv, std::size(nv), nullptr);
+    Flush();
+  }
+  void Unimplemented(Stream& s, const std::string& why) {
+    const std::string m = PercentEncode(why);
+    const nghttp2_nv nv[] = {Header(":status", "200"), Header("content-type", "application/grpc"),
+                             Header("grpc-accept-encoding", "identity"),
+                             Header("grpc-status", "12"), Header("grpc-message", m)};
+    nghttp2_submit_response(session, s.id, nv, std::size(nv), nullptr);
+    Flush();
+  }
+
+  // On the strand: `message` (if any) joins the answer; `finish` ends it.
+  void Answer(Stream& s, const std::string* message, bool finish, GrpcCode code, std::string why) {
+    if (closed || s.closed || s.finished) return;
+    if (message != nullptr) AppendFramed(s.out, *message);
+    if (finish) {
+      if (code == GrpcCode::kOk && SteadyClock::now() > s.deadline) {
+        code = GrpcCode::kDeadlineExceeded;
+        why = "the deadline passed before the answer";
+        if (!s.started) s.out.clear();
+      }
+      s.finished = true;
+      s.status = std::to_string(static_cast<int>(code));
+      s.message = PercentEncode(why);
+    }
+    if (s.started) {
+      nghttp2_session_resume_data(session, s.id);
+    } else if (!s.out.empty()) {
+      s.started = true;
+      const nghttp2_nv nv[] = {Header(":status", "200"),
+                               Header("content-type", "application/grpc")};
+      nghttp2_data_provider prd;
+      prd.source.ptr = &s;
+      prd.read_callback = ReadOut;
+      nghttp2_submit_response(session, s.id, nv, std::size(nv), &prd);
+    } else if (finish) {
+      // Trailers-only: one HEADERS frame that ends the stream.
+      const nghttp2_nv nv[] = {Header(":status", "200"), Header("content-type", "application/grpc"),
+                               Header("grpc-status", s.status), Header("grpc-message", s.message)};
+      nghttp2_submit_response(session, s.id, nv, s.message.empty() ? 3 : 4, nullptr);
+    }
+    Flush();
+  }
+
+  static ssize_t ReadOut(nghttp2_session* session, int32_t id, uint8_t* buf, size_t length,
+                         uint32_t* flags, nghttp2_data_source* source, void*) {
+    auto* s = static_cast<Stream*>(source->ptr);
+    const size_t n = std::min(length, s->out.size() - s->out_off);
+    std::memcpy(buf, s->out.data() + s->out_off, n);
+    s->out_off += n;
+    if (s->out_off == s->out.size()) {
+      s->out.clear();
+      s->out_off = 0;
+      if (!s->finished) return n > 0 ? static_cast<ssize_t>(n) : ssize_t{NGHTTP2_ERR_DEFERRED};
+      *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+      nghttp2_nv nv[] = {Header("grpc-status", s->status), Header("grpc-message", s->message)};
+      nghttp2_submit_trailer(session, id, nv, s->message.empty() ? 1 : 2);
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  // nghttp2's callbacks (inside mem_recv: they never send).
+  static Conn& Self(void* p) { return *static_cast<Conn*>(p); }
+  static Stream* Find(nghttp2_session* session, int32_t id) {
+    return static_cast<Stream*>(nghttp2_session_get_stream_user_data(session, id));
+  }
+
+  static int OnBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* p) {
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    auto s = std::make_shared<Stream>();
+    s->id = frame->hd.stream_id;
+    nghttp2_session_set_stream_user_data(session, s->id, s.get());
+    Self(p).streams.emplace(s->id, std::move(s));
+    return 0;
+  }
+
+  static int OnHeader(nghttp2_session* session, const nghttp2_frame* frame, const uint8_t* name,
+                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t, void* p) {
+    Stream* s = Find(session, frame->hd.stream_id);
+    if (s == nullptr || frame->hd.type != NGHTTP2_HEADERS) return 0;
+    s->header_bytes += namelen + valuelen + 32;  // RFC 9113's accounting
+    if (s->header_bytes > Self(p).shared->options.max_header_bytes)
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // resets the stream
+    const std::string_view n(reinterpret_cast<const char*>(name), namelen);
+    const std::string_view v(reinterpret_cast<const char*>(value), valuelen);
+    if (n == ":method") {
+      s->method = v;
+    } else if (n == ":path") {
+      s->path = v;
+    } else if (n == "content-type") {
+      s->content_type = v;
+    } else if (n == "grpc-encoding") {
+      s->encoding = v;
+    } else if (n == "grpc-timeout") {
+      const std::chrono::nanoseconds t = ParseGrpcTimeout(v);
+      if (t.count() >= 0 && t < std::chrono::hours(24 * 365))
+        s->deadline = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(t);
+    }
+    return 0;
+  }
+
+  static int OnData(nghttp2_session* session, uint8_t, int32_t id, const uint8_t* data, size_t len,
+                    void* p) {
+    Stream* s = Find(session, id);
+    if (s == nullptr || s->too_big) return 0;
+    if (s->body.size() + len > kPrefix + Self(p).shared->options.max_message_bytes) {
+      s->too_big = true;
+      s->body.clear();
+      s->body.shrink_to_fit();
+      return 0;
+    }
+    s->body.append(reinterpret_cast<const char*>(data), len);
+    return 0;
+  }
+
+  static int OnFrame(nghttp2_session* session, const nghttp2_frame* frame, void* p) {
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
+    const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    Stream* s = Find(session, frame->hd.stream_id);
+    if (s == nullptr) return 0;
+    // An oversized message is refused as soon as it is seen, not at its end.
+    if (end || s->too_big) {
+      Conn& c = Self(p);
+      if (auto it = c.streams.find(s->id); it != c.streams.end()) c.ready.push_back(it->second);
+    }
+    return 0;
+  }
+
+  static int OnClose(nghttp2_session* session, int32_t id, uint32_t, void* p) {
+    Conn& c = Self(p);
+    if (Stream* s = Find(session, id); s != nullptr) s->closed = true;
+    c.streams.erase(id);
+    return 0;
+  }
+};
+
+GrpcCall::GrpcCall(std::shared_ptr<Conn> conn, std::shared_ptr<Stream> stream)
+    : conn_(std::move(conn)), stream_(std::move(stream)) {}
+
+std::string_view GrpcCall::request() const {
+  return std::string_view(stream_->body).substr(std::min(stream_->body.size(), kPrefix));
+}
+
+std::chrono::steady_clock::time_point GrpcCall::deadline() const { return stream_->deadline; }
+
+void GrpcCall::Reply(std::string message) const {
+  net::dispatch(conn_->socket.get_executor(), [c = conn_, s = stream_, m = std::move(message)] {
+    c->Answer(*s, &m, true, GrpcCode::kOk, {});
+  });
+}
+
+void GrpcCall::Write(std::string message) const {
+  net::dispatch(conn_->socket.get_executor(), [c = conn_, s = stream_, m = std::move(message)] {
+    c->Answer(*s, &m, false, GrpcCode::kOk, {});
+  });
+}
+
+void GrpcCall::Finish(GrpcCode code, std::string message) const {
+  net::dispatch(conn_->socket.get_executor(),
+                [c = conn_, s = stream_, code, m = std::move(message)]() mutable {
+                  c->Answer(*s, nullptr, true, code, std::move(m));
+                });
+}
+
+// The acceptor, on a strand of its own.
+struct Acceptor : std::enable_shared_from_this<Acceptor> {
+  Acceptor(net::io_context& ioc, std::shared_ptr<H2Server::Shared> sh)
+      : ioc(ioc), acceptor(net::make_strand(ioc)), shared(std::move(sh)) {}
+  net::io_context& ioc;
+  tcp::acceptor acceptor;
+  std::shared_ptr<H2Server::Shared> shared;
+
+  void Accept() {
+    acceptor.async_accept(
+        net::make_strand(ioc),
+        [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
+          if (ec == net::error::operation_aborted || self->shared->stopping) return;
+          if (!ec) self->Serve(std::move(socket));
+          self->Accept();
+        });
+  }
+
+  void Serve(tcp::socket socket) {
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    auto conn = std::make_shared<GrpcCall::Conn>(std::move(socket), shared);
+    {
+      LockGuard lock(shared->mu);
+      if (shared->conns.size() >= shared->options.max_connections) return;  // closes it
+      shared->conns.emplace(conn.get(), conn);
+    }
+    net::dispatch(conn->socket.get_executor(), [conn] { conn->Start(); });
+  }
+};
+
+H2Server::H2Server(net::io_context& ioc, H2ServerOptions options)
+    : ioc_(&ioc), shared_(std::make_shared<Shared>()) {
+  shared_->options = options;
+}
+
+H2Server::~H2Server() { Shutdown(std::chrono::milliseconds(0)); }
+
+void H2Server::Handle(std::string path, GrpcHandler handler) {
+  shared_->handlers[std::move(path)] = std::move(handler);
+}
+
+Status H2Server::Listen(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  if (colon == std::string::npos)
+    return InvalidArgument("listen address needs HOST:PORT: " + host_port);
+  std::string host = host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  int port = 0;
+  const std::string p = host_port.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+  if (ec != std::errc() || end != p.data() + p.size() || port < 0 || port > 65535)
+    return InvalidArgument("bad port in " + host_port);
+  boost::system::error_code err;
+  const net::ip::address addr = net::ip::make_address(host == "" ? "0.0.0.0" : host, err);
+  if (err) return InvalidArgument("bad host in " + host_port + ": " + err.message());
+  auto a = std::make_shared<Acceptor>(*ioc_, shared_);
+  const tcp::endpoint ep(addr, static_cast<uint16_t>(port));
+  a->acceptor.open(ep.protocol(), err);
+  if (!err) a->acceptor.set_option(tcp::acceptor::reuse_address(true), err);
+  if (!err) a->acceptor.bind(ep, err);
+  if (!err) a->acceptor.listen(net::socket_base::max_listen_connections, err);
+  if (err) return Unavailable("cannot listen for gRPC on " + host_port + ": " + err.message());
+  port_ = a->acceptor.local_endpoint().port();
+  acceptor_ = a;
+  a->Accept();
+  return Status::Ok();
+}
+
+size_t H2Server::connections() const {
+  LockGuard lock(shared_->mu);
+  return shared_->conns.size();
+}
+
+void H2Server::EachConnection(const std::function<void(GrpcCall::Conn&)>& fn) {
+  std::vector<std::shared_ptr<GrpcCall::Conn>> live;
+  {
+    LockGuard lock(shared_->mu);
+    for (auto& [p, w] : shared_->conns)
+      if (auto c = w.lock()) live.push_back(std::move(c));
+  }
+  for (auto& c : live) net::post(c->socket.get_executor(), [c, fn] { fn(*c); });
+}
+
+void H2Server::Drain() {
+  if (shared_->stopping.exchange(true)) return;
+  if (auto a = std::static_pointer_cast<Acceptor>(acceptor_)) {
+    net::post(a->acceptor.get_executor(), [a] {
+      boost::system::error_code ignored;
+      a->acceptor.close(ignored);
+    });
+  }
+  EachConnection([](GrpcCall::Conn& c) { c.GoAway(); });
+}
+
+void H2Server::Shutdown(std::chrono::milliseconds grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  Drain();
+  auto closed_within = [this](std::chrono::milliseconds d) {
+    UniqueLock lock(shared_->mu);
+    return shared_->gone.wait_for(
+        lock, d, [this]() RL_REQUIRES(shared_->mu) { return shared_->conns.empty(); });
+  };
+  if (closed_within(grace)) return;
+  EachConnection([](GrpcCall::Conn& c) { c.Close(); });
+  closed_within(std::chrono::milliseconds(1000));
+}
+
+}  // namespace ratelimit::grpcface

@@ -1,0 +1,286 @@
+// H2Server against gRPC C++'s own client (an independent implementation of
+// the protocol) and raw sockets: unary and server-streaming calls, answers
+// from other threads, the server's own error answers, bounds, graceful
+// shutdown. The face's behaviour is tests/envoy's.
+#include "grpc/h2_server.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace ratelimit::grpcface {
+namespace {
+
+using namespace std::chrono_literals;
+namespace hpb = ::grpc::health::v1;
+namespace net = boost::asio;
+
+constexpr char kCheck[] = "/grpc.health.v1.Health/Check";
+constexpr char kWatch[] = "/grpc.health.v1.Health/Watch";
+
+std::string Answer(hpb::HealthCheckResponse::ServingStatus s) {
+  hpb::HealthCheckResponse r;
+  r.set_status(s);
+  return r.SerializeAsString();
+}
+
+std::string ServiceOf(const GrpcCall& call) {
+  hpb::HealthCheckRequest req;
+  EXPECT_TRUE(req.ParseFromArray(call.request().data(), static_cast<int>(call.request().size())));
+  return req.service();
+}
+
+// Threads that answer later; joined before the server goes.
+std::mutex helpers_mu;
+std::vector<std::thread> helpers;
+void Later(std::function<void()> fn) {
+  std::lock_guard lock(helpers_mu);
+  helpers.emplace_back(std::move(fn));
+}
+std::vector<std::thread> Helpers() {
+  std::lock_guard lock(helpers_mu);
+  return std::exchange(helpers, {});
+}
+
+// A server on two threads; handlers set per test before Start.
+class H2ServerTest : public ::testing::Test {
+ protected:
+  void Start(H2ServerOptions options = {}) {
+    server_.emplace(ioc_, options);
+    for (auto& [path, h] : handlers_) server_->Handle(path, h);
+    ASSERT_TRUE(server_->Listen("127.0.0.1:0").ok());
+    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                                   grpc::InsecureChannelCredentials());
+    health_ = hpb::Health::NewStub(channel_);
+  }
+  void TearDown() override {
+    for (auto& t : Helpers()) t.join();
+    if (server_) server_->Shutdown(2s);
+    work_.reset();
+    ioc_.stop();
+    for (auto& t : threads_) t.join();
+  }
+  grpc::Status Check(const std::string& service, hpb::HealthCheckResponse* out,
+                     std::chrono::milliseconds timeout = 5s) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    hpb::HealthCheckRequest req;
+    req.set_service(service);
+    return health_->Check(&ctx, req, out);
+  }
+
+  net::io_context ioc_;
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> work_{
+      ioc_.get_executor()};
+  std::vector<std::pair<std::string, GrpcHandler>> handlers_;
+  std::optional<H2Server> server_;
+  std::vector<std::thread> threads_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<hpb::Health::Stub> health_;
+};
+
+TEST_F(H2ServerTest, UnaryCallsAreAnsweredInlineAndFromOtherThreads) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) {
+    if (ServiceOf(call) == "inline") return call.Reply(Answer(hpb::HealthCheckResponse::SERVING));
+    Later([call] {
+      std::this_thread::sleep_for(5ms);
+      call.Reply(Answer(hpb::HealthCheckResponse::NOT_SERVING));
+    });
+  });
+  Start();
+  hpb::HealthCheckResponse r;
+  ASSERT_TRUE(Check("inline", &r).ok());
+  EXPECT_EQ(r.status(), hpb::HealthCheckResponse::SERVING);
+  ASSERT_TRUE(Check("later", &r).ok());
+  EXPECT_EQ(r.status(), hpb::HealthCheckResponse::NOT_SERVING);
+}
+
+TEST_F(H2ServerTest, ManyConcurrentCallsOnOneConnectionAllGetTheirOwnAnswer) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) {
+    hpb::HealthCheckResponse r;
+    // The answer depends on the request: a mixed-up stream would show.
+    r.set_status(ServiceOf(call).size() % 2 ? hpb::HealthCheckResponse::SERVING
+                                            : hpb::HealthCheckResponse::NOT_SERVING);
+    if (ServiceOf(call).size() % 3 == 0) return call.Reply(r.SerializeAsString());
+    Later([call, a = r.SerializeAsString()] { call.Reply(a); });
+  });
+  Start();
+  std::atomic<int> wrong{0}, done{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 8; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        const std::string service(static_cast<size_t>(1 + t * 50 + i), 'x');
+        hpb::HealthCheckResponse r;
+        const grpc::Status s = Check(service, &r);
+        const auto want = service.size() % 2 ? hpb::HealthCheckResponse::SERVING
+                                             : hpb::HealthCheckResponse::NOT_SERVING;
+        if (!s.ok() || r.status() != want) ++wrong;
+        ++done;
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(done.load(), 400);
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+TEST_F(H2ServerTest, ErrorsCarryTheirCodeAndAPercentEncodedMessage) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) {
+    call.Finish(GrpcCode::kInvalidArgument, "bad \"x\": 100% wrong\n\xc3\xa9");
+  });
+  Start();
+  hpb::HealthCheckResponse r;
+  const grpc::Status s = Check("", &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "bad \"x\": 100% wrong\n\xc3\xa9");
+  EXPECT_EQ(PercentEncode("a%b\n"), "a%25b%0A");
+}
+
+TEST_F(H2ServerTest, AnUnknownMethodIsUnimplemented) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) { call.Reply(""); });
+  Start();
+  auto rls = ::envoy::service::ratelimit::v3::RateLimitService::NewStub(channel_);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  ::envoy::service::ratelimit::v3::RateLimitRequest req;
+  ::envoy::service::ratelimit::v3::RateLimitResponse resp;
+  const grpc::Status s = rls->ShouldRateLimit(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_NE(s.error_message().find("ShouldRateLimit"), std::string::npos);
+  // An empty answer is a message of length 0, not a missing one.
+  hpb::HealthCheckResponse r;
+  EXPECT_TRUE(Check("", &r).ok());
+  EXPECT_EQ(r.status(), hpb::HealthCheckResponse::UNKNOWN);
+}
+
+TEST_F(H2ServerTest, ServerStreamingWritesThenFinishes) {
+  handlers_.emplace_back(kWatch, [](GrpcCall call) {
+    call.Write(Answer(hpb::HealthCheckResponse::SERVING));
+    Later([call] {
+      std::this_thread::sleep_for(10ms);
+      call.Write(Answer(hpb::HealthCheckResponse::NOT_SERVING));
+      call.Finish(GrpcCode::kOk);
+    });
+  });
+  Start();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  hpb::HealthCheckRequest req;
+  auto reader = health_->Watch(&ctx, req);
+  std::vector<int> got;
+  hpb::HealthCheckResponse r;
+  while (reader->Read(&r)) got.push_back(r.status());
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(got, (std::vector<int>{hpb::HealthCheckResponse::SERVING,
+                                   hpb::HealthCheckResponse::NOT_SERVING}));
+}
+
+TEST_F(H2ServerTest, AnOversizedMessageIsRefusedAndTheConnectionServesOn) {
+  handlers_.emplace_back(
+      kCheck, [](GrpcCall call) { call.Reply(Answer(hpb::HealthCheckResponse::SERVING)); });
+  Start({.max_message_bytes = 100});
+  hpb::HealthCheckResponse r;
+  const grpc::Status s = Check(std::string(300, 'x'), &r);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(Check(std::string(50, 'x'), &r).ok());
+  EXPECT_EQ(r.status(), hpb::HealthCheckResponse::SERVING);
+}
+
+TEST_F(H2ServerTest, AnAnswerAfterTheDeadlineIsDeadlineExceeded) {
+  std::promise<GrpcCall> held;
+  handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
+  Start();
+  hpb::HealthCheckResponse r;
+  auto late = std::async(std::launch::async, [&] { return Check("", &r, 50ms); });
+  GrpcCall call = held.get_future().get();
+  EXPECT_LT(call.deadline(), std::chrono::steady_clock::now() + 1s);
+  EXPECT_EQ(late.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  call.Reply(Answer(hpb::HealthCheckResponse::SERVING));  // dropped or refused: no crash
+  EXPECT_EQ(ParseGrpcTimeout("20m"), std::chrono::milliseconds(20));
+  EXPECT_EQ(ParseGrpcTimeout("3S"), std::chrono::seconds(3));
+  EXPECT_EQ(ParseGrpcTimeout("1234567n"), std::chrono::nanoseconds(1234567));
+  EXPECT_LT(ParseGrpcTimeout("123456789S").count(), 0);  // more than 8 digits
+  EXPECT_LT(ParseGrpcTimeout("5x").count(), 0);
+  EXPECT_LT(ParseGrpcTimeout("m").count(), 0);
+}
+
+// Raw TCP: what a non-gRPC client sends.
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+// Reads until the server closes; false if it did not within 5 s.
+bool ClosedByServer(int fd) {
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+    if (n < 0) return false;
+  }
+}
+
+TEST_F(H2ServerTest, NotHttp2IsClosedAndOthersAreServed) {
+  handlers_.emplace_back(
+      kCheck, [](GrpcCall call) { call.Reply(Answer(hpb::HealthCheckResponse::SERVING)); });
+  Start({.handshake_timeout = 200ms});
+  const int http1 = Connect(server_->port());
+  const std::string get = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(send(http1, get.data(), get.size(), 0), static_cast<ssize_t>(get.size()));
+  EXPECT_TRUE(ClosedByServer(http1));
+  close(http1);
+  const int silent = Connect(server_->port());  // sends nothing: the handshake timeout
+  EXPECT_TRUE(ClosedByServer(silent));
+  close(silent);
+  hpb::HealthCheckResponse r;
+  EXPECT_TRUE(Check("", &r).ok());
+}
+
+TEST_F(H2ServerTest, ShutdownLetsCallsInFlightFinishAndRefusesNewOnes) {
+  std::promise<GrpcCall> held;
+  handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
+  Start();
+  hpb::HealthCheckResponse r;
+  auto in_flight = std::async(std::launch::async, [&] { return Check("", &r); });
+  GrpcCall call = held.get_future().get();
+  auto stopped = std::async(std::launch::async, [&] { server_->Shutdown(5s); });
+  std::this_thread::sleep_for(50ms);  // GOAWAY is out; the call is still open
+  EXPECT_EQ(stopped.wait_for(0ms), std::future_status::timeout);
+  call.Reply(Answer(hpb::HealthCheckResponse::SERVING));
+  EXPECT_TRUE(in_flight.get().ok());
+  EXPECT_EQ(r.status(), hpb::HealthCheckResponse::SERVING);
+  EXPECT_EQ(stopped.wait_for(3s), std::future_status::ready);
+  EXPECT_EQ(server_->connections(), 0U);
+  hpb::HealthCheckResponse after;
+  EXPECT_EQ(Check("", &after, 500ms).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace ratelimit::grpcface
