@@ -230,7 +230,7 @@ struct GrpcFace::Impl {
     r.set_status(status);
     return r.SerializeAsString();
   }
-  void Check(GrpcCall call) {
+  void Check(const GrpcCall& call) {
     hpb::HealthCheckRequest req;
     const std::string_view bytes = call.request();
     if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
@@ -358,7 +358,7 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
   impl->server->Handle(std::string("/") + kRateLimitService + "/ShouldRateLimit",
                        [raw](GrpcCall call) { raw->ShouldRateLimit(std::move(call)); });
   impl->server->Handle("/grpc.health.v1.Health/Check",
-                       [raw](GrpcCall call) { raw->Check(std::move(call)); });
+                       [raw](const GrpcCall& call) { raw->Check(call); });
   impl->server->Handle("/grpc.health.v1.Health/Watch",
                        [raw](GrpcCall call) { raw->Watch(std::move(call)); });
   if (Status s = impl->server->Listen(impl->options.listen); !s.ok()) return s;

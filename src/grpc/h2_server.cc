@@ -316,7 +316,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
                          uint32_t* flags, nghttp2_data_source* source, void*) {
     auto* s = static_cast<Stream*>(source->ptr);
     const size_t n = std::min(length, s->out.size() - s->out_off);
-    std::memcpy(buf, s->out.data() + s->out_off, n);
+    s->out.copy(reinterpret_cast<char*>(buf), n, s->out_off);
     s->out_off += n;
     if (s->out_off == s->out.size()) {
       s->out.clear();
@@ -487,7 +487,7 @@ Status H2Server::Listen(const std::string& host_port) {
   if (ec != std::errc() || end != p.data() + p.size() || port < 0 || port > 65535)
     return InvalidArgument("bad port in " + host_port);
   boost::system::error_code err;
-  const net::ip::address addr = net::ip::make_address(host == "" ? "0.0.0.0" : host, err);
+  const net::ip::address addr = net::ip::make_address(host.empty() ? "0.0.0.0" : host, err);
   if (err) return InvalidArgument("bad host in " + host_port + ": " + err.message());
   auto a = std::make_shared<Acceptor>(*ioc_, shared_);
   const tcp::endpoint ep(addr, static_cast<uint16_t>(port));
