@@ -32,6 +32,7 @@ namespace {
 
 constexpr size_t kPrefix = 5;               // gRPC's message prefix: flag + length
 constexpr size_t kMaxPendingOut = 1 << 20;  // stop reading while this much is unsent
+constexpr size_t kMaxQueuedFrames = 4096;   // or while nghttp2 holds this many frames
 
 nghttp2_nv Header(std::string_view name, std::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -163,8 +164,12 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     Read();
   }
 
+  // Reads while what waits to be sent is bounded: a client that sends
+  // without reading its answers stops being read (TCP then stops it).
   void Read() {
-    if (reading || closed || out.size() > kMaxPendingOut) return;
+    if (reading || closed || out.size() > kMaxPendingOut ||
+        nghttp2_session_get_outbound_queue_size(session) > kMaxQueuedFrames)
+      return;
     reading = true;
     socket.async_read_some(net::buffer(in), [self = shared_from_this()](
                                                 const boost::system::error_code& ec, size_t n) {
