@@ -71,6 +71,22 @@ void RunScenario(GrpcDaemon& d) {
   EXPECT_EQ(out, "PASS\n");
 }
 
+// grpc.health.v1 as Envoy's grpc_health_check and Kubernetes' probes use it:
+// Check knows the server ("") and the rate limit service, nothing else;
+// Watch hears NOT_SERVING when SIGTERM starts the shutdown, then the stream
+// ends OK and the daemon exits 0.
+TEST(EnvoyGrpc, HealthChecksAndWatchSeeTheShutdown) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  GrpcDaemon d({});
+  EXPECT_EQ(Client("health", d.grpc_port, "envoy.service.ratelimit.v3.RateLimitService").second,
+            "SERVING\n");
+  EXPECT_EQ(Client("health", d.grpc_port, "no.such.Service").second, "ERROR NOT_FOUND\n");
+  auto [rc, out] = Client("watch", d.grpc_port, std::to_string(d.daemon->pid()));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "SERVING\nNOT_SERVING\nEND OK\n") << d.daemon->Log();
+  EXPECT_EQ(d.daemon->Wait(10s), 0) << d.daemon->Log();
+}
+
 TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnMemory) {
   ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
   GrpcDaemon d({});

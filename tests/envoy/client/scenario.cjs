@@ -2,7 +2,11 @@
 // rls.proto (the copy of data-plane-api that @grpc/grpc-js-xds ships under
 // deps/envoy-api/), never from ratelimitd's proto/ files.
 //
-//   node scenario.cjs health PORT      prints SERVING
+//   node scenario.cjs health PORT [SERVICE]   prints SERVING (or ERROR <code>)
+//   node scenario.cjs watch PORT PID   Health/Watch: prints each status as it
+//                                      comes, sends SIGTERM to PID after the
+//                                      first, and prints END <code> when the
+//                                      stream ends
 //   node scenario.cjs scenario PORT    envoyproxy/ratelimit's integration
 //                                      scenario on basic.yaml/another.yaml;
 //                                      prints PASS, or the failures and exits 1
@@ -89,10 +93,26 @@ async function scenario() {
 async function main() {
   if (cmd === 'health') {
     const h = new health.grpc.health.v1.Health(target, grpc.credentials.createInsecure());
-    h.Check({ service: '' }, { deadline: new Date(Date.now() + 5000) }, (err, resp) => {
+    h.Check({ service: arg || '' }, { deadline: new Date(Date.now() + 5000) }, (err, resp) => {
       console.log(err ? `ERROR ${grpc.status[err.code]}` : resp.status);
       process.exit(0);
     });
+    return;
+  }
+  if (cmd === 'watch') {
+    const h = new health.grpc.health.v1.Health(target, grpc.credentials.createInsecure());
+    const stream = h.Watch({ service: '' }, { deadline: new Date(Date.now() + 10000) });
+    let first = true;
+    stream.on('data', (resp) => {
+      console.log(resp.status);
+      if (first) process.kill(Number(arg), 'SIGTERM');
+      first = false;
+    });
+    stream.on('status', (s) => {
+      console.log(`END ${grpc.status[s.code]}`);
+      process.exit(0);
+    });
+    stream.on('error', () => {});  // the status event reports it
     return;
   }
   if (cmd === 'scenario') await scenario();
