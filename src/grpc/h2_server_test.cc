@@ -220,11 +220,19 @@ TEST_F(H2ServerTest, AnOversizedMessageIsRefusedAndTheConnectionServesOn) {
 
 TEST_F(H2ServerTest, AnAnswerAfterTheDeadlineIsDeadlineExceeded) {
   std::promise<GrpcCall> held;
-  handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
+  handlers_.emplace_back(kCheck, [&held](GrpcCall call) {
+    if (ServiceOf(call) == "warm") return call.Reply("");
+    held.set_value(call);
+  });
   Start();
   hpb::HealthCheckResponse r;
-  auto late = std::async(std::launch::async, [&] { return Check("", &r, 50ms); });
-  GrpcCall call = held.get_future().get();
+  // The channel is connected first: a 50 ms deadline could pass before a
+  // slow (sanitized) client sent anything.
+  ASSERT_TRUE(Check("warm", &r).ok());
+  auto late = std::async(std::launch::async, [&] { return Check("", &r, 200ms); });
+  std::future<GrpcCall> arrived = held.get_future();
+  ASSERT_EQ(arrived.wait_for(10s), std::future_status::ready) << "the call never arrived";
+  GrpcCall call = arrived.get();
   EXPECT_LT(call.deadline(), std::chrono::steady_clock::now() + 1s);
   EXPECT_EQ(late.get().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   call.Reply(Answer(hpb::HealthCheckResponse::SERVING));  // dropped or refused: no crash
@@ -281,7 +289,9 @@ TEST_F(H2ServerTest, ShutdownLetsCallsInFlightFinishAndRefusesNewOnes) {
   Start();
   hpb::HealthCheckResponse r;
   auto in_flight = std::async(std::launch::async, [&] { return Check("", &r); });
-  GrpcCall call = held.get_future().get();
+  std::future<GrpcCall> arrived = held.get_future();
+  ASSERT_EQ(arrived.wait_for(10s), std::future_status::ready) << "the call never arrived";
+  GrpcCall call = arrived.get();
   auto stopped = std::async(std::launch::async, [&] { server_->Shutdown(5s); });
   std::this_thread::sleep_for(50ms);  // GOAWAY is out; the call is still open
   EXPECT_EQ(stopped.wait_for(0ms), std::future_status::timeout);
