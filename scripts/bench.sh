@@ -140,6 +140,12 @@ fi
 # CPU time the hypervisor gave to other guests during the run (/proc/stat's
 # steal): on a shared VM the absolute tails follow it.
 cpu_ticks() { awk '/^cpu /{ t = 0; for (i = 2; i <= 9; i++) t += $i; print t, $9 }' /proc/stat; }
+# stolen_pct TICKS0 STEAL0: the stolen share (%) since cpu_ticks gave those.
+stolen_pct() {
+  local t s
+  read -r t s < <(cpu_ticks)
+  awk -v t=$((t - $1)) -v s=$((s - $2)) -v d="$3" 'BEGIN { printf("%." d "f", (t > 0 ? 100 * s / t : 0)) }'
+}
 read -r TICKS0 STEAL0 < <(cpu_ticks)
 
 # ---------------------------------------------------------------- redis
@@ -623,8 +629,7 @@ elif want 8; then
     [[ $MODE == smoke ]] && half=500
     read -r t0 s0 < <(cpu_ticks)
     o=$(grpc_run "$t" --mode=open --rate="$half")
-    read -r t1 s1 < <(cpu_ticks)
-    G_STEAL[$t]=$(awk -v t=$((t1 - t0)) -v s=$((s1 - s0)) 'BEGIN { printf("%.0f", (t > 0 ? 100 * s / t : 0)) }')
+    G_STEAL[$t]=$(stolen_pct "$t0" "$s0" 0)
     G_P50[$t]=$(kv p50_us "$o"); G_P99[$t]=$(kv p99_us "$o"); G_P999[$t]=$(kv p999_us "$o")
     log "  $t: $(fmt "${G_RATE[$t]}") calls/s; at $half/s p50 ${G_P50[$t]} us, p99 ${G_P99[$t]} us, p99.9 ${G_P999[$t]} us"
   done
@@ -749,8 +754,7 @@ dirty=$(git status --porcelain 2>/dev/null | grep -q . && echo "+uncommitted" ||
 {
   echo "## Benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%MZ))"
   echo
-  read -r ticks1 steal1 < <(cpu_ticks)
-  stolen=$(awk -v t=$((ticks1 - TICKS0)) -v s=$((steal1 - STEAL0)) 'BEGIN { printf("%.1f", (t > 0 ? 100 * s / t : 0)) }')
+  stolen=$(stolen_pct "$TICKS0" "$STEAL0" 1)
   echo "Commit $rev$dirty; $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')); load average at end: $(cut -d' ' -f1-3 /proc/loadavg); CPU time stolen by the hypervisor during the run: $stolen%."
   echo "Build: $BUILD_DIR ($(sed -n 's/^CMAKE_BUILD_TYPE:STRING=//p' "$B/CMakeCache.txt")); ratelimitd: $RLD_NOTE."
   echo "Medians of $REPS runs of ${DUR_MS} ms each (Google Benchmark: medians of ≥ 3 repetitions). Figures are medians; ratio = median over the interleaved runs of ours / peer (rows 1-4), else ours / peer."

@@ -17,6 +17,7 @@
 
 #include "envoy/service/ratelimit/v3/rls.pb.h"
 #include "grpc/h2_server.h"
+#include "server/listen_address.h"
 
 namespace pb = ::envoy::service::ratelimit::v3;
 using ratelimit::grpcface::GrpcCall;
@@ -47,7 +48,12 @@ int main(int argc, char** argv) {
       resp.add_statuses()->set_code(pb::RateLimitResponse::OK);
     call.Reply(resp.SerializeAsString());
   });
-  if (auto s = server.Listen(listen); !s.ok()) {
+  auto endpoint = ratelimit::server::ResolveListenAddress(ioc, listen);
+  if (!endpoint.ok()) {
+    std::fprintf(stderr, "h2_trivial_server: %s\n", endpoint.status().message().c_str());
+    return 1;
+  }
+  if (auto s = server.Listen(*endpoint); !s.ok()) {
     std::fprintf(stderr, "h2_trivial_server: %s\n", s.message().c_str());
     return 1;
   }

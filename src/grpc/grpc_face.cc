@@ -28,6 +28,7 @@
 #include "server/enforcer.h"
 #include "server/headers.h"
 #include "server/json_log.h"
+#include "server/listen_address.h"
 #include "server/metrics.h"
 
 namespace ratelimit::grpcface {
@@ -39,6 +40,16 @@ using server::Level;
 using server::Log;
 
 namespace {
+
+// A call's request message; false (and the call answered INTERNAL) when it
+// does not parse.
+template <class Message>
+bool ParseRequest(const GrpcCall& call, Message& m) {
+  const std::string_view bytes = call.request();
+  if (m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return true;
+  call.Finish(GrpcCode::kInternal, "cannot parse the " + m.GetDescriptor()->name());
+  return false;
+}
 
 envoy::Request FromProto(const pb::RateLimitRequest& in) {
   envoy::Request r;
@@ -185,10 +196,7 @@ struct GrpcFace::Impl {
 
   void ShouldRateLimit(GrpcCall call) {
     pb::RateLimitRequest request;
-    const std::string_view bytes = call.request();
-    if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-      return call.Finish(GrpcCode::kInternal, "cannot parse the RateLimitRequest");
-    }
+    if (!ParseRequest(call, request)) return;
     struct Pending {
       std::shared_ptr<const envoy::Config> config;
       envoy::Request request;
@@ -230,30 +238,24 @@ struct GrpcFace::Impl {
     r.set_status(status);
     return r.SerializeAsString();
   }
+  hpb::HealthCheckResponse::ServingStatus Serving() const RL_REQUIRES(health_mu) {
+    return serving ? hpb::HealthCheckResponse::SERVING : hpb::HealthCheckResponse::NOT_SERVING;
+  }
   void Check(const GrpcCall& call) {
     hpb::HealthCheckRequest req;
-    const std::string_view bytes = call.request();
-    if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
-      return call.Finish(GrpcCode::kInternal, "cannot parse the HealthCheckRequest");
+    if (!ParseRequest(call, req)) return;
     if (!Known(req.service())) return call.Finish(GrpcCode::kNotFound, "unknown service");
     LockGuard lock(health_mu);
-    call.Reply(HealthAnswer(serving ? hpb::HealthCheckResponse::SERVING
-                                    : hpb::HealthCheckResponse::NOT_SERVING));
+    call.Reply(HealthAnswer(Serving()));
   }
   void Watch(GrpcCall call) {
     hpb::HealthCheckRequest req;
-    const std::string_view bytes = call.request();
-    if (!req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))
-      return call.Finish(GrpcCode::kInternal, "cannot parse the HealthCheckRequest");
+    if (!ParseRequest(call, req)) return;
     // An unknown service is SERVICE_UNKNOWN and the stream stays open (the
     // protocol's rule: the service may appear later). Here it never does.
     LockGuard lock(health_mu);
-    if (!Known(req.service())) {
-      call.Write(HealthAnswer(hpb::HealthCheckResponse::SERVICE_UNKNOWN));
-    } else {
-      call.Write(HealthAnswer(serving ? hpb::HealthCheckResponse::SERVING
-                                      : hpb::HealthCheckResponse::NOT_SERVING));
-    }
+    call.Write(
+        HealthAnswer(Known(req.service()) ? Serving() : hpb::HealthCheckResponse::SERVICE_UNKNOWN));
     if (!serving) return call.Finish(GrpcCode::kOk);
     watchers.push_back(std::move(call));
   }
@@ -361,12 +363,14 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
                        [raw](const GrpcCall& call) { raw->Check(call); });
   impl->server->Handle("/grpc.health.v1.Health/Watch",
                        [raw](GrpcCall call) { raw->Watch(std::move(call)); });
-  if (Status s = impl->server->Listen(impl->options.listen); !s.ok()) return s;
+  StatusOr<net::ip::tcp::endpoint> endpoint =
+      server::ResolveListenAddress(impl->ioc, impl->options.listen);
+  if (!endpoint.ok()) return endpoint.status();
+  if (Status s = impl->server->Listen(*endpoint); !s.ok()) return s;
   impl->port = impl->server->port();
   impl->WaitForSignal();
   impl->work.emplace(impl->ioc.get_executor());
-  int n = impl->options.threads;
-  if (n <= 0) n = static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  const int n = policy::ThreadCount(impl->options.threads);
   for (int i = 0; i < n; ++i) impl->threads.emplace_back([raw] { raw->ioc.run(); });
   Log(Level::kInfo, "gRPC listening",
       {{"addr", impl->options.listen},

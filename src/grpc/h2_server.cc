@@ -479,28 +479,17 @@ void H2Server::Handle(std::string path, GrpcHandler handler) {
   shared_->handlers[std::move(path)] = std::move(handler);
 }
 
-Status H2Server::Listen(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  if (colon == std::string::npos)
-    return InvalidArgument("listen address needs HOST:PORT: " + host_port);
-  std::string host = host_port.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  int port = 0;
-  const std::string p = host_port.substr(colon + 1);
-  const auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
-  if (ec != std::errc() || end != p.data() + p.size() || port < 0 || port > 65535)
-    return InvalidArgument("bad port in " + host_port);
-  boost::system::error_code err;
-  const net::ip::address addr = net::ip::make_address(host.empty() ? "0.0.0.0" : host, err);
-  if (err) return InvalidArgument("bad host in " + host_port + ": " + err.message());
+Status H2Server::Listen(const tcp::endpoint& ep) {
   auto a = std::make_shared<Acceptor>(*ioc_, shared_);
-  const tcp::endpoint ep(addr, static_cast<uint16_t>(port));
+  boost::system::error_code err;
   a->acceptor.open(ep.protocol(), err);
   if (!err) a->acceptor.set_option(tcp::acceptor::reuse_address(true), err);
   if (!err) a->acceptor.bind(ep, err);
   if (!err) a->acceptor.listen(net::socket_base::max_listen_connections, err);
-  if (err) return Unavailable("cannot listen for gRPC on " + host_port + ": " + err.message());
+  if (err) {
+    return Unavailable("cannot listen for gRPC on " + ep.address().to_string() + ":" +
+                       std::to_string(ep.port()) + ": " + err.message());
+  }
   port_ = a->acceptor.local_endpoint().port();
   acceptor_ = a;
   a->Accept();

@@ -18,7 +18,7 @@
 //   server.Handle("/pkg.Service/Method", [](GrpcCall call) {
 //     call.Reply(Answer(call.request()));  // or call.Finish(GrpcCode::kInvalidArgument, "why")
 //   });
-//   if (Status s = server.Listen("127.0.0.1:0"); !s.ok()) ...
+//   if (Status s = server.Listen({net::ip::make_address("127.0.0.1"), 0}); !s.ok()) ...
 //   ... threads run ioc ...
 //   server.Shutdown(std::chrono::seconds(5));  // GOAWAY; in-flight calls finish
 //
@@ -40,6 +40,8 @@
 #include <string_view>
 
 #include "ratelimit/status.h"
+
+#include <boost/asio/ip/tcp.hpp>
 
 namespace boost::asio {
 class io_context;
@@ -117,8 +119,9 @@ class H2Server {
 
   // `path` is "/<package>.<Service>/<Method>". Before Listen.
   void Handle(std::string path, GrpcHandler handler);
-  // Binds host:port (port 0: any free port) and starts accepting.
-  Status Listen(const std::string& host_port);
+  // Binds `endpoint` (port 0: any free port) and starts accepting. The
+  // daemon resolves its setting with server::ResolveListenAddress.
+  Status Listen(const boost::asio::ip::tcp::endpoint& endpoint);
   int port() const { return port_; }
   // Open connections.
   size_t connections() const;

@@ -82,7 +82,7 @@ class H2ServerTest : public ::testing::Test {
   void Start(H2ServerOptions options = {}) {
     server_.emplace(ioc_, options);
     for (auto& [path, h] : handlers_) server_->Handle(path, h);
-    ASSERT_TRUE(server_->Listen("127.0.0.1:0").ok());
+    ASSERT_TRUE(server_->Listen({net::ip::make_address("127.0.0.1"), 0}).ok());
     for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
                                    grpc::InsecureChannelCredentials());

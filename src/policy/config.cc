@@ -2,6 +2,8 @@
 // "<file>:<line>: <what>". The schema is documented field by field in
 // docs/configuration.md; keep the two in step.
 #include "policy/config.h"
+
+#include <thread>
 #include "core/ascii.h"
 
 #include <yaml-cpp/yaml.h>
@@ -1299,6 +1301,11 @@ void KeepRestartBound(const Config& running, Config* loaded) {
   keep("envoy.config_dir", le.config_dir, re.config_dir);
   keep("envoy.failure_mode", le.failure_mode, re.failure_mode);
   keep("envoy.headers", le.headers, re.headers);
+}
+
+int ThreadCount(int configured) {
+  if (configured > 0) return configured;
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace ratelimit::policy

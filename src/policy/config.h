@@ -154,7 +154,7 @@ struct ServerConfig {
   std::string upstream;          // "http://host:port": enables the gateway face
   bool demo = false;             // the demo page at / and /api/ping
   HeaderDialect headers = HeaderDialect::kDraft06;
-  int threads = 0;  // 0 = hardware concurrency
+  int threads = 0;  // 0 = hardware concurrency (ThreadCount)
   size_t max_body_bytes = 64 * 1024;
   size_t max_header_bytes = 8 * 1024;
   size_t max_connections = 10'000;  // per listener
@@ -177,6 +177,10 @@ struct ServerConfig {
   // Envoy's rate limit service over gRPC (docs/envoy.md); "" = off.
   std::string grpc_listen;
 };
+
+// `server.threads` as the number of threads to run: 0 means one per core
+// (at least one). The HTTP faces and the gRPC face each run that many.
+int ThreadCount(int configured);
 
 // `envoy:`: the gRPC face's settings (docs/envoy.md).
 struct EnvoySection {

@@ -26,12 +26,10 @@
 #include "ratelimit/status.h"
 #include "ratelimit/thread_annotations.h"
 #include "server/http.h"
+#include "server/listen_address.h"
 #include "server/session.h"
 
 namespace ratelimit::server {
-
-// "127.0.0.1:8080", "[::1]:8080", "localhost:8080" (resolved), ":8080" (all v4).
-StatusOr<tcp::endpoint> ResolveListenAddress(net::io_context& ioc, const std::string& hostport);
 
 struct ConnectionCaps {
   size_t max_connections = 10'000;

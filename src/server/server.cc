@@ -299,8 +299,7 @@ int Server::Run() {
   if (s.admin_listener) s.admin_listener->Run();
   s.WaitForSignal();
   s.ScheduleSweep();
-  int n = s.start_config.server.threads;
-  if (n <= 0) n = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int n = policy::ThreadCount(s.start_config.server.threads);
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(n - 1));
   for (int i = 1; i < n; ++i) threads.emplace_back([&s] { s.ioc.run(); });
