@@ -598,13 +598,13 @@ elif want 8; then
   G_PID[trivial]=$!; PIDS+=("${G_PID[trivial]}")
   wait_port "$p" 10 || fail "8: the trivial gRPC server did not start"
   p=$(free_port); G_PORT[h2trivial]=$p
-  "$H2_TRIVIAL" --listen="127.0.0.1:$p" >"$WORK/h2-trivial.log" 2>&1 &
+  "$H2_TRIVIAL" --listen="127.0.0.1:$p" --threads=1 >"$WORK/h2-trivial.log" 2>&1 &
   G_PID[h2trivial]=$!; PIDS+=("${G_PID[h2trivial]}")
   wait_port "$p" 10 || fail "8: the trivial server on ratelimitd's gRPC server did not start"
   for store in memory redis; do
     p=$(free_port); G_PORT[$store]=$p
     extra=(); [[ $store == redis ]] && extra=(--redis "redis://127.0.0.1:$REDIS_PORT")
-    "$RLD" --listen 127.0.0.1:0 --admin-listen "" --grpc-listen "127.0.0.1:$p" \
+    "$RLD" --config bench/configs/envoy.yaml --grpc-listen "127.0.0.1:$p" \
       --envoy-config "$WORK/envoy" "${extra[@]}" >"$WORK/grpc-$store.log" 2>&1 &
     G_PID[$store]=$!; PIDS+=("${G_PID[$store]}")
     wait_port "$p" 10 || fail "8: ratelimitd ($store) gRPC did not start"

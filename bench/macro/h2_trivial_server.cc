@@ -1,13 +1,16 @@
 // h2_trivial_server: the RateLimitService on ratelimitd's own gRPC server
 // (src/grpc/h2_server.h), answering every ShouldRateLimit OK without deciding
-// anything: the ceiling of the server the face runs on, with the same
-// threads (one per core), the peer of row 8c in scripts/bench.sh. Row 8a's
-// peer, grpc_trivial_server, is the same on gRPC C++.
+// anything: the ceiling of the server the face runs on, the peer of row 8c
+// in scripts/bench.sh (which runs both with one thread). Row 8a's peer,
+// grpc_trivial_server, is the same on gRPC C++.
 //
-//   h2_trivial_server --listen=127.0.0.1:0    prints "listening PORT", serves until SIGTERM
+//   h2_trivial_server --listen=127.0.0.1:0 [--threads=N]
+//       prints "listening PORT", serves until SIGTERM; N threads (default:
+//       one per core)
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,9 +28,17 @@ using ratelimit::grpcface::GrpcCode;
 
 int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:0";
+  unsigned n = std::max(1U, std::thread::hardware_concurrency());
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("--listen=", 0) == 0) listen = a.substr(9);
+    if (a.rfind("--listen=", 0) == 0) {
+      listen = a.substr(9);
+    } else if (a.rfind("--threads=", 0) == 0 && std::atoi(a.c_str() + 10) > 0) {
+      n = static_cast<unsigned>(std::atoi(a.c_str() + 10));
+    } else {
+      std::fprintf(stderr, "h2_trivial_server: unknown or bad argument %s\n", a.c_str());
+      return 2;
+    }
   }
   sigset_t set;
   sigemptyset(&set);
@@ -58,7 +69,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<std::thread> threads;
-  const unsigned n = std::max(1U, std::thread::hardware_concurrency());
   for (unsigned i = 0; i < n; ++i) threads.emplace_back([&ioc] { ioc.run(); });
   std::printf("listening %d\n", server.port());
   std::fflush(stdout);
