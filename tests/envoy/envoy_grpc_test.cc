@@ -71,6 +71,16 @@ void RunScenario(GrpcDaemon& d) {
   EXPECT_EQ(out, "PASS\n");
 }
 
+// --grpc-listen reads HOST:PORT as the HTTP listeners do (one resolver):
+// a host name is resolved, not refused at start.
+TEST(EnvoyGrpc, TheGrpcListenerTakesAHostName) {
+  const int port = FreePort();
+  Daemon d({"--grpc-listen", "localhost:" + std::to_string(port), "--envoy-config",
+            RL_ENVOY_CONFIG_DIR});
+  EXPECT_TRUE(d.WaitForLog("gRPC listening", 10s)) << d.Log();
+  EXPECT_EQ(d.Log().find("cannot start the gRPC face"), std::string::npos) << d.Log();
+}
+
 // grpc.health.v1 as Envoy's grpc_health_check and Kubernetes' probes use it:
 // Check knows the server ("") and the rate limit service, nothing else;
 // Watch hears NOT_SERVING when SIGTERM starts the shutdown, then the stream
