@@ -24,7 +24,10 @@
 # folder, default the repository), FUZZ_WITH_TESTS=ON (the tree builds the
 # test binaries too: scripts/run-tests.sh's ASan + UBSan build is this tree,
 # so the libraries are compiled once for the tests and the fuzz targets),
-# RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake). Called by
+# RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake), FUZZ_SEED
+# (libFuzzer's -seed: the same seed and corpus explore the same inputs in the
+# same order, so a run is reproducible; unset, every run draws its own seed).
+# Called by
 # `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per target).
 # docs/fuzzing.md is the manual.
 set -euo pipefail
@@ -71,9 +74,11 @@ run_one() {
   local t=$1 work=$BUILD/fuzz-run/$1
   local dict=()
   if [[ -f $REPO/fuzz/dict/$t.dict ]]; then dict=(-dict="$REPO/fuzz/dict/$t.dict"); fi
+  local seed=()
+  if [[ -n ${FUZZ_SEED:-} ]]; then seed=(-seed="$FUZZ_SEED"); fi
   local status=0
   "$BUILD/fuzz/${t}_fuzzer" -max_total_time="$SECONDS_PER_TARGET" -timeout=5 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$work/" "${dict[@]}" "$work/corpus" >"$work/log" 2>&1 ||
+    -print_final_stats=1 -artifact_prefix="$work/" "${dict[@]}" "${seed[@]}" "$work/corpus" >"$work/log" 2>&1 ||
     status=$?
   echo "$status" >"$work/status"
 }

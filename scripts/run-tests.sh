@@ -85,6 +85,9 @@ ctest --test-dir build-tsan --output-on-failure -j 2 --timeout 900 --repeat unti
 
 step "fuzz (libFuzzer, ASan + UBSan, 30 s per target, in build-asan)"
 # Fails on any crash, leak, timeout or out-of-memory and prints the input.
-scripts/fuzz.sh 30
+# A fixed seed: the gate explores the same inputs on every run, so what fails
+# here fails again on a rerun and what passed on a developer's clean clone
+# passes in CI; `make fuzz` draws a new seed each run to find what is new.
+FUZZ_SEED=${FUZZ_SEED:-1} scripts/fuzz.sh 30
 
 step "all test runs passed"
