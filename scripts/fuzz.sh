@@ -27,8 +27,8 @@
 # RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake), FUZZ_SEED
 # (libFuzzer's -seed: the same seed and corpus explore the same inputs in the
 # same order, so a run is reproducible; unset, every run draws its own seed).
-# Called by
-# `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per target).
+# Called by `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per
+# target, FUZZ_SEED=1).
 # docs/fuzzing.md is the manual.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -78,8 +78,8 @@ run_one() {
   if [[ -n ${FUZZ_SEED:-} ]]; then seed=(-seed="$FUZZ_SEED"); fi
   local status=0
   "$BUILD/fuzz/${t}_fuzzer" -max_total_time="$SECONDS_PER_TARGET" -timeout=5 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$work/" "${dict[@]}" "${seed[@]}" "$work/corpus" >"$work/log" 2>&1 ||
-    status=$?
+    -print_final_stats=1 -artifact_prefix="$work/" "${dict[@]}" "${seed[@]}" "$work/corpus" \
+    >"$work/log" 2>&1 || status=$?
   echo "$status" >"$work/status"
 }
 
