@@ -375,14 +375,20 @@ if ((HTTP_ROWS)) && [[ -z $RLD ]]; then
   want 4 && row 4 "Gateway (memory store) in front of a trivial upstream" "n/a (ratelimitd not built)" "nginx limit_req + proxy_pass" "n/a" "n/a" "≥ 1.0x" "n/a"
   want 11 && row 11a "One keep-alive connection, closed loop: decision API vs nginx return 200" "n/a (ratelimitd not built)" "nginx return 200" "n/a" "n/a" "≥ 0.5x, p50 < 0.1 ms" "n/a"
 elif ((HTTP_ROWS)); then
-  P_RET=$(free_port); P_PROXY=$(free_port); P_LIMRET=$(free_port)
-  mkdir -p "$WORK/nginx"
+  P_RET=$(free_port); P_PROXY=$(free_port); P_LIMRET=$(free_port); P_UP=$(free_port)
+  # Row 4's upstream is an nginx of its own (one worker), behind both gateways.
+  mkdir -p "$WORK/nginx" "$WORK/nginx-up"
+  sed -e "s|__DIR__|$WORK/nginx-up|g" -e "s|__UP__|$P_UP|g" \
+    bench/peers/nginx-upstream.conf.in >"$WORK/nginx-up/nginx.conf"
+  nginx -p "$WORK/nginx-up" -e "$WORK/nginx-up/error.log" -c "$WORK/nginx-up/nginx.conf" -g 'daemon off;' &
+  PIDS+=($!)
   sed -e "s|__DIR__|$WORK/nginx|g" -e "s|__RET__|$P_RET|g" -e "s|__PROXY__|$P_PROXY|g" \
-    -e "s|__LIMRET__|$P_LIMRET|g" bench/peers/nginx.conf.in >"$WORK/nginx/nginx.conf"
+    -e "s|__LIMRET__|$P_LIMRET|g" -e "s|__UP__|$P_UP|g" bench/peers/nginx.conf.in >"$WORK/nginx/nginx.conf"
   nginx -p "$WORK/nginx" -e "$WORK/nginx/error.log" -c "$WORK/nginx/nginx.conf" -g 'daemon off;' &
   PIDS+=($!)
   wait_port "$P_PROXY" 10 || die "nginx did not start: $(cat "$WORK/nginx/error.log")"
-  sed -e "s|__UPSTREAM_PORT__|$P_RET|g" bench/configs/gateway.yaml.in >"$WORK/gateway.yaml"
+  wait_port "$P_UP" 10 || die "nginx (upstream) did not start: $(cat "$WORK/nginx-up/error.log")"
+  sed -e "s|__UPSTREAM_PORT__|$P_UP|g" bench/configs/gateway.yaml.in >"$WORK/gateway.yaml"
 
   CHECK_BODY='{"key":"k1","limits":[{"name":"b","algorithm":"token_bucket","capacity":10,"refill_per_second":5}]}'
   start_rld() {  # name, args...: starts ratelimitd, sets RLD_PORT and RLD_PID
