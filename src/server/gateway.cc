@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <iterator>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "server/json_log.h"
 #include "server/problem.h"
@@ -20,11 +22,10 @@ bool IsHopByHop(std::string_view name) {
   return name.size() >= 6 && EqualsIgnoreCase(name.substr(0, 6), "proxy-");
 }
 
-}  // namespace
-
-void RemoveHopByHop(http::fields& fields) {
-  // Headers named in Connection ("Connection: close, X-Foo") are hop-by-hop too.
-  std::vector<std::string> named;
+// Headers named in Connection ("Connection: close, X-Foo") are hop-by-hop too:
+// calls `f` with each name listed there.
+template <typename F>
+void ForEachConnectionToken(const http::fields& fields, F f) {
   for (auto it = fields.find(http::field::connection);
        it != fields.end() && it->name() == http::field::connection; ++it) {
     std::string_view v = it->value();
@@ -35,10 +36,18 @@ void RemoveHopByHop(http::fields& fields) {
         token.remove_prefix(1);
       while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
         token.remove_suffix(1);
-      if (!token.empty()) named.emplace_back(token);
+      if (!token.empty()) f(token);
       v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
     }
   }
+}
+
+}  // namespace
+
+void RemoveHopByHop(http::fields& fields) {
+  // Copied: erasing a named field may erase the Connection field itself.
+  std::vector<std::string> named;
+  ForEachConnectionToken(fields, [&named](std::string_view t) { named.emplace_back(t); });
   for (const std::string& n : named) fields.erase(n);
   for (auto it = fields.begin(); it != fields.end();) {
     if (IsHopByHop(it->name_string())) {
@@ -89,7 +98,6 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   static constexpr size_t kPiece = 64 * 1024;
 
   Gateway& gw;
-  Request up;
   std::function<void(Reply)> done;
   std::unique_ptr<beast::tcp_stream> stream;
   bool reused = false;
@@ -100,11 +108,11 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   std::optional<http::response_parser<http::buffer_body>> parser;
   std::optional<uint64_t> length;
   std::unique_ptr<char[]> piece;  // allocated when the body is pulled
-  std::string wire;               // the request as sent (kept for a retry)
+  std::string wire;               // the request as sent (kept for a retry): Gateway::Forward
   size_t head_fields = 0;         // the response's header fields; the trailer's follow
 
-  Op(Gateway& g, Request r, std::function<void(Reply)> d)
-      : gw(g), up(std::move(r)), done(std::move(d)) {}
+  Op(Gateway& g, std::string w, std::function<void(Reply)> d)
+      : gw(g), done(std::move(d)), wire(std::move(w)) {}
   ~Op() override { gw.pool_.Finish(); }
 
   void Start() {
@@ -130,20 +138,13 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                           });
   }
 
-  // The request in one buffer, written with one call: Beast's serializer
-  // would write a chain of small buffers through several layers of views.
-  // The fields go out in order, as the serializer sends them.
+  // The request target, from the request line: for a problem+json reply.
+  std::string_view Target() const {
+    const size_t start = wire.find(' ') + 1;
+    return std::string_view(wire).substr(start, wire.find(" HTTP/1.1\r\n", start) - start);
+  }
+
   void Send() {
-    if (wire.empty()) {
-      wire.reserve(256 + up.body().size());
-      wire.append(up.method_string());
-      wire.push_back(' ');
-      wire.append(up.target());
-      wire.append(" HTTP/1.1\r\n");
-      for (const auto& f : up.base()) AppendField(wire, f.name_string(), f.value());
-      wire.append("\r\n");
-      wire.append(up.body());
-    }
     stream->expires_after(gw.options_.timeout);
     net::async_write(*stream, net::buffer(wire),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
@@ -276,7 +277,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   void Fail(unsigned status, std::string detail) {
     Log(Level::kWarn, "upstream error",
         {{"status", status}, {"detail", detail}, {"upstream", gw.url_}});
-    Reply r = ProblemReply(status, detail, std::string_view(up.target()));
+    Reply r = ProblemReply(status, detail, Target());
     Finish(std::move(r));
   }
 
@@ -286,40 +287,62 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   }
 };
 
+// The upstream request in one buffer, written with one call, rendered
+// straight from the client's request: no copy into a second message (a heap
+// entry per header field) and no serializer (a chain of small buffers through
+// several layers of views). The fields go out in the client's order without
+// the hop-by-hop ones, Content-Length and X-Forwarded-For; then the
+// X-Forwarded-For with the peer appended, then Content-Length when there is
+// a body or the method takes one (Beast's prepare_payload rule).
 void Gateway::Forward(const Request& request, std::string_view peer_ip,
                       std::function<void(Reply)> done) {
   if (!pool_.TryStart()) {
     return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
   }
-  Request up;
-  // An extension method ("PURGE", "!GET": any token) is verb::unknown, which
-  // method() rejects with an exception: copy its text instead.
-  if (request.method() == http::verb::unknown) {
-    up.method_string(request.method_string());
-  } else {
-    up.method(request.method());
-  }
-  up.target(request.target());
-  up.version(11);
-  std::string xff;
-  for (const auto& f : request.base()) {
-    if (EqualsIgnoreCase(f.name_string(), "X-Forwarded-For")) {
-      if (!xff.empty()) xff += ", ";
-      xff.append(f.value());
-      continue;
+  std::vector<std::string_view> named;  // allocates only when Connection names a field
+  ForEachConnectionToken(request.base(), [&named](std::string_view t) { named.push_back(t); });
+  const auto dropped = [&](std::string_view name) {
+    if (IsHopByHop(name)) return true;
+    for (std::string_view n : named) {
+      if (EqualsIgnoreCase(name, n)) return true;
     }
-    if (f.name() == http::field::content_length) continue;  // recomputed
-    up.insert(f.name_string(), f.value());
+    return false;
+  };
+
+  const std::string_view body = request.body();
+  std::string wire;
+  wire.reserve(320 + request.target().size() + body.size());
+  wire.append(request.method_string());
+  wire.push_back(' ');
+  wire.append(request.target());
+  wire.append(" HTTP/1.1\r\n");
+  for (const auto& f : request.base()) {
+    const std::string_view name = f.name_string();
+    if (f.name() == http::field::content_length || dropped(name)) continue;  // recomputed
+    if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;                 // below
+    AppendField(wire, name, f.value());
   }
-  RemoveHopByHop(up.base());  // reads up's copy of Connection first
-  if (!xff.empty()) xff += ", ";
-  xff.append(peer_ip);
-  up.set("X-Forwarded-For", xff);
-  up.body() = request.body();
-  up.keep_alive(true);
-  up.prepare_payload();
-  auto op = std::make_shared<Op>(*this, std::move(up), std::move(done));
-  op->head = request.method() == http::verb::head;
+  // X-Forwarded-For: the client's entries (every such field, in order), then the peer.
+  wire.append("X-Forwarded-For: ");
+  const size_t xff = wire.size();
+  for (const auto& f : request.base()) {
+    if (!EqualsIgnoreCase(f.name_string(), "X-Forwarded-For")) continue;
+    if (wire.size() > xff) wire.append(", ");
+    wire.append(f.value());
+  }
+  if (wire.size() > xff) wire.append(", ");
+  wire.append(peer_ip);
+  wire.append("\r\n");
+  const http::verb method = request.method();
+  if (!body.empty() || method == http::verb::options || method == http::verb::put ||
+      method == http::verb::post) {
+    AppendField(wire, "Content-Length", std::to_string(body.size()));
+  }
+  wire.append("\r\n");
+  wire.append(body);
+
+  auto op = std::make_shared<Op>(*this, std::move(wire), std::move(done));
+  op->head = method == http::verb::head;
   op->Start();
 }
 

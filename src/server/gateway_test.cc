@@ -32,6 +32,7 @@ class FakeUpstream {
     kClose,            // answers with Connection: close, then closes
     kDropAfterAnswer,  // answers as keep-alive, then closes anyway (an idle timeout)
     kHang,             // reads the request, never answers
+    kEcho,             // keep-alive; the body is the request as it arrived (ShowRequest)
   };
 
   explicit FakeUpstream(Mode mode)
@@ -75,6 +76,15 @@ class FakeUpstream {
     }
   }
 
+  // "METHOD target", each field as "Name: value" in the order it came, then
+  // the body after an empty line.
+  static std::string ShowRequest(const Request& req) {
+    std::string out = std::string(req.method_string()) + " " + std::string(req.target()) + "\n";
+    for (const auto& f : req.base())
+      out += std::string(f.name_string()) + ": " + std::string(f.value()) + "\n";
+    return out + "\n" + req.body();
+  }
+
   void Serve(tcp::socket& s) {
     beast::flat_buffer buf;
     for (;;) {
@@ -86,7 +96,7 @@ class FakeUpstream {
         return;
       }
       if (mode_ == Mode::kHang) continue;  // the next read blocks until the end
-      const std::string body(req.target());
+      const std::string body = mode_ == Mode::kEcho ? ShowRequest(req) : std::string(req.target());
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
                         body;
@@ -164,6 +174,9 @@ class GatewayTest : public ::testing::Test {
   std::future<Got> Start(std::string_view target, std::promise<Got>& promise) {
     Request req{http::verb::get, target, 11};
     req.set(http::field::host, "upstream.test");
+    return Start(req, promise);
+  }
+  std::future<Got> Start(const Request& req, std::promise<Got>& promise) {
     gateway_->Forward(req, "192.0.2.1", [&promise](Reply r) {
       if (r.body_stream == nullptr) return promise.set_value(Got{r.status, r.body});
       std::make_shared<Drainer>(std::move(r), &promise)->Pull();
@@ -178,10 +191,15 @@ class GatewayTest : public ::testing::Test {
     done.get_future().wait();
   }
   Got Forward(std::string_view target) {
+    Request req{http::verb::get, target, 11};
+    req.set(http::field::host, "upstream.test");
+    return Forward(req);
+  }
+  Got Forward(const Request& req) {
     std::promise<Got> promise;
-    std::future<Got> f = Start(target, promise);
+    std::future<Got> f = Start(req, promise);
     if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
-      ADD_FAILURE() << "no answer for " << target;
+      ADD_FAILURE() << "no answer for " << req.target();
       return {};
     }
     return f.get();
@@ -201,6 +219,41 @@ TEST_F(GatewayTest, AKeepAliveConnectionIsReusedForTheNextRequests) {
     EXPECT_EQ(g.status, 200u) << t;
     EXPECT_EQ(g.body, t);
   }
+  EXPECT_EQ(up.connections(), 1);
+}
+
+// What the upstream receives: the client's fields in their order without the
+// hop-by-hop ones (and those Connection names), every X-Forwarded-For joined
+// into one with the peer last, and Content-Length only for a body or a method
+// that takes one.
+TEST_F(GatewayTest, TheUpstreamGetsTheClientsEndToEndFieldsInOrder) {
+  FakeUpstream up(FakeUpstream::Mode::kEcho);
+  Open(up, {});
+  Request post{http::verb::post, "/p?q=1", 11};
+  post.insert("Host", "h.test");
+  post.insert("X-Forwarded-For", "198.51.100.1");
+  post.insert("X-A", "dropped: named in Connection");
+  post.insert("x-b", "kept");
+  post.insert("Connection", "keep-alive, X-A");
+  post.insert("Keep-Alive", "timeout=5");
+  post.insert("Proxy-Authorization", "Basic eA==");
+  post.insert("x-forwarded-for", "198.51.100.2");
+  post.insert("Content-Length", "999");
+  post.body() = "data";
+  Got g = Forward(post);
+  EXPECT_EQ(g.status, 200u);
+  EXPECT_EQ(g.body,
+            "POST /p?q=1\nHost: h.test\nx-b: kept\n"
+            "X-Forwarded-For: 198.51.100.1, 198.51.100.2, 192.0.2.1\nContent-Length: 4\n\ndata");
+
+  Request get{http::verb::get, "/g", 11};
+  get.insert("Host", "h.test");
+  EXPECT_EQ(Forward(get).body, "GET /g\nHost: h.test\nX-Forwarded-For: 192.0.2.1\n\n");
+  Request put{http::verb::put, "/u", 11};  // a method that takes a body: Content-Length: 0
+  EXPECT_EQ(Forward(put).body, "PUT /u\nX-Forwarded-For: 192.0.2.1\nContent-Length: 0\n\n");
+  Request del{http::verb::delete_, "/d", 11};
+  del.body() = "x";
+  EXPECT_EQ(Forward(del).body, "DELETE /d\nX-Forwarded-For: 192.0.2.1\nContent-Length: 1\n\nx");
   EXPECT_EQ(up.connections(), 1);
 }
 
