@@ -16,11 +16,11 @@ namespace {
 // (fuzz/regressions/config/server-user-carriage-return). A string with any
 // byte outside printable ASCII is written double-quoted, where every control
 // character is escaped.
-struct Text {
+struct YamlString {
   const std::string& s;
 };
 
-YAML::Emitter& operator<<(YAML::Emitter& out, Text t) {
+YAML::Emitter& operator<<(YAML::Emitter& out, YamlString t) {
   const bool quote = std::any_of(t.s.begin(), t.s.end(), [](char c) {
     const auto b = static_cast<unsigned char>(c);
     return b < 0x20 || b >= 0x7f;
@@ -45,7 +45,7 @@ void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
     out << YAML::Key << "window" << YAML::Value << WindowText(l);
     if (const Calendar* c = l.calendar()) {
       out << YAML::Key << "align" << YAML::Value << "calendar";
-      out << YAML::Key << "timezone" << YAML::Value << Text{c->zone().name()};
+      out << YAML::Key << "timezone" << YAML::Value << YamlString{c->zone().name()};
     }
   }
   if (l.block_for().count() > 0) {
@@ -57,7 +57,7 @@ void EmitRules(YAML::Emitter& out, const std::vector<RuleLimit>& rules) {
   out << YAML::BeginSeq;
   for (const RuleLimit& r : rules) {
     out << YAML::Flow << YAML::BeginMap;
-    out << YAML::Key << "name" << YAML::Value << Text{r.limit.name()};
+    out << YAML::Key << "name" << YAML::Value << YamlString{r.limit.name()};
     EmitLimitFields(out, r.limit);
     if (r.shadow) out << YAML::Key << "shadow" << YAML::Value << true;
     if (r.failure_mode) {
@@ -131,10 +131,10 @@ std::string DumpRedacted(const Config& c) {
 
   const ServerConfig& s = c.server;
   out << YAML::Key << "server" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "listen" << YAML::Value << Text{s.listen};
-  out << YAML::Key << "admin_listen" << YAML::Value << Text{s.admin_listen};
-  out << YAML::Key << "admin_token_file" << YAML::Value << Text{s.admin_token_file};
-  out << YAML::Key << "upstream" << YAML::Value << Text{s.upstream};
+  out << YAML::Key << "listen" << YAML::Value << YamlString{s.listen};
+  out << YAML::Key << "admin_listen" << YAML::Value << YamlString{s.admin_listen};
+  out << YAML::Key << "admin_token_file" << YAML::Value << YamlString{s.admin_token_file};
+  out << YAML::Key << "upstream" << YAML::Value << YamlString{s.upstream};
   out << YAML::Key << "demo" << YAML::Value << s.demo;
   out << YAML::Key << "headers" << YAML::Value << std::string(HeaderDialectName(s.headers));
   out << YAML::Key << "threads" << YAML::Value << s.threads;
@@ -147,18 +147,18 @@ std::string DumpRedacted(const Config& c) {
       << s.max_requests_per_second_per_connection;
   out << YAML::Key << "read_timeout" << YAML::Value << Millis(s.read_timeout);
   out << YAML::Key << "idle_timeout" << YAML::Value << Millis(s.idle_timeout);
-  out << YAML::Key << "user" << YAML::Value << Text{s.user};
-  out << YAML::Key << "group" << YAML::Value << Text{s.group};
-  out << YAML::Key << "grpc_listen" << YAML::Value << Text{s.grpc_listen};
+  out << YAML::Key << "user" << YAML::Value << YamlString{s.user};
+  out << YAML::Key << "group" << YAML::Value << YamlString{s.group};
+  out << YAML::Key << "grpc_listen" << YAML::Value << YamlString{s.grpc_listen};
   out << YAML::EndMap;
 
   const StoreConfig& st = c.store;
   out << YAML::Key << "store" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value
       << (st.type == StoreConfig::Type::kRedis ? "redis" : "memory");
-  if (!st.url.empty()) out << YAML::Key << "url" << YAML::Value << Text{RedactUrl(st.url)};
+  if (!st.url.empty()) out << YAML::Key << "url" << YAML::Value << YamlString{RedactUrl(st.url)};
   out << YAML::Key << "deadline" << YAML::Value << Millis(st.deadline);
-  out << YAML::Key << "key_prefix" << YAML::Value << Text{st.key_prefix};
+  out << YAML::Key << "key_prefix" << YAML::Value << YamlString{st.key_prefix};
   out << YAML::Key << "time_source" << YAML::Value
       << (st.time_source == StoreConfig::TimeSource::kRedis ? "redis" : "local");
   out << YAML::Key << "failure_mode" << YAML::Value
@@ -180,8 +180,8 @@ std::string DumpRedacted(const Config& c) {
 
   const ClientConfig& cl = c.clients;
   out << YAML::Key << "clients" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "api_key_header" << YAML::Value << Text{cl.api_key_header};
-  out << YAML::Key << "user_header" << YAML::Value << Text{cl.user_header};
+  out << YAML::Key << "api_key_header" << YAML::Value << YamlString{cl.api_key_header};
+  out << YAML::Key << "user_header" << YAML::Value << YamlString{cl.user_header};
   out << YAML::Key << "trusted_proxies" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const Cidr& cidr : cl.trusted_proxies) out << cidr.ToString();
   out << YAML::EndSeq;
@@ -191,7 +191,7 @@ std::string DumpRedacted(const Config& c) {
 
   out << YAML::Key << "limits" << YAML::Value << YAML::BeginMap;
   for (const auto& [name, limit] : c.named_limits) {
-    out << YAML::Key << Text{name} << YAML::Value << YAML::Flow << YAML::BeginMap;
+    out << YAML::Key << YamlString{name} << YAML::Value << YAML::Flow << YAML::BeginMap;
     EmitLimitFields(out, limit);
     out << YAML::EndMap;
   }
@@ -199,13 +199,13 @@ std::string DumpRedacted(const Config& c) {
 
   out << YAML::Key << "plans" << YAML::Value << YAML::BeginMap;
   for (const auto& [name, plan] : c.plans) {
-    out << YAML::Key << Text{name} << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << YamlString{name} << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "limits" << YAML::Value;
     EmitRules(out, plan.limits);
     out << YAML::EndMap;
   }
   out << YAML::EndMap;
-  out << YAML::Key << "default_plan" << YAML::Value << Text{c.default_plan};
+  out << YAML::Key << "default_plan" << YAML::Value << YamlString{c.default_plan};
 
   // API keys are secrets: show how many map to which plan, never the key.
   // (An empty map when there are none, so that such a dump loads back.)
@@ -215,13 +215,13 @@ std::string DumpRedacted(const Config& c) {
   } else {
     out << YAML::BeginSeq;
     for (const auto& [key, plan] : c.api_keys) {
-      out << YAML::Flow << YAML::BeginMap << YAML::Key << "***" << YAML::Value << Text{plan}
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "***" << YAML::Value << YamlString{plan}
           << YAML::EndMap;
     }
     out << YAML::EndSeq;
   }
   if (!c.api_keys_file.empty())
-    out << YAML::Key << "api_keys_file" << YAML::Value << Text{c.api_keys_file};
+    out << YAML::Key << "api_keys_file" << YAML::Value << YamlString{c.api_keys_file};
 
   out << YAML::Key << "global" << YAML::Value;
   EmitRules(out, c.global_limits);
@@ -229,9 +229,9 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "routes" << YAML::Value << YAML::BeginSeq;
   for (const RouteClass& r : c.routes) {
     out << YAML::BeginMap;
-    out << YAML::Key << "name" << YAML::Value << Text{r.name};
+    out << YAML::Key << "name" << YAML::Value << YamlString{r.name};
     out << YAML::Key << "methods" << YAML::Value << YAML::Flow << r.methods;
-    out << YAML::Key << "path" << YAML::Value << Text{r.path};
+    out << YAML::Key << "path" << YAML::Value << YamlString{r.path};
     out << YAML::Key << "match" << YAML::Value
         << (r.match == RouteClass::Match::kExact    ? "exact"
             : r.match == RouteClass::Match::kPrefix ? "prefix"
@@ -242,14 +242,14 @@ std::string DumpRedacted(const Config& c) {
       out << YAML::Key << "cost" << YAML::Value << YAML::Flow << YAML::BeginMap;
       if (m->source != MeteredCost::Source::kReserve) {
         out << YAML::Key << std::string(CostSourceName(m->source)) << YAML::Value
-            << Text{m->request_field};
+            << YamlString{m->request_field};
       }
       if (m->reserve) out << YAML::Key << "reserve" << YAML::Value << *m->reserve;
       out << YAML::Key << "settle_from" << YAML::Value
           << std::string(SettleFromName(m->settle_from));
-      out << YAML::Key << "field" << YAML::Value << Text{m->field};
+      out << YAML::Key << "field" << YAML::Value << YamlString{m->field};
       if (m->max) out << YAML::Key << "max" << YAML::Value << *m->max;
-      if (!m->unit.empty()) out << YAML::Key << "unit" << YAML::Value << Text{m->unit};
+      if (!m->unit.empty()) out << YAML::Key << "unit" << YAML::Value << YamlString{m->unit};
       out << YAML::EndMap;
     } else {
       out << YAML::Key << "cost" << YAML::Value << r.cost;
@@ -279,8 +279,8 @@ std::string DumpRedacted(const Config& c) {
   }
   out << YAML::EndSeq;
   out << YAML::Key << "envoy" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "config_dir" << YAML::Value << Text{c.envoy.config_dir};
-  out << YAML::Key << "failure_mode" << YAML::Value << Text{c.envoy.failure_mode};
+  out << YAML::Key << "config_dir" << YAML::Value << YamlString{c.envoy.config_dir};
+  out << YAML::Key << "failure_mode" << YAML::Value << YamlString{c.envoy.failure_mode};
   out << YAML::Key << "headers" << YAML::Value << std::string(HeaderDialectName(c.envoy.headers));
   out << YAML::EndMap;
   out << YAML::EndMap;
