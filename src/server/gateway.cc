@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ascii.h"
 #include "server/json_log.h"
 #include "server/problem.h"
 
@@ -31,11 +32,7 @@ void ForEachConnectionToken(const http::fields& fields, F f) {
     std::string_view v = it->value();
     while (!v.empty()) {
       const size_t comma = v.find(',');
-      std::string_view token = v.substr(0, comma);
-      while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
-        token.remove_prefix(1);
-      while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
-        token.remove_suffix(1);
+      const std::string_view token = core::Trim(v.substr(0, comma));
       if (!token.empty()) f(token);
       v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
     }
