@@ -1,7 +1,11 @@
 // IpAddress and Cidr: parsing, printing, key form, containment.
 #include "policy/ip.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
 
 namespace ratelimit::policy {
 namespace {
@@ -23,6 +27,56 @@ TEST(IpAddress, ParsesAndPrints) {
   EXPECT_EQ(Ip("::ffff:192.0.2.1"), Ip("192.0.2.1"));
   EXPECT_TRUE(Ip("::ffff:192.0.2.1").is_v4());
   EXPECT_EQ(IpAddress::FromV4(0x7f000001), Ip("127.0.0.1"));
+}
+
+// ToString is written by hand (no sprintf); inet_ntop is the reference. The
+// addresses are random with zero groups made likely, so every placement and
+// length of the "::" run, ties between runs, and the forms ending in dotted
+// decimal come up.
+TEST(IpAddress, PrintsAsInetNtop) {
+  std::mt19937_64 rng(42);
+  auto check = [](const std::array<uint8_t, 16>& b) {
+    char want[INET6_ADDRSTRLEN];
+    ASSERT_NE(inet_ntop(AF_INET6, b.data(), want, sizeof want), nullptr);
+    const IpAddress a = IpAddress::FromV6(b);
+    if (a.is_v4()) {
+      char v4[INET_ADDRSTRLEN];
+      ASSERT_NE(inet_ntop(AF_INET, b.data() + 12, v4, sizeof v4), nullptr);
+      EXPECT_EQ(a.ToString(), v4) << want;
+    } else {
+      EXPECT_EQ(a.ToString(), want);
+    }
+  };
+  for (int n = 0; n < 200000; ++n) {
+    std::array<uint8_t, 16> b{};
+    const uint64_t zeros = rng();  // two bits a group: zero three times in four
+    for (int g = 0; g < 8; ++g) {
+      if (((zeros >> (2 * g)) & 3) != 0) continue;
+      const uint64_t r = rng();
+      const int width = static_cast<int>(r % 4);  // 1 to 4 hex digits
+      const unsigned v = static_cast<unsigned>((r >> 8) & ((1u << (4 * (width + 1))) - 1));
+      b[2 * g] = static_cast<uint8_t>(v >> 8);
+      b[2 * g + 1] = static_cast<uint8_t>(v);
+    }
+    if (n % 8 == 0) {  // v4-mapped
+      b = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+      for (int i = 12; i < 16; ++i) b[i] = static_cast<uint8_t>(rng() % (n % 3 == 0 ? 10 : 256));
+    }
+    check(b);
+  }
+  for (const char* text :
+       {"::", "::1", "::1.2.3.4", "::1.2.0.0", "::0.0.0.1", "1::", "1::1", "1:0:0:1:0:0:0:1",
+        "1:0:0:1:0:0:1:1", "0:0:1::1", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8",
+        "fe80::ffff:0:1", "::ffff:0:1.2.3.4", "ffff::", "0:0:0:0:0:1:0:0", "::255.255.255.255"}) {
+    in6_addr raw;
+    ASSERT_EQ(inet_pton(AF_INET6, text, &raw), 1) << text;
+    std::array<uint8_t, 16> b;
+    std::memcpy(b.data(), &raw, 16);
+    check(b);
+  }
+  EXPECT_EQ(Ip("0.0.0.0").ToString(), "0.0.0.0");
+  EXPECT_EQ(Ip("255.255.255.255").ToString(), "255.255.255.255");
+  EXPECT_EQ(Ip("10.100.9.200").ToString(), "10.100.9.200");
 }
 
 TEST(IpAddress, RejectsMalformed) {
