@@ -1,11 +1,10 @@
 #include "server/gateway.h"
 
 #include <boost/beast/core/string.hpp>
+#include <boost/container/small_vector.hpp>
 #include <cstdint>
-#include <iterator>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include "core/ascii.h"
 #include "server/json_log.h"
@@ -39,21 +38,28 @@ void ForEachConnectionToken(const http::fields& fields, F f) {
   }
 }
 
-}  // namespace
-
-void RemoveHopByHop(http::fields& fields) {
-  // Copied: erasing a named field may erase the Connection field itself.
-  std::vector<std::string> named;
-  ForEachConnectionToken(fields, [&named](std::string_view t) { named.emplace_back(t); });
-  for (const std::string& n : named) fields.erase(n);
-  for (auto it = fields.begin(); it != fields.end();) {
-    if (IsHopByHop(it->name_string())) {
-      it = fields.erase(it);
-    } else {
-      ++it;
-    }
+// Tells the hop-by-hop fields of one message (RFC 9110 section 7.6.1): the
+// fixed names and the names its Connection fields list, held as views into
+// the message (inline for up to four: nothing allocated for the usual
+// "Connection: keep-alive"). Both directions skip them while copying.
+class HopByHop {
+ public:
+  explicit HopByHop(const http::fields& fields) {
+    ForEachConnectionToken(fields, [this](std::string_view t) { named_.push_back(t); });
   }
-}
+  bool operator()(std::string_view name) const {
+    if (IsHopByHop(name)) return true;
+    for (std::string_view n : named_) {
+      if (EqualsIgnoreCase(name, n)) return true;
+    }
+    return false;
+  }
+
+ private:
+  boost::container::small_vector<std::string_view, 4> named_;
+};
+
+}  // namespace
 
 StatusOr<std::unique_ptr<Gateway>> Gateway::Create(net::io_context& ioc, const std::string& url,
                                                    GatewayOptions options) {
@@ -186,11 +192,13 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     Reply r;
     r.status = res.result_int();
     keep = res.keep_alive() && !parser->need_eof();
-    RemoveHopByHop(res.base());
-    head_fields = static_cast<size_t>(std::distance(res.base().begin(), res.base().end()));
+    const HopByHop dropped(res.base());
+    head_fields = 0;
     r.headers.reserve(16);
     for (const auto& f : res.base()) {
+      ++head_fields;
       if (f.name() == http::field::content_length && !head) continue;  // the session sets it
+      if (dropped(f.name_string())) continue;
       r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     }
     r.keep_content_length = head;
@@ -296,15 +304,7 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
   if (!pool_.TryStart()) {
     return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
   }
-  std::vector<std::string_view> named;  // allocates only when Connection names a field
-  ForEachConnectionToken(request.base(), [&named](std::string_view t) { named.push_back(t); });
-  const auto dropped = [&](std::string_view name) {
-    if (IsHopByHop(name)) return true;
-    for (std::string_view n : named) {
-      if (EqualsIgnoreCase(name, n)) return true;
-    }
-    return false;
-  };
+  const HopByHop dropped(request.base());
 
   const std::string_view body = request.body();
   std::string wire;

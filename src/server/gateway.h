@@ -48,9 +48,6 @@ struct GatewayOptions {
   bool one_thread = false;
 };
 
-// Removes the hop-by-hop headers from `fields` (those named in Connection too).
-void RemoveHopByHop(http::fields& fields);
-
 class Gateway {
  public:
   static StatusOr<std::unique_ptr<Gateway>> Create(net::io_context& ioc, const std::string& url,
