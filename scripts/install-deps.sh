@@ -11,6 +11,7 @@ build_pkgs=(
   build-essential cmake ninja-build pkg-config git
   libboost-dev libssl-dev libhiredis-dev libyaml-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libjemalloc-dev            # ratelimitd's malloc (RL_ALLOCATOR in CMakeLists.txt)
   # The gRPC face (src/grpc): HTTP/2 from nghttp2 (the codec Envoy's own gRPC
   # client uses; bench/macro/grpc_h2_load speaks it too), messages from protobuf.
   libnghttp2-dev libprotobuf-dev protobuf-compiler

@@ -470,6 +470,10 @@ TEST(Cli, FlagsAndCheckConfig) {
   std::tie(rc, out) = run("--version");
   EXPECT_EQ(rc, 0);
   EXPECT_EQ(out.rfind("ratelimitd ", 0), 0u);
+  // The malloc the build chose (RL_ALLOCATOR; the sanitizer builds keep the
+  // system's) is the one serving the process.
+  EXPECT_NE(out.find("\nmalloc: " RL_DAEMON_ALLOCATOR), std::string::npos) << out;
+  EXPECT_EQ(out.find("not serving"), std::string::npos) << out;
   std::tie(rc, out) = run("--help");
   EXPECT_EQ(rc, 0);
   EXPECT_NE(out.find("--check-config"), std::string::npos);
