@@ -94,6 +94,63 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Create(net::io_context& ioc, const s
 
 void Gateway::CloseIdle() { pool_.CloseIdle(); }
 
+struct UpstreamConnection::Impl : std::enable_shared_from_this<Impl> {
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  explicit Impl(const net::any_io_executor& ex) : socket(ex), timer(ex) {}
+
+  void Arm(TimePoint at) {
+    armed = at;
+    timer.expires_at(at);  // a wait already pending completes as aborted
+    timer.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec != net::error::operation_aborted) self->OnTimer();
+    });
+  }
+
+  void OnTimer() {
+    armed = TimePoint::max();
+    if (deadline == TimePoint::max()) return;  // idle in the pool
+    if (std::chrono::steady_clock::now() >= deadline) {
+      timed_out = true;
+      beast::error_code ignored;
+      socket.close(ignored);  // the pending operation fails
+      return;
+    }
+    Arm(deadline);
+  }
+
+  tcp::socket socket;
+  net::steady_timer timer;
+  TimePoint deadline = TimePoint::max();
+  TimePoint armed = TimePoint::max();
+  bool timed_out = false;
+};
+
+UpstreamConnection::UpstreamConnection(const net::any_io_executor& ex)
+    : impl_(std::make_shared<Impl>(ex)) {}
+
+UpstreamConnection::~UpstreamConnection() {
+  // On the executor, where the timer's handler runs; the handler's reference
+  // keeps the state until it has seen the cancellation.
+  const net::any_io_executor ex = impl_->socket.get_executor();  // before impl_ is moved
+  net::dispatch(ex, [impl = std::move(impl_)] {
+    impl->timer.cancel();
+    beast::error_code ignored;
+    impl->socket.close(ignored);
+  });
+}
+
+tcp::socket& UpstreamConnection::socket() { return impl_->socket; }
+net::any_io_executor UpstreamConnection::get_executor() { return impl_->socket.get_executor(); }
+void UpstreamConnection::ExpiresNever() { impl_->deadline = Impl::TimePoint::max(); }
+bool UpstreamConnection::timed_out() const { return impl_->timed_out; }
+
+void UpstreamConnection::ExpiresAfter(std::chrono::milliseconds d) {
+  impl_->timed_out = false;
+  impl_->deadline = std::chrono::steady_clock::now() + d;
+  if (impl_->deadline < impl_->armed) impl_->Arm(impl_->deadline);
+}
+
 // One exchange with the upstream. After the response header arrives, the Op
 // becomes the Reply's BodyStream: the session pulls the body piece by piece,
 // so a response of any size passes through one 64 KiB buffer.
@@ -102,7 +159,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   Gateway& gw;
   std::function<void(Reply)> done;
-  std::unique_ptr<beast::tcp_stream> stream;
+  std::unique_ptr<UpstreamConnection> stream;
   bool reused = false;
   bool retried = false;
   bool head = false;
@@ -121,24 +178,27 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   void Start() {
     stream = gw.pool_.TakeIdle();
     reused = stream != nullptr;
-    if (reused) return Send();
-    Connect();
+    if (!reused) return Connect();
+    // A pooled connection is used on its own executor only (its timer's
+    // handler may be running there).
+    if (gw.options_.one_thread) return Send();
+    net::dispatch(stream->get_executor(), [self = shared_from_this()] { self->Send(); });
   }
 
   void Connect() {
     stream = gw.options_.one_thread
-                 ? std::make_unique<beast::tcp_stream>(gw.ioc_.get_executor())
-                 : std::make_unique<beast::tcp_stream>(net::make_strand(gw.ioc_));
-    stream->expires_after(gw.options_.connect_timeout);
-    stream->async_connect(gw.endpoints_,
-                          [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
-                            if (ec == beast::error::timeout)
-                              return self->Fail(504, "upstream connect timed out");
-                            if (ec) return self->Fail(502, "upstream unreachable: " + ec.message());
-                            beast::error_code ignored;
-                            self->stream->socket().set_option(tcp::no_delay(true), ignored);
-                            self->Send();
-                          });
+                 ? std::make_unique<UpstreamConnection>(gw.ioc_.get_executor())
+                 : std::make_unique<UpstreamConnection>(net::make_strand(gw.ioc_));
+    stream->ExpiresAfter(gw.options_.connect_timeout);
+    net::async_connect(stream->socket(), gw.endpoints_,
+                       [self = shared_from_this()](beast::error_code ec, const tcp::endpoint&) {
+                         if (ec && self->stream->timed_out())
+                           return self->Fail(504, "upstream connect timed out");
+                         if (ec) return self->Fail(502, "upstream unreachable: " + ec.message());
+                         beast::error_code ignored;
+                         self->stream->socket().set_option(tcp::no_delay(true), ignored);
+                         self->Send();
+                       });
   }
 
   // The request target, from the request line: for a problem+json reply.
@@ -148,8 +208,8 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   }
 
   void Send() {
-    stream->expires_after(gw.options_.timeout);
-    net::async_write(*stream, net::buffer(wire),
+    stream->ExpiresAfter(gw.options_.timeout);
+    net::async_write(stream->socket(), net::buffer(wire),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec)
                          return self->RetryOr(502, "upstream write failed: " + ec.message(), ec);
@@ -165,15 +225,16 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());
     parser->header_limit(64 * 1024);
     if (head) parser->skip(true);
-    http::async_read_header(
-        *stream, buffer, *parser, [self = shared_from_this()](beast::error_code ec, size_t n) {
-          if (!ec) return self->Respond();
-          if (ec == beast::error::timeout)
-            return self->Fail(504, "upstream did not answer in time");
-          if (n == 0)
-            return self->RetryOr(502, "upstream closed the connection: " + ec.message(), ec);
-          self->Fail(502, "bad upstream response: " + ec.message());
-        });
+    http::async_read_header(stream->socket(), buffer, *parser,
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (!ec) return self->Respond();
+                              if (self->stream->timed_out())
+                                return self->Fail(504, "upstream did not answer in time");
+                              if (n == 0)
+                                return self->RetryOr(
+                                    502, "upstream closed the connection: " + ec.message(), ec);
+                              self->Fail(502, "bad upstream response: " + ec.message());
+                            });
   }
 
   void RetryOr(unsigned status, std::string detail, beast::error_code) {
@@ -253,9 +314,9 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
           auto& body = self->parser->get().body();
           body.data = self->piece.get();
           body.size = kPiece;
-          self->stream->expires_after(self->gw.options_.timeout);
+          self->stream->ExpiresAfter(self->gw.options_.timeout);
           http::async_read_some(
-              *self->stream, self->buffer, *self->parser,
+              self->stream->socket(), self->buffer, *self->parser,
               [self, next = std::move(next)](beast::error_code ec, size_t) mutable {
                 if (ec == http::error::need_buffer) ec = {};  // the piece is full
                 if (ec) {
@@ -275,7 +336,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   // The response is complete: keep the connection for the next request.
   void ReleaseConnection() {
     if (!keep || stream == nullptr) return;
-    stream->expires_never();
+    stream->ExpiresNever();
     gw.pool_.GiveBack(std::move(stream));
   }
 

@@ -48,6 +48,37 @@ struct GatewayOptions {
   bool one_thread = false;
 };
 
+// One connection to the upstream, with the lazy deadline the client sessions
+// use (session.h): an operation moves the deadline, and the timer is re-armed
+// only for an earlier one; when it fires early it waits again for the
+// deadline then current. (beast::tcp_stream armed and cancelled an Asio timer
+// for every operation: about 1,500 instructions of each forwarded request.)
+// When the deadline passes, the socket is closed: the pending operation fails
+// and timed_out() tells why.
+//
+// Thread-safety: used on its executor (a strand unless the server runs one
+// thread), except that it may be created, and destroyed, anywhere: the
+// socket and the timer live in a shared state the timer's handler holds, and
+// the destructor closes them on the executor.
+class UpstreamConnection {
+ public:
+  explicit UpstreamConnection(const net::any_io_executor& ex);
+  ~UpstreamConnection();
+  UpstreamConnection(const UpstreamConnection&) = delete;
+  UpstreamConnection& operator=(const UpstreamConnection&) = delete;
+
+  tcp::socket& socket();
+  net::any_io_executor get_executor();
+  // For the next operation (and any after it until the next call).
+  void ExpiresAfter(std::chrono::milliseconds d);
+  void ExpiresNever();
+  bool timed_out() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
 class Gateway {
  public:
   static StatusOr<std::unique_ptr<Gateway>> Create(net::io_context& ioc, const std::string& url,
@@ -73,7 +104,7 @@ class Gateway {
   const std::string url_;
   const tcp::resolver::results_type endpoints_;
   const GatewayOptions options_;
-  UpstreamPool<beast::tcp_stream> pool_;  // max_active and the idle connections
+  UpstreamPool<UpstreamConnection> pool_;  // max_active and the idle connections
 };
 
 }  // namespace ratelimit::server

@@ -33,6 +33,8 @@ class FakeUpstream {
     kDropAfterAnswer,  // answers as keep-alive, then closes anyway (an idle timeout)
     kHang,             // reads the request, never answers
     kEcho,             // keep-alive; the body is the request as it arrived (ShowRequest)
+    kSlow,             // keep-alive; answers each request 100 ms after it arrived
+    kStallBody,        // announces 100 bytes of body, sends 10, then nothing
   };
 
   explicit FakeUpstream(Mode mode)
@@ -96,6 +98,14 @@ class FakeUpstream {
         return;
       }
       if (mode_ == Mode::kHang) continue;  // the next read blocks until the end
+      if (mode_ == Mode::kSlow) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (mode_ == Mode::kStallBody) {
+        net::write(s,
+                   net::buffer(std::string("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n") +
+                               std::string(10, 'x')),
+                   ec);
+        continue;  // the next read blocks until the end
+      }
       const std::string body = mode_ == Mode::kEcho ? ShowRequest(req) : std::string(req.target());
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
@@ -309,6 +319,43 @@ TEST_F(GatewayTest, BeyondMaxActiveTheAnswerIs503AndAPlaceFreesWhenAnExchangeEnd
   // The timed-out exchange gave its place back.
   Got third = Forward("/third");
   EXPECT_EQ(third.status, 504u);
+  EXPECT_EQ(up.connections(), 2);
+}
+
+// The upstream deadline is lazy (UpstreamConnection): each operation moves
+// it, and the timer armed for the first exchange's deadline, when it fires,
+// waits again for the one then current. Six exchanges of 100 ms on one
+// connection with a 300 ms timeout: none is cut, though the first deadline
+// passes during the fourth.
+TEST_F(GatewayTest, TheDeadlineFollowsEachExchangeOnAPooledConnection) {
+  FakeUpstream up(FakeUpstream::Mode::kSlow);
+  Open(up, {.timeout = std::chrono::milliseconds(300)});
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 6; ++i) {
+    const Got g = Forward("/r" + std::to_string(i));
+    EXPECT_EQ(g.status, 200u) << i << ": " << g.body;
+    EXPECT_EQ(g.body, "/r" + std::to_string(i));
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(600));
+  EXPECT_EQ(up.connections(), 1);
+}
+
+// A response whose body stops arriving is cut once the timeout passes
+// without a byte: the client gets what came and a failed end.
+TEST_F(GatewayTest, AStalledBodyIsCutAfterTheTimeout) {
+  FakeUpstream up(FakeUpstream::Mode::kStallBody);
+  Open(up, {.timeout = std::chrono::milliseconds(300)});
+  const auto start = std::chrono::steady_clock::now();
+  const Got g = Forward("/stall");
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(g.status, 200u);
+  EXPECT_FALSE(g.body_ok);
+  EXPECT_EQ(g.body, std::string(10, 'x'));
+  EXPECT_GE(took, std::chrono::milliseconds(250));
+  EXPECT_LT(took, std::chrono::seconds(5));
+  Sync();
+  // The cut connection is not reused.
+  EXPECT_EQ(Forward("/next").status, 200u);
   EXPECT_EQ(up.connections(), 2);
 }
 

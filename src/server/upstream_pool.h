@@ -1,6 +1,6 @@
 // UpstreamPool<Conn>: the gateway's bounded set of upstream connections.
 //
-//   UpstreamPool<beast::tcp_stream> pool(/*max_idle=*/64, /*max_active=*/1024);
+//   UpstreamPool<UpstreamConnection> pool(/*max_idle=*/64, /*max_active=*/1024);
 //   if (!pool.TryStart()) return Reply503();     // max_active exchanges out
 //   std::unique_ptr<Conn> c = pool.TakeIdle();   // null: connect a new one
 //   ... exchange ...

@@ -1,7 +1,7 @@
 // UpstreamPool without sockets: a fake connection that counts how many are
-// alive stands in for beast::tcp_stream. The bounds (max_idle, max_active),
-// the order connections are reused in, and that the pool holds under
-// threads (this test runs under TSan: label concurrency).
+// alive stands in for the gateway's UpstreamConnection. The bounds
+// (max_idle, max_active), the order connections are reused in, and that the
+// pool holds under threads (this test runs under TSan: label concurrency).
 #include "server/upstream_pool.h"
 
 #include <gtest/gtest.h>
