@@ -76,8 +76,8 @@ uint32_t IpAddress::v4() const {
 // glibc inet_ntop's one extra rule: an address whose first six groups are zero
 // ends in dotted decimal ("::1.2.3.4", not "::102:304"; "::1" stays "::1").
 // Written out by hand: inet_ntop formats with sprintf, and the client's IP is
-// printed on every request that keys by IP (1,700 instructions a v4 address
-// there, 60 here). ip_test.cc checks the output against inet_ntop.
+// printed on every request (callgrind: 1,690 instructions a v4 address went
+// to inet_ntop). ip_test.cc checks the output against inet_ntop.
 namespace {
 
 char* AppendDecimal(char* out, unsigned v) {  // 0..255

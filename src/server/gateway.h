@@ -52,7 +52,8 @@ struct GatewayOptions {
 // use (session.h): an operation moves the deadline, and the timer is re-armed
 // only for an earlier one; when it fires early it waits again for the
 // deadline then current. (beast::tcp_stream armed and cancelled an Asio timer
-// for every operation: about 1,500 instructions of each forwarded request.)
+// for every operation; callgrind counted 4,600 fewer instructions a forwarded
+// request without that.)
 // When the deadline passes, the socket is closed: the pending operation fails
 // and timed_out() tells why.
 //
