@@ -8,6 +8,7 @@
 
 #include "core/ascii.h"
 #include "server/json_log.h"
+#include "server/lazy_deadline.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
@@ -95,34 +96,16 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Create(net::io_context& ioc, const s
 void Gateway::CloseIdle() { pool_.CloseIdle(); }
 
 struct UpstreamConnection::Impl : std::enable_shared_from_this<Impl> {
-  using TimePoint = std::chrono::steady_clock::time_point;
+  explicit Impl(const net::any_io_executor& ex) : socket(ex), deadline(ex, &Impl::Expire) {}
 
-  explicit Impl(const net::any_io_executor& ex) : socket(ex), timer(ex) {}
-
-  void Arm(TimePoint at) {
-    armed = at;
-    timer.expires_at(at);  // a wait already pending completes as aborted
-    timer.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (ec != net::error::operation_aborted) self->OnTimer();
-    });
-  }
-
-  void OnTimer() {
-    armed = TimePoint::max();
-    if (deadline == TimePoint::max()) return;  // idle in the pool
-    if (std::chrono::steady_clock::now() >= deadline) {
-      timed_out = true;
-      beast::error_code ignored;
-      socket.close(ignored);  // the pending operation fails
-      return;
-    }
-    Arm(deadline);
+  void Expire() {
+    timed_out = true;
+    beast::error_code ignored;
+    socket.close(ignored);  // the pending operation fails
   }
 
   tcp::socket socket;
-  net::steady_timer timer;
-  TimePoint deadline = TimePoint::max();
-  TimePoint armed = TimePoint::max();
+  LazyDeadline<Impl> deadline;
   bool timed_out = false;
 };
 
@@ -134,7 +117,7 @@ UpstreamConnection::~UpstreamConnection() {
   // keeps the state until it has seen the cancellation.
   const net::any_io_executor ex = impl_->socket.get_executor();  // before impl_ is moved
   net::dispatch(ex, [impl = std::move(impl_)] {
-    impl->timer.cancel();
+    impl->deadline.Cancel();
     beast::error_code ignored;
     impl->socket.close(ignored);
   });
@@ -142,13 +125,12 @@ UpstreamConnection::~UpstreamConnection() {
 
 tcp::socket& UpstreamConnection::socket() { return impl_->socket; }
 net::any_io_executor UpstreamConnection::get_executor() { return impl_->socket.get_executor(); }
-void UpstreamConnection::ExpiresNever() { impl_->deadline = Impl::TimePoint::max(); }
+void UpstreamConnection::ExpiresNever() { impl_->deadline.Clear(); }
 bool UpstreamConnection::timed_out() const { return impl_->timed_out; }
 
 void UpstreamConnection::ExpiresAfter(std::chrono::milliseconds d) {
   impl_->timed_out = false;
-  impl_->deadline = std::chrono::steady_clock::now() + d;
-  if (impl_->deadline < impl_->armed) impl_->Arm(impl_->deadline);
+  impl_->deadline.ExpiresAfter(d, *impl_);
 }
 
 // One exchange with the upstream. After the response header arrives, the Op

@@ -49,13 +49,9 @@ struct GatewayOptions {
 };
 
 // One connection to the upstream, with the lazy deadline the client sessions
-// use (session.h): an operation moves the deadline, and the timer is re-armed
-// only for an earlier one; when it fires early it waits again for the
-// deadline then current. (beast::tcp_stream armed and cancelled an Asio timer
-// for every operation; callgrind counted 4,600 fewer instructions a forwarded
-// request without that.)
-// When the deadline passes, the socket is closed: the pending operation fails
-// and timed_out() tells why.
+// use (lazy_deadline.h: one timer for the connection, not one per operation,
+// as beast::tcp_stream had). When the deadline passes, the socket is closed:
+// the pending operation fails and timed_out() tells why.
 //
 // Thread-safety: used on its executor (a strand unless the server runs one
 // thread), except that it may be created, and destroyed, anywhere: the

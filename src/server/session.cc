@@ -43,7 +43,7 @@ policy::IpAddress ToIp(const net::ip::address& a) {
 Session::Session(tcp::socket&& socket, RequestHandler& handler, const SessionLimits& limits,
                  SessionRegistry& registry)
     : socket_(std::move(socket)),
-      deadline_timer_(socket_.get_executor()),
+      deadline_(socket_.get_executor(), &Session::Close),
       handler_(handler),
       limits_(limits),
       registry_(registry),
@@ -229,7 +229,7 @@ void Session::FailRequest(beast::error_code ec) {
 
 void Session::Handle() {
   busy_ = true;
-  ClearDeadline();  // the handler bounds its own waits (store deadline, upstream timeout)
+  deadline_.Clear();  // the handler bounds its own waits (store deadline, upstream timeout)
   Metrics& m = Metrics::Global();
   m.in_flight.Add(1);
   const auto handled = std::chrono::steady_clock::now();
@@ -422,30 +422,10 @@ void Session::Close() {
   if (closed_) return;
   closed_ = true;
   pace_timer_.cancel();
-  deadline_timer_.cancel();
+  deadline_.Cancel();
   beast::error_code ec;
   socket_.shutdown(tcp::socket::shutdown_send, ec);
   socket_.close(ec);
-}
-
-void Session::SetDeadline(std::chrono::milliseconds d) {
-  deadline_ = std::chrono::steady_clock::now() + d;
-  if (deadline_ < armed_) ArmDeadline(deadline_);
-}
-
-void Session::ArmDeadline(std::chrono::steady_clock::time_point at) {
-  armed_ = at;
-  deadline_timer_.expires_at(at);  // a wait already pending completes as aborted
-  deadline_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-    if (ec != net::error::operation_aborted) self->OnDeadlineTimer();
-  });
-}
-
-void Session::OnDeadlineTimer() {
-  armed_ = std::chrono::steady_clock::time_point::max();
-  if (closed_ || deadline_ == std::chrono::steady_clock::time_point::max()) return;
-  if (std::chrono::steady_clock::now() >= deadline_) return Close();  // the pending op fails
-  ArmDeadline(deadline_);
 }
 
 }  // namespace ratelimit::server

@@ -40,6 +40,7 @@
 #include "ratelimit/thread_annotations.h"
 #include "server/hold.h"
 #include "server/http.h"
+#include "server/lazy_deadline.h"
 #include "server/reply.h"
 #include "server/request_handler.h"
 
@@ -118,19 +119,12 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   void Close();
   void WatchPeer(uint64_t hold);
   void EndHold(uint64_t hold, bool client_alive);
-  // The deadline of the current read or write: past it, the connection is
-  // closed (its pending operation then fails). Moving it is an assignment;
-  // the one timer is re-armed only when a deadline comes earlier than the
-  // time it is set for, or when it fires early (then for the new deadline).
-  void SetDeadline(std::chrono::milliseconds d);
-  void ClearDeadline() { deadline_ = std::chrono::steady_clock::time_point::max(); }
-  void ArmDeadline(std::chrono::steady_clock::time_point at);
-  void OnDeadlineTimer();
+  void SetDeadline(std::chrono::milliseconds d) { deadline_.ExpiresAfter(d, *this); }
 
   tcp::socket socket_;
-  net::steady_timer deadline_timer_;
-  std::chrono::steady_clock::time_point deadline_ = std::chrono::steady_clock::time_point::max();
-  std::chrono::steady_clock::time_point armed_ = std::chrono::steady_clock::time_point::max();
+  // The deadline of the current read or write: past it, the connection is
+  // closed (its pending operation then fails).
+  LazyDeadline<Session> deadline_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string out_;  // the answer being written (not streamed), kept across requests
