@@ -266,7 +266,7 @@ void AdminApi::AddView(std::string path, std::function<json()> view) {
 }
 
 void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> policy,
-                      std::function<void(Reply)> done, std::string_view peer) {
+                      std::function<void(Reply&&)> done, std::string_view peer) {
   const std::string_view target = req.target();
   const size_t qpos = target.find('?');
   const std::string_view path = target.substr(0, qpos);
@@ -481,18 +481,18 @@ struct AdminApi::StateOp {
   bool any_state = false;
   bool not_found_if_empty = false;
   std::string instance;
-  std::function<void(Reply)> done;
+  std::function<void(Reply&&)> done;
 };
 
 void AdminApi::DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
-                         std::function<void(Reply)> done) {
+                         std::function<void(Reply&&)> done) {
   Client c = FromIdentity(*policy, who, true);
   State(std::move(policy), std::move(c), false, "/demo/state", std::move(done));
 }
 
 void AdminApi::State(std::shared_ptr<const policy::Policy> policy, Client who,
                      bool not_found_if_empty, std::string instance,
-                     std::function<void(Reply)> done) {
+                     std::function<void(Reply&&)> done) {
   auto op = std::make_shared<StateOp>();
   op->policy = std::move(policy);
   op->who = std::move(who);
@@ -569,11 +569,11 @@ struct AdminApi::ResetOp {
   std::string client, instance;
   size_t next = 0;
   json names = json::array();
-  std::function<void(Reply)> done;
+  std::function<void(Reply&&)> done;
 };
 
 void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, std::string instance,
-                     std::function<void(Reply)> done) {
+                     std::function<void(Reply&&)> done) {
   auto op = std::make_shared<ResetOp>();
   op->groups = std::move(who.groups);
   op->policy = std::move(policy);
@@ -615,11 +615,11 @@ struct AdminApi::BlocksOp {
   bool lift = false;
   size_t next = 0;
   json list = json::array();
-  std::function<void(Reply)> done;
+  std::function<void(Reply&&)> done;
 };
 
 void AdminApi::Blocks(Client who, bool lift, std::string instance,
-                      std::function<void(Reply)> done) {
+                      std::function<void(Reply&&)> done) {
   auto op = std::make_shared<BlocksOp>();
   for (const policy::CheckGroup& g : who.groups) {
     std::vector<const Limit*> ls;
@@ -675,7 +675,7 @@ void AdminApi::BlocksNext(std::shared_ptr<BlocksOp> op) {
 }
 
 void AdminApi::Ready(std::shared_ptr<const policy::Policy> policy,
-                     std::function<void(Reply)> done) {
+                     std::function<void(Reply&&)> done) {
   const Store* redis = &store();
   if (!redis->remote()) return done(AdminJsonReply(200, {{"ready", true}, {"store", "memory"}}));
   static const Limit kProbe = *Limit::TokenBucket("readyz", 1, 1.0);

@@ -62,11 +62,11 @@ class AdminApi {
 
   // `peer`: who asked, for the log of override changes ("127.0.0.1:5123").
   void Handle(const Request& request, std::shared_ptr<const policy::Policy> policy,
-              std::function<void(Reply)> done, std::string_view peer = {});
+              std::function<void(Reply&&)> done, std::string_view peer = {});
 
   // 200 with the state of `who` (a full bucket when nothing is stored).
   void DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
-                 std::function<void(Reply)> done);
+                 std::function<void(Reply&&)> done);
 
   // SIGTERM: from now on /readyz answers 503 {"ready":false,"draining":true}
   // and /healthz 200 {"status":"draining"}, until the process exits.
@@ -90,22 +90,22 @@ class AdminApi {
   StatusOr<std::string> ClientKeyOf(const policy::Policy& policy, std::string_view client) const;
   struct StateOp;
   void State(std::shared_ptr<const policy::Policy> policy, Client who, bool not_found_if_empty,
-             std::string instance, std::function<void(Reply)> done);
+             std::string instance, std::function<void(Reply&&)> done);
   void PeekNext(std::shared_ptr<StateOp> op);
   struct ResetOp;
   void Reset(std::shared_ptr<const policy::Policy> policy, Client who, std::string instance,
-             std::function<void(Reply)> done);
+             std::function<void(Reply&&)> done);
   void ResetNext(std::shared_ptr<ResetOp> op);
   // GET shows the client's block periods in force, DELETE lifts them (issue 21).
   struct BlocksOp;
-  void Blocks(Client who, bool lift, std::string instance, std::function<void(Reply)> done);
+  void Blocks(Client who, bool lift, std::string instance, std::function<void(Reply&&)> done);
   void BlocksNext(std::shared_ptr<BlocksOp> op);
-  void Ready(std::shared_ptr<const policy::Policy> policy, std::function<void(Reply)> done);
+  void Ready(std::shared_ptr<const policy::Policy> policy, std::function<void(Reply&&)> done);
   bool Authorized(const Request& request) const;
   // /v1/overrides and /v1/overrides/{client} (admin_overrides.cc).
   void OverridesPath(const Request& request, const policy::Policy& policy, std::string_view path,
                      const std::map<std::string, std::string>& params, std::string_view peer,
-                     std::function<void(Reply)> done);
+                     std::function<void(Reply&&)> done);
 
   Store& store() { return enforcer_.store(); }
 

@@ -172,7 +172,7 @@ Reply StoreFailed(const Status& s, std::string_view path) {
 void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
                              std::string_view path,
                              const std::map<std::string, std::string>& params,
-                             std::string_view peer, std::function<void(Reply)> done) {
+                             std::string_view peer, std::function<void(Reply&&)> done) {
   Overrides* overrides = enforcer_.overrides();
   if (overrides == nullptr) {
     return done(ProblemReply(404, "this server keeps no overrides", path));

@@ -133,7 +133,7 @@ StatusOr<ParsedAcquire> ParseRelease(const json& j, const policy::Policy* policy
 }
 
 void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-                             std::string_view path, std::function<void(Reply)> done) {
+                             std::string_view path, std::function<void(Reply&&)> done) {
   StatusOr<json> j = ParseBody(body);
   if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
   StatusOr<ParsedAcquire> p = ParseAcquire(*j, policy.get());
@@ -168,7 +168,7 @@ void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::
 }
 
 void ConcurrencyApi::Release(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-                             std::string_view path, std::function<void(Reply)> done) {
+                             std::string_view path, std::function<void(Reply&&)> done) {
   StatusOr<json> j = ParseBody(body);
   if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
   StatusOr<ParsedAcquire> p = ParseRelease(*j, policy.get());

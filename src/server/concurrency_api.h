@@ -47,9 +47,9 @@ class ConcurrencyApi {
       : limiter_(limiter), enforcer_(enforcer) {}
 
   void Acquire(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-               std::string_view path, std::function<void(Reply)> done);
+               std::string_view path, std::function<void(Reply&&)> done);
   void Release(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-               std::string_view path, std::function<void(Reply)> done);
+               std::string_view path, std::function<void(Reply&&)> done);
 
  private:
   ConcurrencyLimiter& limiter_;

@@ -621,7 +621,7 @@ StatusOr<Limit> ParseLimitObject(const json& j, const std::string& where) {
 }
 
 void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-                        std::string_view path, std::function<void(Reply)> done) {
+                        std::string_view path, std::function<void(Reply&&)> done) {
   const size_t max_key_length = policy->config().store.max_key_length;
   std::optional<ParsedCheck> parsed = FastParseCheck(body, policy.get(), max_key_length);
   if (!parsed) {
@@ -661,7 +661,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
 // expires_in_ms, expires_at_unix_ms}. A degraded answer (a failure mode
 // decided) carries none: nothing was taken from the store to settle against.
 void DecisionApi::AddReservation(std::shared_ptr<CheckOp> op, Reply r,
-                                 std::function<void(Reply)> done) {
+                                 std::function<void(Reply&&)> done) {
   enforcer_.store().SharedSecret([op, r = std::move(r),
                                   done = std::move(done)](StatusOr<std::string> secret) mutable {
     if (!secret.ok()) {
@@ -706,7 +706,7 @@ std::string SettledBody(const Reservation& res, int64_t cost, const CheckResult&
 }  // namespace
 
 void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-                         std::string_view path, std::function<void(Reply)> done) {
+                         std::string_view path, std::function<void(Reply&&)> done) {
   StatusOr<json> j = ParseBody(body);
   if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
   if (!j->is_object()) return done(ProblemReply(400, "the body must be a JSON object", path));
@@ -798,7 +798,7 @@ struct BatchOp {
   std::vector<ParsedCheck> checks;
   std::vector<std::string> results;  // each a JSON object; written by one callback each
   std::atomic<size_t> pending{0};
-  std::function<void(Reply)> done;
+  std::function<void(Reply&&)> done;
 
   void CompleteOne() {
     if (pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -826,7 +826,7 @@ std::string ErrorEntry(unsigned status, std::string_view detail) {
 }  // namespace
 
 void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-                        std::string_view path, std::function<void(Reply)> done) {
+                        std::string_view path, std::function<void(Reply&&)> done) {
   StatusOr<json> j = ParseBody(body);
   if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
   if (!j->is_object()) return done(ProblemReply(400, "the body must be a JSON object", path));

@@ -93,18 +93,19 @@ class DecisionApi {
 
   // POST /v1/check
   void Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-             std::string_view path, std::function<void(Reply)> done);
+             std::string_view path, std::function<void(Reply&&)> done);
   // POST /v1/settle {"reservation": "<id>", "cost": <actual>}: debits or
   // refunds actual - reserved on the reservation's limits, once (issue 21;
   // docs/http-api.md).
   void Settle(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-              std::string_view path, std::function<void(Reply)> done);
+              std::string_view path, std::function<void(Reply&&)> done);
   // POST /v1/check/batch {"checks": [...]} -> 200 {"results": [...]}
   void Batch(std::shared_ptr<const policy::Policy> policy, std::string_view body,
-             std::string_view path, std::function<void(Reply)> done);
+             std::string_view path, std::function<void(Reply&&)> done);
 
   // An allowed check that asked to reserve: its reservation added (decision_api.cc).
-  void AddReservation(std::shared_ptr<struct CheckOp> op, Reply r, std::function<void(Reply)> done);
+  void AddReservation(std::shared_ptr<struct CheckOp> op, Reply r,
+                      std::function<void(Reply&&)> done);
 
  private:
   Enforcer& enforcer_;

@@ -135,7 +135,7 @@ struct Enforcer::Op {
   bool degraded = false;
   Face face = Face::kGateway;
   std::shared_ptr<const OverrideTable> overrides;  // when one applied: its limits live here
-  std::function<void(Outcome)> done;
+  std::function<void(Outcome&&)> done;
 
   std::string_view route() const {
     return plan.route != nullptr ? std::string_view(plan.route->name) : std::string_view();
@@ -186,7 +186,7 @@ struct Enforcer::Op {
 };
 
 void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::RequestPlan plan,
-                       std::string path, Face face, std::function<void(Outcome)> done) {
+                       std::string path, Face face, std::function<void(Outcome&&)> done) {
   auto op = std::make_shared<Op>();
   op->face = face;
   op->policy = std::move(policy);
@@ -205,7 +205,7 @@ void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::Req
 
 void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
                      const policy::StoreConfig& store_config, std::string_view path, Face face,
-                     std::function<void(Outcome)> done) {
+                     std::function<void(Outcome&&)> done) {
   if (overrides_ != nullptr && face == Face::kDecisionApi && !overrides_->empty()) {
     std::shared_ptr<const OverrideTable> table = overrides_->table();
     if (const ClientOverride* o = table->FindDecisionKey(key, overrides_->NowMillis())) {
@@ -228,7 +228,7 @@ void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
 
 void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
                            const policy::StoreConfig& store_config, std::string_view path,
-                           Face face, std::function<void(Outcome)> done) {
+                           Face face, std::function<void(Outcome&&)> done) {
   DecideGroup(
       key, checks, store_config.failure_mode, store_config,
       [this, key, checks, path, face, done = std::move(done)](GroupOutcome g) {

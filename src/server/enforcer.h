@@ -118,14 +118,14 @@ class Enforcer {
 
   // Decides a whole request plan. `policy` keeps the plan's limits alive.
   void Enforce(std::shared_ptr<const policy::Policy> policy, policy::RequestPlan plan,
-               std::string path, Face face, std::function<void(Outcome)> done);
+               std::string path, Face face, std::function<void(Outcome&&)> done);
 
   // Decides one group of limits for a face without routes (the decision
   // API): the store's failure mode, the denial recorded under `path`. `key`
   // and `checks` must stay valid until `done` runs.
   void Check(std::string_view key, std::span<const LimitCheck> checks,
              const policy::StoreConfig& store_config, std::string_view path, Face face,
-             std::function<void(Outcome)> done);
+             std::function<void(Outcome&&)> done);
 
   // The limit of a token bucket or window divided among `instances` (for local).
   static Limit Scaled(const Limit& limit, int instances) {
@@ -161,7 +161,7 @@ class Enforcer {
   // Check, once any override was applied to `checks`.
   void CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
                    const policy::StoreConfig& store_config, std::string_view path, Face face,
-                   std::function<void(Outcome)> done);
+                   std::function<void(Outcome&&)> done);
 
   ResilientStore* wrapped_ =
       nullptr;                    // store_, when the enforcer wrapped it (set by store_'s init)

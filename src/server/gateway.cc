@@ -140,7 +140,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   static constexpr size_t kPiece = 64 * 1024;
 
   Gateway& gw;
-  std::function<void(Reply)> done;
+  std::function<void(Reply&&)> done;
   std::unique_ptr<UpstreamConnection> stream;
   bool reused = false;
   bool retried = false;
@@ -153,7 +153,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   std::string wire;               // the request as sent (kept for a retry): Gateway::Forward
   size_t head_fields = 0;         // the response's header fields; the trailer's follow
 
-  Op(Gateway& g, std::string w, std::function<void(Reply)> d)
+  Op(Gateway& g, std::string w, std::function<void(Reply&&)> d)
       : gw(g), done(std::move(d)), wire(std::move(w)) {}
   ~Op() override { gw.pool_.Finish(); }
 
@@ -343,7 +343,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 // X-Forwarded-For with the peer appended, then Content-Length when there is
 // a body or the method takes one (Beast's prepare_payload rule).
 void Gateway::Forward(const Request& request, std::string_view peer_ip,
-                      std::function<void(Reply)> done) {
+                      std::function<void(Reply&&)> done) {
   if (!pool_.TryStart()) {
     return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
   }

@@ -81,7 +81,7 @@ class Gateway {
   static StatusOr<std::unique_ptr<Gateway>> Create(net::io_context& ioc, const std::string& url,
                                                    GatewayOptions options);
 
-  void Forward(const Request& request, std::string_view peer_ip, std::function<void(Reply)> done);
+  void Forward(const Request& request, std::string_view peer_ip, std::function<void(Reply&&)> done);
 
   const std::string& url() const { return url_; }
   // Drops the idle connections (at shutdown, while the io_context exists).

@@ -24,7 +24,7 @@ class RequestHandler {
   virtual ~RequestHandler() = default;
   // `holder` (may be null) holds shaped requests; it must outlive `done`.
   virtual void Handle(const Request& request, const policy::IpAddress& peer,
-                      std::string_view peer_text, std::function<void(Reply)> done,
+                      std::string_view peer_text, std::function<void(Reply&&)> done,
                       Holder* holder) = 0;
 };
 

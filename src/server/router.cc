@@ -100,7 +100,7 @@ std::unique_ptr<Router> Router::Admin(PolicyHolder& policies, Enforcer& enforcer
 }
 
 void Router::Handle(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
-                    std::function<void(Reply)> done, Holder* holder) {
+                    std::function<void(Reply&&)> done, Holder* holder) {
   std::shared_ptr<const policy::Policy> policy = policies_.Get();
   if (admin_listener_) return admin_->Handle(req, std::move(policy), std::move(done), peer_text);
   const std::string_view target = req.target();
@@ -160,7 +160,7 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
 
 void Router::Rules(const Request& req, const policy::IpAddress& peer, std::string_view peer_text,
                    std::shared_ptr<const policy::Policy> policy, bool auth,
-                   std::function<void(Reply)> done, Holder* holder) {
+                   std::function<void(Reply&&)> done, Holder* holder) {
   std::string_view method = req.method_string();
   std::string_view target = req.target();
   unsigned deny_status = 429;
@@ -235,7 +235,7 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
           return AfterDelay(
               delay, face, holder, max_held, path, std::move(done),
               [o = std::move(o), http_face, target = std::string(target)](
-                  std::function<void(Reply)> done) { done(AuthReply(o, http_face, target)); });
+                  std::function<void(Reply &&)> done) { done(AuthReply(o, http_face, target)); });
         }
         if (!o.allowed()) return done(RefusalReply(o, http_face, path));
         if (gateway_ != nullptr) {
@@ -245,7 +245,7 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
           return AfterDelay(
               delay, face, holder, max_held, path, std::move(done),
               [this, &req, peer_text, dialect, path, o = std::move(o),
-               concurrency = std::move(concurrency)](std::function<void(Reply)> done) mutable {
+               concurrency = std::move(concurrency)](std::function<void(Reply &&)> done) mutable {
                 Forward(req, peer_text, std::move(o), dialect, path, std::move(concurrency),
                         std::move(done));
               });
@@ -260,7 +260,7 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
 void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
                      policy::HeaderDialect dialect, std::string_view path,
                      std::optional<ConcurrencyRequest> concurrency,
-                     std::function<void(Reply)> done) {
+                     std::function<void(Reply&&)> done) {
   if (!concurrency) {
     return gateway_->Forward(
         req, peer_text, [this, o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
@@ -301,8 +301,8 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
 }
 
 void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,
-                        std::string_view path, std::function<void(Reply)> done,
-                        std::function<void(std::function<void(Reply)>)> proceed) {
+                        std::string_view path, std::function<void(Reply&&)> done,
+                        std::function<void(std::function<void(Reply&&)>)> proceed) {
   if (delay.count() <= 0 || holder == nullptr) return proceed(std::move(done));
   const auto until = std::chrono::steady_clock::now() + delay;  // the decision is just in
   Metrics& m = Metrics::Global();

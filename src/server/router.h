@@ -76,22 +76,22 @@ class Router final : public RequestHandler {
 
   // `holder` (may be null) holds shaped requests; it must outlive `done`.
   void Handle(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
-              std::function<void(Reply)> done, Holder* holder = nullptr) override;
+              std::function<void(Reply&&)> done, Holder* holder = nullptr) override;
 
  private:
   void Rules(const Request& request, const policy::IpAddress& peer, std::string_view peer_text,
              std::shared_ptr<const policy::Policy> policy, bool auth,
-             std::function<void(Reply)> done, Holder* holder);
+             std::function<void(Reply&&)> done, Holder* holder);
   // Forwards an allowed request upstream, within its route's concurrency
   // limit when it has one (the lease lives until the answer has ended).
   void Forward(const Request& req, std::string_view peer_text, Outcome o,
                policy::HeaderDialect dialect, std::string_view path,
-               std::optional<ConcurrencyRequest> concurrency, std::function<void(Reply)> done);
+               std::optional<ConcurrencyRequest> concurrency, std::function<void(Reply&&)> done);
   // Runs proceed(done) after `delay` (at once when it is zero or there is no
   // holder), or answers `done` itself: 503 when too many are held already.
   void AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,
-                  std::string_view path, std::function<void(Reply)> done,
-                  std::function<void(std::function<void(Reply)>)> proceed);
+                  std::string_view path, std::function<void(Reply&&)> done,
+                  std::function<void(std::function<void(Reply&&)>)> proceed);
 
   PolicyHolder& policies_;
   Enforcer& enforcer_;

@@ -38,7 +38,7 @@ class RecordingHandler : public RequestHandler {
   };
 
   void Handle(const Request& request, const policy::IpAddress&, std::string_view,
-              std::function<void(Reply)> done, Holder*) override {
+              std::function<void(Reply&&)> done, Holder*) override {
     Seen s{std::string(request.method_string()), std::string(request.target()), request.body()};
     Reply r;
     r.content_type = "text/plain";
