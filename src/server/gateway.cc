@@ -329,7 +329,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     Finish(std::move(r));
   }
 
-  void Finish(Reply r) {
+  void Finish(Reply&& r) {
     auto cb = std::move(done);
     if (cb) cb(std::move(r));
   }

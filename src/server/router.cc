@@ -227,7 +227,7 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   enforcer_.Enforce(
       std::move(policy), std::move(*plan), path, face,
       [this, &req, peer_text, auth, http_face, dialect, path, target, face, holder, max_held,
-       concurrency = std::move(concurrency), done = std::move(done)](Outcome o) mutable {
+       concurrency = std::move(concurrency), done = std::move(done)](Outcome&& o) mutable {
         if (auth) {
           if (o.verdict == Verdict::kBadRequest) return done(ProblemReply(400, o.error, path));
           if (!o.allowed()) return done(AuthReply(o, http_face, target));
@@ -263,7 +263,8 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
                      std::function<void(Reply&&)> done) {
   if (!concurrency) {
     return gateway_->Forward(
-        req, peer_text, [this, o = std::move(o), dialect, done = std::move(done)](Reply r) mutable {
+        req, peer_text,
+        [this, o = std::move(o), dialect, done = std::move(done)](Reply&& r) mutable {
           AddOutcomeHeaders(o, dialect, r);
           MeterReply(enforcer_, std::move(o), r);
           done(std::move(r));
@@ -285,7 +286,7 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
     gateway_->Forward(
         req, peer_text,
         [this, o = std::move(o), dialect, lease = std::move(lease),
-         done = std::move(done)](Reply r) mutable {
+         done = std::move(done)](Reply&& r) mutable {
           AddOutcomeHeaders(o, dialect, r);
           MeterReply(enforcer_, std::move(o), r);
           if (!lease) return done(std::move(r));

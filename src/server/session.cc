@@ -236,7 +236,7 @@ void Session::Handle() {
   m.StageTime(Metrics::Stage::kParse).Observe(handled - request_started_);
   handler_.Handle(
       parser_->get(), peer_, peer_text_,
-      [self = shared_from_this(), handled](Reply r) {
+      [self = shared_from_this(), handled](Reply&& r) {
         Metrics& m = Metrics::Global();
         m.in_flight.Add(-1);
         const auto answered = std::chrono::steady_clock::now();
@@ -304,7 +304,7 @@ void Session::EndHold(uint64_t hold, bool client_alive) {
   then(client_alive);
 }
 
-void Session::Write(Reply reply) {
+void Session::Write(Reply&& reply) {
   busy_ = true;
   const bool have_request = parser_.has_value() && parser_->is_header_done();
   const bool head = have_request && parser_->get().method() == http::verb::head;
@@ -349,7 +349,7 @@ void Session::Write(Reply reply) {
                    });
 }
 
-void Session::WriteStreamed(Reply reply, unsigned version, bool close) {
+void Session::WriteStreamed(Reply&& reply, unsigned version, bool close) {
   streamed_.emplace();
   auto& res = *streamed_;
   res.result(reply.status);

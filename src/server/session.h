@@ -109,9 +109,9 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   void ReadBody();
   void OnBody(beast::error_code ec);
   void Handle();
-  void Write(Reply reply);
+  void Write(Reply&& reply);
   // Writes a reply whose body comes from reply.body_stream, piece by piece.
-  void WriteStreamed(Reply reply, unsigned version, bool close);
+  void WriteStreamed(Reply&& reply, unsigned version, bool close);
   void StreamNext(bool close);
   void EndStreamed(bool close, beast::error_code ec);
   void OnWrite(bool close, beast::error_code ec);
