@@ -66,9 +66,10 @@ end
 -- Every closure and table is made again on each call, and Redis pays for it
 -- (issue 22; docs/performance.md, section 1): under callgrind a call of one
 -- token-bucket check took 119,800 instructions when this script made all its
--- 25 closures up front (an empty script: 27,200), 99,000 now that the path of
--- the common check (one token bucket that consumes) makes three and general()
--- makes the rest for the first check or call that needs them.
+-- 19 closures up front (an empty script: 27,200), 99,000 now that the path of
+-- the common check (one token bucket that consumes) makes four (ttl_ms, set,
+-- token_bucket, general) and general() makes the rest for the first check or
+-- call that needs them.
 local floor, fmt = math.floor, string.format
 local peek = false
 local out, nout = {}, 0
