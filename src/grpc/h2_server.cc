@@ -116,7 +116,10 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   using Shared = H2Server::Shared;
 
   Conn(tcp::socket s, std::shared_ptr<Shared> sh)
-      : socket(std::move(s)), shared(std::move(sh)), handshake(socket.get_executor()) {}
+      : socket(std::move(s)),
+        shared(std::move(sh)),
+        handshake(socket.get_executor()),
+        write_timer(socket.get_executor()) {}
 
   ~Conn() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -132,6 +135,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   tcp::socket socket;
   std::shared_ptr<Shared> shared;
   net::steady_timer handshake;
+  net::steady_timer write_timer;  // armed while an async_write waits (write_timeout)
+  uint64_t writes = 0;            // async_writes begun
   nghttp2_session* session = nullptr;
   std::array<uint8_t, 16 << 10> in{};
   std::string out;  // being written
@@ -220,9 +225,19 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     }
     out.erase(0, ec ? 0 : written);
     writing = true;
+    // The socket's buffers are full: the client is slow to read, or has
+    // stopped. A timer per wait, not per write (this path is rare).
+    write_timer.expires_after(shared->options.write_timeout);
+    write_timer.async_wait(
+        [self = shared_from_this(), wait = ++writes](const boost::system::error_code& ec) {
+          // (A wait that ended as its write did, queued behind it, must not
+          // close the connection during the next one.)
+          if (!ec && self->writing && self->writes == wait) self->Close();  // the write fails
+        });
     net::async_write(socket, net::buffer(out),
                      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                        self->writing = false;
+                       self->write_timer.cancel();
                        self->out.clear();
                        if (ec) return self->Close();
                        self->Flush();
@@ -234,6 +249,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     if (closed) return;
     closed = true;
     handshake.cancel();
+    write_timer.cancel();
     boost::system::error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);

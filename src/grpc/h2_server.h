@@ -76,6 +76,11 @@ struct H2ServerOptions {
   // A connection that has not sent HTTP/2's preface and SETTINGS by then is
   // closed.
   std::chrono::milliseconds handshake_timeout{10'000};
+  // A connection whose answers have waited this long for the socket (the
+  // client stopped reading and the socket's buffers are full) is closed:
+  // otherwise it would keep its place among max_connections and up to
+  // kMaxPendingOut bytes of answers for as long as the client likes.
+  std::chrono::milliseconds write_timeout{10'000};
 };
 
 class H2Server;

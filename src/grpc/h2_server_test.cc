@@ -330,6 +330,80 @@ TEST_F(H2ServerTest, NotHttp2IsClosedAndOthersAreServed) {
   EXPECT_TRUE(Check("", &r).ok());
 }
 
+// An HTTP/2 frame: 9-byte header (length, type, flags, stream), then payload.
+std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
+  std::string f;
+  const auto n = static_cast<uint32_t>(payload.size());
+  f += static_cast<char>(n >> 16);
+  f += static_cast<char>(n >> 8);
+  f += static_cast<char>(n);
+  f += static_cast<char>(type);
+  f += static_cast<char>(flags);
+  for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
+  return f + payload;
+}
+
+std::string Be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
+          static_cast<char>(v)};
+}
+
+TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
+  constexpr size_t kAnswer = 16 << 20;  // far more than the sockets' buffers hold
+  handlers_.emplace_back(kCheck, [](GrpcCall call) {
+    if (!ServiceOf(call).empty()) return call.Reply(Answer(hpb::HealthCheckResponse::SERVING));
+    call.Reply(std::string(kAnswer, 'x'));  // to the raw client below
+  });
+  Start({.write_timeout = 200ms});
+  // A client with a small receive buffer that grants the server a window of
+  // 2 GiB, asks for the answer, and then reads nothing.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  timeval tv{.tv_sec = 5, .tv_usec = 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string path = kCheck;
+  std::string headers = "\x83\x86";  // :method POST, :scheme http (HPACK static table)
+  headers += "\x01\x01x";            // :authority (index 1), literal value "x"
+  headers += '\x04';                 // :path, literal value, not indexed
+  headers += static_cast<char>(path.size());
+  headers += path;
+  headers += "\x0f\x10";  // content-type (static index 31), literal value
+  headers += static_cast<char>(16);
+  headers += "application/grpc";
+  const std::string out = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+                          Frame(0x4, 0, 0, std::string("\x00\x04", 2) + Be32(0x7fffffff)) +
+                          Frame(0x8, 0, 0, Be32(0x7fffffff - 65535)) + Frame(0x1, 0x4, 1, headers) +
+                          Frame(0x0, 0x1, 1, std::string(5, '\0'));  // an empty request message
+  ASSERT_EQ(send(fd, out.data(), out.size(), 0), static_cast<ssize_t>(out.size()));
+  std::this_thread::sleep_for(800ms);  // not reading: the server's write waits, then times out
+
+  // The server closed: what it had written arrives, then the end (without the
+  // timeout the whole answer would arrive and the connection stay open).
+  size_t received = 0;
+  bool closed = false;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) {
+      closed = true;
+      break;
+    }
+    if (n < 0) break;  // 5 s without a byte
+    received += static_cast<size_t>(n);
+  }
+  close(fd);
+  EXPECT_TRUE(closed) << received << " bytes received, no end";
+  EXPECT_LT(received, kAnswer);
+  hpb::HealthCheckResponse r;  // the others are served
+  EXPECT_TRUE(Check("other", &r).ok());
+}
+
 TEST_F(H2ServerTest, ShutdownLetsCallsInFlightFinishAndRefusesNewOnes) {
   std::promise<GrpcCall> held;
   handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
