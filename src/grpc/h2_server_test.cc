@@ -292,8 +292,10 @@ TEST_F(H2ServerTest, AnAnswerAfterTheDeadlineIsDeadlineExceeded) {
 }
 
 // Raw TCP: what a non-gRPC client sends.
-int Connect(int port) {
+// `rcvbuf` > 0: the receive buffer's size, set before connecting.
+int Connect(int port, int rcvbuf = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<uint16_t>(port));
@@ -304,13 +306,15 @@ int Connect(int port) {
   return fd;
 }
 
-// Reads until the server closes; false if it did not within 5 s.
-bool ClosedByServer(int fd) {
-  char buf[4096];
+// Reads until the server closes; false if it did not within 5 s. `received`
+// (if given) counts the bytes read before.
+bool ClosedByServer(int fd, size_t* received = nullptr) {
+  char buf[65536];
   for (;;) {
     const ssize_t n = recv(fd, buf, sizeof buf, 0);
     if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
     if (n < 0) return false;
+    if (received != nullptr) *received += static_cast<size_t>(n);
   }
 }
 
@@ -357,16 +361,7 @@ TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
   Start({.write_timeout = 200ms});
   // A client with a small receive buffer that grants the server a window of
   // 2 GiB, asks for the answer, and then reads nothing.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  const int small = 4096;
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(server_->port()));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  timeval tv{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const int fd = Connect(server_->port(), /*rcvbuf=*/4096);
   const std::string path = kCheck;
   std::string headers = "\x83\x86";  // :method POST, :scheme http (HPACK static table)
   headers += "\x01\x01x";            // :authority (index 1), literal value "x"
@@ -386,17 +381,7 @@ TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
   // The server closed: what it had written arrives, then the end (without the
   // timeout the whole answer would arrive and the connection stay open).
   size_t received = 0;
-  bool closed = false;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n == 0 || (n < 0 && errno == ECONNRESET)) {
-      closed = true;
-      break;
-    }
-    if (n < 0) break;  // 5 s without a byte
-    received += static_cast<size_t>(n);
-  }
+  const bool closed = ClosedByServer(fd, &received);
   close(fd);
   EXPECT_TRUE(closed) << received << " bytes received, no end";
   EXPECT_LT(received, kAnswer);

@@ -2,7 +2,7 @@
 // is the daemon's; a session unit test (session_test.cc) drives the framing
 // with a fake one, without the policy, the enforcer or a store.
 //
-//   handler.Handle(request, peer, "203.0.113.7", [](Reply r) { ... }, holder);
+//   handler.Handle(request, peer, "203.0.113.7", [](Reply&& r) { ... }, holder);
 //
 // Thread-safety: Handle may be called from any thread; `done` may run on any
 // thread, exactly once. The request must stay alive and unchanged until
