@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/algorithms.h"
+#include "core/steady_clock.h"
 #include "ratelimit/memory_store.h"
 
 namespace ratelimit {
@@ -77,6 +78,18 @@ void BM_KernelClockRead(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(c.NowMicros());
 }
 BENCHMARK(BM_KernelClockRead);
+
+// The monotonic clock of deadlines and latency histograms (src/core/steady_clock.h)
+// against std::chrono::steady_clock, which it replaced on the request path.
+void BM_SteadyClockRead(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(core::SteadyClock::now());
+}
+BENCHMARK(BM_SteadyClockRead);
+
+void BM_StdSteadyClockRead(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(std::chrono::steady_clock::now());
+}
+BENCHMARK(BM_StdSteadyClockRead);
 
 // One decision through MemoryStore, including the clock read, the hash, the
 // shard lock and the table probe. Arg: number of distinct keys.

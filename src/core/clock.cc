@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "core/steady_clock.h"
 #include "core/tsc_clock.h"
 
 #if defined(__x86_64__)
@@ -15,11 +16,12 @@
 namespace ratelimit {
 namespace {
 
-int64_t RealtimeNanos() {
+int64_t KernelNanos(clockid_t id) {
   timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(id, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
+int64_t RealtimeNanos() { return KernelNanos(CLOCK_REALTIME); }
 
 class KernelClock final : public Clock {
  public:
@@ -30,6 +32,12 @@ class KernelClock final : public Clock {
 struct HardwareSources {
   uint64_t Ticks() const { return __rdtsc(); }
   int64_t RealtimeNanos() const { return ratelimit::RealtimeNanos(); }
+};
+// The same counter against CLOCK_MONOTONIC (steady_clock's, in libstdc++):
+// TscClock calls its reference RealtimeNanos.
+struct MonotonicSources {
+  uint64_t Ticks() const { return __rdtsc(); }
+  int64_t RealtimeNanos() const { return KernelNanos(CLOCK_MONOTONIC); }
 };
 
 // The kernel keeps CLOCK_REALTIME on the TSC only when it found the TSC
@@ -76,14 +84,21 @@ class FastClock final : public Clock {
  private:
   mutable core::TscClock<HardwareSources> clock_;
 };
+
+// The TSC's rate where the kernel's clocks run on it, else 0: measured once
+// for both clocks.
+double TscRate() {
+  static const double rate = [] {
+    const double r = KernelTrustsTsc() ? MeasureTicksPerSecond() : 0;
+    return r > 1e6 ? r : 0;
+  }();
+  return rate;
+}
 #endif
 
 const Clock* MakeSystemClock() {
 #if defined(__x86_64__)
-  if (KernelTrustsTsc()) {
-    const double rate = MeasureTicksPerSecond();
-    if (rate > 1e6) return new FastClock(rate);
-  }
+  if (const double rate = TscRate(); rate > 0) return new FastClock(rate);
 #endif
   return &Clock::Kernel();
 }
@@ -94,6 +109,27 @@ const Clock& Clock::System() {
   static const Clock* const clock = MakeSystemClock();
   return *clock;
 }
+
+namespace core {
+
+#if defined(__x86_64__)
+namespace {
+using SteadyTsc = TscClock<MonotonicSources>;
+SteadyTsc* MakeSteadyTsc() {
+  return TscRate() > 0 ? new SteadyTsc(MonotonicSources{}, TscRate(), {}) : nullptr;
+}
+}  // namespace
+#endif
+
+SteadyClock::time_point SteadyClock::now() noexcept {
+#if defined(__x86_64__)
+  static SteadyTsc* const tsc = MakeSteadyTsc();  // never destroyed
+  if (tsc != nullptr) return time_point(std::chrono::nanoseconds(tsc->NowNanos()));
+#endif
+  return std::chrono::steady_clock::now();
+}
+
+}  // namespace core
 
 const Clock& Clock::Kernel() {
   static const KernelClock* const clock = new KernelClock();

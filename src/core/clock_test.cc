@@ -1,12 +1,16 @@
 // TscClock (src/core/tsc_clock.h) with its counter and reference driven by
-// hand, and Clock::System() against Clock::Kernel() on this machine.
+// hand, Clock::System() against Clock::Kernel() and SteadyClock against
+// std::chrono::steady_clock on this machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
+#include "core/steady_clock.h"
 #include "core/tsc_clock.h"
 #include "ratelimit/clock.h"
 
@@ -136,6 +140,25 @@ TEST(SystemClock, AgreesWithClockRealtime) {
     worst = std::max({worst, k0 - s, s - k1});
   }
   EXPECT_LE(worst, 50) << "us outside [CLOCK_REALTIME before, after], " << n << " reads";
+}
+
+// SteadyClock between two reads of std::chrono::steady_clock, the same way:
+// its time points are steady_clock's (timers and deadlines mix them).
+TEST(SteadyClock, AgreesWithSteadyClock) {
+  using std::chrono::steady_clock;
+  const auto end = steady_clock::now() + std::chrono::milliseconds(50);
+  steady_clock::duration worst{0};
+  SteadyClock::time_point last{};
+  int64_t n = 0;
+  for (auto k0 = steady_clock::now(); k0 < end; k0 = steady_clock::now(), ++n) {
+    const SteadyClock::time_point s = SteadyClock::now();
+    const auto k1 = steady_clock::now();
+    ASSERT_GE(s, last);
+    last = s;
+    worst = std::max({worst, k0 - s, s - k1});
+  }
+  EXPECT_LE(worst, std::chrono::microseconds(50))
+      << "outside [steady_clock before, after], " << n << " reads";
 }
 
 }  // namespace

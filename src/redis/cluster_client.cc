@@ -7,6 +7,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include "core/steady_clock.h"
 #include "ratelimit/thread_annotations.h"
 #include "redis/cluster_slots.h"
 #include "redis/earliest_timer.h"
@@ -15,7 +16,7 @@
 namespace ratelimit::redis {
 
 namespace asio = boost::asio;
-using Clock = std::chrono::steady_clock;
+using Clock = core::SteadyClock;
 using std::chrono::milliseconds;
 
 namespace {

@@ -50,6 +50,7 @@
 #include <boost/asio/strand.hpp>
 
 #include "core/budget.h"
+#include "core/steady_clock.h"
 #include "ratelimit/status.h"
 #include "ratelimit/thread_annotations.h"
 #include "redis/callback.h"
@@ -64,7 +65,7 @@ using PendingBudget = core::Budget;
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = core::SteadyClock;
 
   // `tls_context` is used only when options.tls; it must be configured already.
   static std::shared_ptr<Connection> Create(boost::asio::any_io_executor executor, Options options,

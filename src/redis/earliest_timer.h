@@ -20,11 +20,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 
+#include "core/steady_clock.h"
+
 namespace ratelimit::redis {
 
 class EarliestTimer {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = core::SteadyClock;
 
   explicit EarliestTimer(const boost::asio::strand<boost::asio::any_io_executor>& strand)
       : timer_(strand) {}

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "core/steady_clock.h"
 #include "ratelimit/thread_annotations.h"
 #include "server/headers.h"
 #include "server/json_log.h"
@@ -168,7 +169,7 @@ void ConcurrencyLimiter::Sweep() { state_->store->Sweep(); }
 void ConcurrencyLimiter::Acquire(ConcurrencyRequest request,
                                  std::function<void(ConcurrencyOutcome)> done) {
   auto w = std::make_shared<Waiter>(state_->executor);
-  w->started = std::chrono::steady_clock::now();
+  w->started = core::SteadyClock::now();
   w->deadline = w->started + request.config.max_wait;
   w->cells = &Metrics::Global().Concurrency(request.route);
   w->req = std::move(request);
@@ -215,7 +216,7 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
     return Finish(std::move(w), std::move(o));
   }
   // Denied.
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = core::SteadyClock::now();
   o.status = 429;
   if (w->req.config.on_limit == ConcurrencyConfig::OnLimit::kReject) {
     o.denial = ConcurrencyOutcome::Denial::kLimit;
@@ -267,8 +268,8 @@ void LeaseGuard::State::Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o) 
     case ConcurrencyOutcome::Denial::kWaitTimeout: w->cells->denied_timeout.Inc(); break;
     case ConcurrencyOutcome::Denial::kQueueFull: w->cells->denied_full.Inc(); break;
   }
-  o.waited = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::chrono::steady_clock::now() - w->started);
+  o.waited =
+      std::chrono::duration_cast<std::chrono::microseconds>(core::SteadyClock::now() - w->started);
   auto done = std::move(w->done);
   done(std::move(o));
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "core/steady_clock.h"
 #include "server/store_factory.h"
 
 namespace ratelimit::server {
@@ -102,15 +103,15 @@ void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> che
                            FailureMode mode, const policy::StoreConfig& store_config,
                            std::function<void(GroupOutcome)> done, Face face,
                            std::string_view route, bool shadow) {
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = core::SteadyClock::now();
   const CheckRequest request{
       .key = key,
       .checks = checks,
       .on_failure = {.mode = mode, .expected_instances = store_config.expected_instances}};
   store_->Check(request, [face, route, shadow, checks, started,
                           done = std::move(done)](StatusOr<CheckResult> r) mutable {
-    Metrics::Global().store_latency.Observe(std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - started));
+    Metrics::Global().store_latency.Observe(
+        std::chrono::duration_cast<std::chrono::microseconds>(core::SteadyClock::now() - started));
     GroupOutcome g;
     if (r.ok()) {
       g.degraded = r->degraded;

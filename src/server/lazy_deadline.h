@@ -23,6 +23,8 @@
 #include <memory>
 #include <utility>
 
+#include "core/steady_clock.h"
+
 namespace ratelimit::server {
 
 // Owner: held by a std::shared_ptr and derived from
@@ -30,7 +32,7 @@ namespace ratelimit::server {
 template <class Owner>
 class LazyDeadline {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = core::SteadyClock;
   using Expire = void (Owner::*)();
 
   // `expire` runs on the executor, the owner held, once a deadline has passed.

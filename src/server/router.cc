@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "core/steady_clock.h"
 #include "server/admin.h"
 #include "server/auth_request.h"
 #include "server/demo.h"
@@ -305,7 +306,7 @@ void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* hold
                         std::string_view path, std::function<void(Reply&&)> done,
                         std::function<void(std::function<void(Reply&&)>)> proceed) {
   if (delay.count() <= 0 || holder == nullptr) return proceed(std::move(done));
-  const auto until = std::chrono::steady_clock::now() + delay;  // the decision is just in
+  const auto until = core::SteadyClock::now() + delay;  // the decision is just in
   Metrics& m = Metrics::Global();
   if (held_.fetch_add(1, std::memory_order_relaxed) >= max_held) {
     held_.fetch_sub(1, std::memory_order_relaxed);

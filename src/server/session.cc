@@ -8,6 +8,7 @@
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
 
+#include "core/steady_clock.h"
 #include "server/metrics.h"
 #include "server/problem.h"
 
@@ -69,7 +70,7 @@ void Session::Start(std::shared_ptr<void> slot, bool paced) {
   slot_ = std::move(slot);
   paced_ = paced && limits_.max_requests_per_second > 0;
   tokens_ = static_cast<double>(limits_.max_requests_per_second);
-  tokens_at_ = std::chrono::steady_clock::now();
+  tokens_at_ = core::SteadyClock::now();
   registry_.Add(this, weak_from_this());
   // Start on the strand: the acceptor's thread must not touch the session.
   net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
@@ -99,7 +100,7 @@ void Session::WaitForRequest() {
 bool Session::Pace() {
   if (!paced_) return true;
   const double rate = static_cast<double>(limits_.max_requests_per_second);
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = core::SteadyClock::now();
   tokens_ =
       std::min(rate, tokens_ + rate * std::chrono::duration<double>(now - tokens_at_).count());
   tokens_at_ = now;
@@ -120,7 +121,7 @@ bool Session::Pace() {
 }
 
 void Session::ReadHeader() {
-  request_started_ = std::chrono::steady_clock::now();  // its first bytes are in buffer_
+  request_started_ = core::SteadyClock::now();  // its first bytes are in buffer_
   parser_.emplace();
   parser_->header_limit(static_cast<std::uint32_t>(limits_.max_header_bytes));
   parser_->body_limit(limits_.max_body_bytes);
@@ -232,19 +233,19 @@ void Session::Handle() {
   deadline_.Clear();  // the handler bounds its own waits (store deadline, upstream timeout)
   Metrics& m = Metrics::Global();
   m.in_flight.Add(1);
-  const auto handled = std::chrono::steady_clock::now();
+  const auto handled = core::SteadyClock::now();
   m.StageTime(Metrics::Stage::kParse).Observe(handled - request_started_);
   handler_.Handle(
       parser_->get(), peer_, peer_text_,
       [self = shared_from_this(), handled](Reply&& r) {
         Metrics& m = Metrics::Global();
         m.in_flight.Add(-1);
-        const auto answered = std::chrono::steady_clock::now();
+        const auto answered = core::SteadyClock::now();
         m.StageTime(Metrics::Stage::kHandler).Observe(answered - handled);
         net::dispatch(self->socket_.get_executor(), [self, r = std::move(r), answered]() mutable {
           Metrics::Global()
               .StageTime(Metrics::Stage::kDispatch)
-              .Observe(std::chrono::steady_clock::now() - answered);
+              .Observe(core::SteadyClock::now() - answered);
           self->Write(std::move(r));
         });
       },
@@ -340,11 +341,11 @@ void Session::Write(Reply&& reply) {
   if (!head && !no_body) out_.append(reply.body);
   SetDeadline(limits_.read_timeout);
   net::async_write(socket_, net::buffer(out_),
-                   [self = shared_from_this(), close, started = std::chrono::steady_clock::now()](
+                   [self = shared_from_this(), close, started = core::SteadyClock::now()](
                        beast::error_code ec, size_t) {
                      Metrics::Global()
                          .StageTime(Metrics::Stage::kWrite)
-                         .Observe(std::chrono::steady_clock::now() - started);
+                         .Observe(core::SteadyClock::now() - started);
                      self->OnWrite(close, ec);
                    });
 }

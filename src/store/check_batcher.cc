@@ -5,6 +5,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include "core/steady_clock.h"
+
 namespace ratelimit::store {
 
 CheckBatcher::CheckBatcher(Options options, boost::asio::any_io_executor executor, Send send,
@@ -29,7 +31,7 @@ bool CheckBatcher::ReadyToSend(std::chrono::steady_clock::time_point now) const 
 void CheckBatcher::Add(PendingCheck check) {
   bool schedule = false;
   {
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = core::SteadyClock::now();
     check.queued_at = now;
     LockGuard lock(mu_);
     queue_.push_back(std::move(check));
@@ -61,7 +63,7 @@ bool CheckBatcher::Idle() const {
 void CheckBatcher::Flush() {
   std::vector<PendingCheck> batch;
   const size_t per_call = opts_.max_batch;
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = core::SteadyClock::now();
   {
     LockGuard lock(mu_);
     flush_scheduled_ = false;

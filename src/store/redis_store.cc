@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "core/steady_clock.h"
 #include "ratelimit/thread_annotations.h"
 #include "store/check_admission.h"
 #include "store/check_batcher.h"
@@ -89,7 +90,7 @@ struct RedisStore::Impl {
     }
     stat_checks.fetch_add(1, std::memory_order_relaxed);
     const Limit& first = *req.checks.front().limit;
-    p.deadline = std::chrono::steady_clock::now() + opts.deadline;
+    p.deadline = core::SteadyClock::now() + opts.deadline;
     p.submitted_at = now_local;
     p.algorithm = first.algorithm();
     p.window_micros = first.window_micros();
@@ -188,8 +189,8 @@ struct RedisStore::Impl {
     const uint16_t slot = group.front().slot;
     auto shared = std::make_shared<std::vector<PendingCheck>>(std::move(group));
     auto on_reply = [this, shared, node_call = !one_slot,
-                     sent = std::chrono::steady_clock::now()](StatusOr<redis::Reply> reply) {
-      stat_call_time.Observe(std::chrono::steady_clock::now() - sent);
+                     sent = core::SteadyClock::now()](StatusOr<redis::Reply> reply) {
+      stat_call_time.Observe(core::SteadyClock::now() - sent);
       batcher->Returned();
       if (node_call && reply.ok() && reply->IsError() && Resend(*shared, reply->str)) return;
       Complete(*shared, reply);
