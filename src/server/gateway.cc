@@ -1,10 +1,13 @@
 #include "server/gateway.h"
 
+#include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <boost/container/small_vector.hpp>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "core/ascii.h"
 #include "server/json_log.h"
@@ -24,20 +27,20 @@ bool IsHopByHop(std::string_view name) {
 }
 
 // Headers named in Connection ("Connection: close, X-Foo") are hop-by-hop too:
-// calls `f` with each name listed there.
+// calls `f` with each name listed in one Connection field's value.
 template <typename F>
-void ForEachConnectionToken(const http::fields& fields, F f) {
-  for (auto it = fields.find(http::field::connection);
-       it != fields.end() && it->name() == http::field::connection; ++it) {
-    std::string_view v = it->value();
-    while (!v.empty()) {
-      const size_t comma = v.find(',');
-      const std::string_view token = core::Trim(v.substr(0, comma));
-      if (!token.empty()) f(token);
-      v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
-    }
+void ForEachToken(std::string_view v, F f) {
+  while (!v.empty()) {
+    const size_t comma = v.find(',');
+    const std::string_view token = core::Trim(v.substr(0, comma));
+    if (!token.empty()) f(token);
+    v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
   }
 }
+
+// An upstream response's fields, as UpstreamParser keeps them: the reply's
+// own type, so the head becomes the reply's headers without a copy.
+using FieldList = std::vector<std::pair<std::string, std::string>>;
 
 // Tells the hop-by-hop fields of one message (RFC 9110 section 7.6.1): the
 // fixed names and the names its Connection fields list, held as views into
@@ -46,7 +49,16 @@ void ForEachConnectionToken(const http::fields& fields, F f) {
 class HopByHop {
  public:
   explicit HopByHop(const http::fields& fields) {
-    ForEachConnectionToken(fields, [this](std::string_view t) { named_.push_back(t); });
+    for (auto it = fields.find(http::field::connection);
+         it != fields.end() && it->name() == http::field::connection; ++it) {
+      ForEachToken(it->value(), [this](std::string_view t) { named_.push_back(t); });
+    }
+  }
+  explicit HopByHop(const FieldList& fields) {
+    for (const auto& [name, value] : fields) {
+      if (!EqualsIgnoreCase(name, "Connection")) continue;
+      ForEachToken(value, [this](std::string_view t) { named_.push_back(t); });
+    }
   }
   bool operator()(std::string_view name) const {
     if (IsHopByHop(name)) return true;
@@ -58,6 +70,72 @@ class HopByHop {
 
  private:
   boost::container::small_vector<std::string_view, 4> named_;
+};
+
+// The upstream's response head, parsed straight into the list the reply is
+// built from: Beast's http::response_parser would first insert every field
+// into an http::fields (an allocation per field) and the gateway then copied
+// each one out again. The body goes where body() points, as
+// http::buffer_body's reader puts it (need_buffer when that space is full).
+// Fields after the head are a chunked body's trailer.
+class UpstreamParser final : public http::basic_parser<false> {
+ public:
+  explicit UpstreamParser(size_t max_field_bytes) : left_(max_field_bytes) {
+    head_.reserve(16);  // and the reply's RateLimit fields
+  }
+
+  int status() const { return status_; }
+  FieldList& head() { return head_; }
+  const FieldList& trailer() const { return trailer_; }
+  http::buffer_body::value_type& body() { return body_; }
+
+ private:
+  void on_request_impl(http::verb, beast::string_view, beast::string_view, int,
+                       beast::error_code&) override {}
+  void on_response_impl(int code, beast::string_view, int, beast::error_code&) override {
+    status_ = code;
+  }
+  // Beast applies its header limit only to the bytes it has not handed over
+  // yet (session.cc): the fields kept are bounded here.
+  void on_field_impl(http::field, beast::string_view name, beast::string_view value,
+                     beast::error_code& ec) override {
+    const size_t bytes = name.size() + value.size() + 4;
+    if (bytes > left_) {
+      ec = http::error::header_limit;
+      return;
+    }
+    left_ -= bytes;
+    (in_head_ ? head_ : trailer_)
+        .emplace_back(std::string(name.data(), name.size()),
+                      std::string(value.data(), value.size()));
+  }
+  void on_header_impl(beast::error_code&) override { in_head_ = false; }
+  void on_body_init_impl(const boost::optional<std::uint64_t>&, beast::error_code&) override {}
+  size_t on_body_impl(beast::string_view s, beast::error_code& ec) override { return Put(s, ec); }
+  void on_chunk_header_impl(std::uint64_t, beast::string_view, beast::error_code&) override {}
+  size_t on_chunk_body_impl(std::uint64_t, beast::string_view s, beast::error_code& ec) override {
+    return Put(s, ec);
+  }
+  void on_finish_impl(beast::error_code&) override {}
+
+  size_t Put(beast::string_view s, beast::error_code& ec) {
+    if (body_.data == nullptr || body_.size == 0) {
+      ec = http::error::need_buffer;
+      return 0;
+    }
+    const size_t n = std::min(body_.size, s.size());
+    std::memcpy(body_.data, s.data(), n);
+    body_.data = static_cast<char*>(body_.data) + n;
+    body_.size -= n;
+    if (n < s.size()) ec = http::error::need_buffer;
+    return n;
+  }
+
+  int status_ = 0;
+  bool in_head_ = true;
+  size_t left_;
+  FieldList head_, trailer_;
+  http::buffer_body::value_type body_;
 };
 
 }  // namespace
@@ -138,6 +216,7 @@ void UpstreamConnection::ExpiresAfter(std::chrono::milliseconds d) {
 // so a response of any size passes through one 64 KiB buffer.
 struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   static constexpr size_t kPiece = 64 * 1024;
+  static constexpr size_t kMaxFieldBytes = 64 * 1024;  // head and trailer
 
   Gateway& gw;
   std::function<void(Reply&&)> done;
@@ -147,11 +226,10 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   bool head = false;
   bool keep = false;  // the upstream connection can be reused after the body
   beast::flat_buffer buffer;
-  std::optional<http::response_parser<http::buffer_body>> parser;
+  std::optional<UpstreamParser> parser;
   std::optional<uint64_t> length;
   std::unique_ptr<char[]> piece;  // allocated when the body is pulled
   std::string wire;               // the request as sent (kept for a retry): Gateway::Forward
-  size_t head_fields = 0;         // the response's header fields; the trailer's follow
 
   Op(Gateway& g, std::string w, std::function<void(Reply&&)> d)
       : gw(g), done(std::move(d)), wire(std::move(w)) {}
@@ -201,11 +279,11 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   void ReadHeader() {
     buffer.clear();
-    parser.emplace();
+    parser.emplace(kMaxFieldBytes);
     // Streamed: no size limit, constant memory. (Not boost::none: Boost 1.74
     // compares a Content-Length against an empty optional as "over the limit".)
     parser->body_limit(std::numeric_limits<std::uint64_t>::max());
-    parser->header_limit(64 * 1024);
+    parser->header_limit(kMaxFieldBytes);
     if (head) parser->skip(true);
     http::async_read_header(stream->socket(), buffer, *parser,
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
@@ -231,19 +309,27 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   }
 
   void Respond() {
-    auto& res = parser->get();
     Reply r;
-    r.status = res.result_int();
-    keep = res.keep_alive() && !parser->need_eof();
-    const HopByHop dropped(res.base());
-    head_fields = 0;
-    r.headers.reserve(16);
-    for (const auto& f : res.base()) {
-      ++head_fields;
-      if (f.name() == http::field::content_length && !head) continue;  // the session sets it
-      if (dropped(f.name_string())) continue;
-      r.headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
+    r.status = static_cast<unsigned>(parser->status());
+    keep = parser->keep_alive() && !parser->need_eof();
+    // The head becomes the reply's headers, less the hop-by-hop fields and
+    // Content-Length (the session sets it): marked first (HopByHop holds
+    // views into the Connection fields), then closed up in place.
+    FieldList& fields = parser->head();
+    const HopByHop dropped(fields);
+    boost::container::small_vector<bool, 16> drop(fields.size());
+    for (size_t i = 0; i < fields.size(); ++i) {
+      const std::string& name = fields[i].first;
+      drop[i] = (!head && EqualsIgnoreCase(name, "Content-Length")) || dropped(name);
     }
+    size_t kept = 0;
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (drop[i]) continue;
+      if (kept != i) fields[kept] = std::move(fields[i]);
+      ++kept;
+    }
+    fields.resize(kept);
+    r.headers = std::move(fields);
     r.keep_content_length = head;
     if (!TakeBufferedBody(r)) {
       stream.reset();  // never reuse a connection mid-message
@@ -266,7 +352,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     const auto n = parser->content_length();  // boost::optional
     if (!n || *n > kPiece || buffer.size() < *n) return true;
     r.body.resize(static_cast<size_t>(*n));
-    auto& body = parser->get().body();
+    auto& body = parser->body();
     body.data = r.body.data();
     body.size = r.body.size();
     beast::error_code ec;
@@ -276,14 +362,11 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   std::optional<uint64_t> content_length() const override { return length; }
 
-  // Beast's parser adds a chunked body's trailer fields to the message's
-  // fields once the body is done, after the header's (in order).
+  // A chunked body's trailer fields, once the body is done.
   std::optional<std::string> Trailer(std::string_view name) const override {
     if (!parser.has_value() || !parser->is_done()) return std::nullopt;
-    size_t i = 0;
-    for (const auto& f : parser->get().base()) {
-      if (i++ < head_fields) continue;
-      if (EqualsIgnoreCase(f.name_string(), name)) return std::string(f.value());
+    for (const auto& [field, value] : parser->trailer()) {
+      if (EqualsIgnoreCase(field, name)) return value;
     }
     return std::nullopt;
   }
@@ -293,7 +376,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     net::dispatch(
         stream->get_executor(), [self = shared_from_this(), next = std::move(next)]() mutable {
           if (!self->piece) self->piece = std::make_unique<char[]>(kPiece);
-          auto& body = self->parser->get().body();
+          auto& body = self->parser->body();
           body.data = self->piece.get();
           body.size = kPiece;
           self->stream->ExpiresAfter(self->gw.options_.timeout);
@@ -307,7 +390,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                   self->stream.reset();  // never reuse a connection mid-message
                   return next(false, {}, true);
                 }
-                const size_t n = kPiece - self->parser->get().body().size;
+                const size_t n = kPiece - self->parser->body().size;
                 const bool last = self->parser->is_done();
                 if (last) self->ReleaseConnection();
                 next(true, std::string_view(self->piece.get(), n), last);

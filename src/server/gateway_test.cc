@@ -35,10 +35,13 @@ class FakeUpstream {
     kEcho,             // keep-alive; the body is the request as it arrived (ShowRequest)
     kSlow,             // keep-alive; answers each request 100 ms after it arrived
     kStallBody,        // announces 100 bytes of body, sends 10, then nothing
+    kTrickledHead,     // a head of `fields` 200-byte fields and one more, 1 ms apart
   };
 
-  explicit FakeUpstream(Mode mode)
-      : mode_(mode), acceptor_(ioc_, tcp::endpoint(net::ip::address_v4::loopback(), 0)) {
+  explicit FakeUpstream(Mode mode, int fields = 0)
+      : mode_(mode),
+        fields_(fields),
+        acceptor_(ioc_, tcp::endpoint(net::ip::address_v4::loopback(), 0)) {
     accept_thread_ = std::thread([this] { AcceptLoop(); });
   }
   ~FakeUpstream() {
@@ -106,6 +109,21 @@ class FakeUpstream {
                    ec);
         continue;  // the next read blocks until the end
       }
+      if (mode_ == Mode::kTrickledHead) {
+        // Each piece ends one byte into the next field and is smaller than
+        // Beast's smallest read: Beast then takes every field but that byte at
+        // once, and its header limit never sees more than a piece.
+        s.set_option(tcp::no_delay(true), ec);
+        net::write(s, net::buffer(std::string("HTTP/1.1 200 OK\r\nX")), ec);
+        for (int i = 0; i < fields_ && !ec; ++i) {
+          net::write(s,
+                     net::buffer("-F" + std::to_string(i) + ": " + std::string(190, 'v') + "\r\nX"),
+                     ec);
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        net::write(s, net::buffer(std::string("-Last: 1\r\nContent-Length: 2\r\n\r\nok")), ec);
+        continue;
+      }
       const std::string body = mode_ == Mode::kEcho ? ShowRequest(req) : std::string(req.target());
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
@@ -119,6 +137,7 @@ class FakeUpstream {
   }
 
   const Mode mode_;
+  const int fields_;
   net::io_context ioc_;  // for the blocking sockets only: never run
   tcp::acceptor acceptor_;
   std::atomic<bool> stopping_{false};
@@ -134,6 +153,7 @@ struct Got {
   unsigned status = 0;
   std::string body;
   bool body_ok = true;
+  size_t fields = 0;  // header fields in the reply
 };
 
 // Pulls a streamed body to its end (the connection goes back to the pool
@@ -142,6 +162,7 @@ class Drainer : public std::enable_shared_from_this<Drainer> {
  public:
   Drainer(Reply r, std::promise<Got>* out) : stream_(std::move(r.body_stream)), out_(out) {
     got_.status = r.status;
+    got_.fields = r.headers.size();
   }
   void Pull() {
     stream_->Next([self = shared_from_this()](bool ok, std::string_view piece, bool last) {
@@ -188,7 +209,8 @@ class GatewayTest : public ::testing::Test {
   }
   std::future<Got> Start(const Request& req, std::promise<Got>& promise) {
     gateway_->Forward(req, "192.0.2.1", [&promise](Reply r) {
-      if (r.body_stream == nullptr) return promise.set_value(Got{r.status, r.body});
+      if (r.body_stream == nullptr)
+        return promise.set_value(Got{r.status, r.body, true, r.headers.size()});
       std::make_shared<Drainer>(std::move(r), &promise)->Pull();
     });
     return promise.get_future();
@@ -357,6 +379,28 @@ TEST_F(GatewayTest, AStalledBodyIsCutAfterTheTimeout) {
   // The cut connection is not reused.
   EXPECT_EQ(Forward("/next").status, 200u);
   EXPECT_EQ(up.connections(), 2);
+}
+
+// Beast takes a head's fields as they arrive and applies its header limit
+// only to what it has not taken yet: the gateway bounds the fields it keeps
+// (64 KiB), so an upstream that sends field after field is a bad response,
+// not a reply of unbounded size. A head of 30 KiB in pieces comes through.
+TEST_F(GatewayTest, AnUpstreamHeadPastTheLimitIsABadResponseEvenInPieces) {
+  {
+    FakeUpstream up(FakeUpstream::Mode::kTrickledHead, 150);
+    Open(up, {});
+    const Got g = Forward("/forty");
+    EXPECT_EQ(g.status, 200u) << g.body;
+    EXPECT_EQ(g.body, "ok");
+    EXPECT_EQ(g.fields, 151u);
+    Sync();
+    gateway_->CloseIdle();
+  }
+  FakeUpstream up(FakeUpstream::Mode::kTrickledHead, 400);
+  Open(up, {});
+  const Got g = Forward("/hundred");
+  EXPECT_EQ(g.status, 502u) << g.fields << " fields";
+  EXPECT_NE(g.body.find("bad upstream response"), std::string::npos) << g.body;
 }
 
 }  // namespace
