@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,15 +16,25 @@
 #include "server/problem.h"
 
 namespace ratelimit::server {
+
+using std::string_view_literals::operator""sv;
+
 namespace {
 
-bool IsHopByHop(std::string_view name) {
-  static constexpr std::string_view kNames[] = {"connection", "keep-alive",        "te",
-                                                "trailer",    "transfer-encoding", "upgrade"};
-  for (std::string_view n : kNames) {
-    if (EqualsIgnoreCase(name, n)) return true;
+// The fixed hop-by-hop names, by Beast's id for the field's name (it knows
+// them all); the "Proxy-" ones by name.
+bool IsHopByHop(http::field id, std::string_view name) {
+  switch (id) {
+    case http::field::connection:
+    case http::field::keep_alive:
+    case http::field::te:
+    case http::field::trailer:
+    case http::field::transfer_encoding:
+    case http::field::upgrade: return true;
+    default: break;
   }
-  return name.size() >= 6 && EqualsIgnoreCase(name.substr(0, 6), "proxy-");
+  return name.size() >= 6 && (name[0] == 'p' || name[0] == 'P') &&
+         EqualsIgnoreCase(name.substr(0, 6), "proxy-");
 }
 
 // Headers named in Connection ("Connection: close, X-Foo") are hop-by-hop too:
@@ -54,14 +65,14 @@ class HopByHop {
       ForEachToken(it->value(), [this](std::string_view t) { named_.push_back(t); });
     }
   }
-  explicit HopByHop(const FieldList& fields) {
-    for (const auto& [name, value] : fields) {
-      if (!EqualsIgnoreCase(name, "Connection")) continue;
-      ForEachToken(value, [this](std::string_view t) { named_.push_back(t); });
+  HopByHop(const FieldList& fields, std::span<const http::field> ids) {
+    for (size_t i = 0; i < fields.size(); ++i) {
+      if (ids[i] != http::field::connection) continue;
+      ForEachToken(fields[i].second, [this](std::string_view t) { named_.push_back(t); });
     }
   }
-  bool operator()(std::string_view name) const {
-    if (IsHopByHop(name)) return true;
+  bool operator()(http::field id, std::string_view name) const {
+    if (IsHopByHop(id, name)) return true;
     for (std::string_view n : named_) {
       if (EqualsIgnoreCase(name, n)) return true;
     }
@@ -86,6 +97,9 @@ class UpstreamParser final : public http::basic_parser<false> {
 
   int status() const { return status_; }
   FieldList& head() { return head_; }
+  std::span<const http::field> head_ids() const {  // Beast's, per field
+    return {head_ids_.data(), head_ids_.size()};
+  }
   const FieldList& trailer() const { return trailer_; }
   http::buffer_body::value_type& body() { return body_; }
 
@@ -97,7 +111,7 @@ class UpstreamParser final : public http::basic_parser<false> {
   }
   // Beast applies its header limit only to the bytes it has not handed over
   // yet (session.cc): the fields kept are bounded here.
-  void on_field_impl(http::field, beast::string_view name, beast::string_view value,
+  void on_field_impl(http::field id, beast::string_view name, beast::string_view value,
                      beast::error_code& ec) override {
     const size_t bytes = name.size() + value.size() + 4;
     if (bytes > left_) {
@@ -105,6 +119,7 @@ class UpstreamParser final : public http::basic_parser<false> {
       return;
     }
     left_ -= bytes;
+    if (in_head_) head_ids_.push_back(id);
     (in_head_ ? head_ : trailer_)
         .emplace_back(std::string(name.data(), name.size()),
                       std::string(value.data(), value.size()));
@@ -135,6 +150,7 @@ class UpstreamParser final : public http::basic_parser<false> {
   bool in_head_ = true;
   size_t left_;
   FieldList head_, trailer_;
+  boost::container::small_vector<http::field, 16> head_ids_;
   http::buffer_body::value_type body_;
 };
 
@@ -316,11 +332,12 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     // Content-Length (the session sets it): marked first (HopByHop holds
     // views into the Connection fields), then closed up in place.
     FieldList& fields = parser->head();
-    const HopByHop dropped(fields);
+    const std::span<const http::field> ids = parser->head_ids();
+    const HopByHop dropped(fields, ids);
     boost::container::small_vector<bool, 16> drop(fields.size());
     for (size_t i = 0; i < fields.size(); ++i) {
-      const std::string& name = fields[i].first;
-      drop[i] = (!head && EqualsIgnoreCase(name, "Content-Length")) || dropped(name);
+      drop[i] =
+          (!head && ids[i] == http::field::content_length) || dropped(ids[i], fields[i].first);
     }
     size_t kept = 0;
     for (size_t i = 0; i < fields.size(); ++i) {
@@ -438,30 +455,30 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
   wire.append(request.method_string());
   wire.push_back(' ');
   wire.append(request.target());
-  wire.append(" HTTP/1.1\r\n");
+  wire.append(" HTTP/1.1\r\n"sv);
   for (const auto& f : request.base()) {
     const std::string_view name = f.name_string();
-    if (f.name() == http::field::content_length || dropped(name)) continue;  // recomputed
-    if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;                 // below
+    if (f.name() == http::field::content_length || dropped(f.name(), name)) continue;  // recomputed
+    if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;                           // below
     AppendField(wire, name, f.value());
   }
   // X-Forwarded-For: the client's entries (every such field, in order), then the peer.
-  wire.append("X-Forwarded-For: ");
+  wire.append("X-Forwarded-For: "sv);
   const size_t xff = wire.size();
   for (const auto& f : request.base()) {
     if (!EqualsIgnoreCase(f.name_string(), "X-Forwarded-For")) continue;
-    if (wire.size() > xff) wire.append(", ");
+    if (wire.size() > xff) wire.append(", "sv);
     wire.append(f.value());
   }
-  if (wire.size() > xff) wire.append(", ");
+  if (wire.size() > xff) wire.append(", "sv);
   wire.append(peer_ip);
-  wire.append("\r\n");
+  wire.append("\r\n"sv);
   const http::verb method = request.method();
   if (!body.empty() || method == http::verb::options || method == http::verb::put ||
       method == http::verb::post) {
     AppendField(wire, "Content-Length", std::to_string(body.size()));
   }
-  wire.append("\r\n");
+  wire.append("\r\n"sv);
   wire.append(body);
 
   auto op = std::make_shared<Op>(*this, std::move(wire), std::move(done));

@@ -14,6 +14,8 @@
 
 namespace ratelimit::server {
 
+using std::string_view_literals::operator""sv;
+
 std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {
   std::vector<std::shared_ptr<Session>> out;
   LockGuard lock(mu_);
@@ -322,7 +324,7 @@ void Session::Write(Reply&& reply) {
   out_.append(std::to_string(reply.status));
   out_.push_back(' ');
   out_.append(ReasonPhrase(reply.status));
-  out_.append("\r\n");
+  out_.append("\r\n"sv);
   for (const auto& [name, value] : reply.headers) AppendField(out_, name, value);  // repeats kept
   if (!reply.content_type.empty()) AppendField(out_, "Content-Type", reply.content_type);
   // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
@@ -337,7 +339,7 @@ void Session::Write(Reply&& reply) {
     AppendField(out_, "Content-Length",
                 std::string_view(digits, static_cast<size_t>(end - digits)));
   }
-  out_.append("\r\n");
+  out_.append("\r\n"sv);
   if (!head && !no_body) out_.append(reply.body);
   SetDeadline(limits_.read_timeout);
   net::async_write(socket_, net::buffer(out_),
