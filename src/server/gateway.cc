@@ -17,7 +17,7 @@
 
 namespace ratelimit::server {
 
-using std::string_view_literals::operator""sv;
+using namespace std::string_view_literals;  // "\r\n"sv: appended with its length
 
 namespace {
 

@@ -14,7 +14,7 @@
 
 namespace ratelimit::server {
 
-using std::string_view_literals::operator""sv;
+using namespace std::string_view_literals;  // "\r\n"sv: appended with its length
 
 std::vector<std::shared_ptr<Session>> SessionRegistry::Snapshot() const {
   std::vector<std::shared_ptr<Session>> out;
