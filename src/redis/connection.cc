@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <random>
 
 #include <boost/asio/connect.hpp>
@@ -26,12 +27,21 @@ using tcp = asio::ip::tcp;
 // aborted operations, and a handler whose session is no longer session_ knows
 // it is stale.
 struct Connection::Session {
-  Session(const asio::strand<asio::any_io_executor>& strand, asio::ssl::context& tls)
-      : stream(strand, tls) {}
+  // `tls`: the context of a TLS connection; null for plain TCP, which then
+  // makes no SSL object (SSL_new) per connection attempt.
+  Session(const asio::strand<asio::any_io_executor>& strand, asio::ssl::context* tls) {
+    if (tls != nullptr) {
+      tls_stream.emplace(strand, *tls);
+    } else {
+      plain.emplace(strand);
+    }
+  }
+  tcp::socket& socket() { return tls_stream ? tls_stream->next_layer() : *plain; }
 
-  asio::ssl::stream<tcp::socket> stream;
-  bool ready = false;     // TCP (and TLS) established
-  std::string write_buf;  // bytes of the async_write in flight
+  std::optional<asio::ssl::stream<tcp::socket>> tls_stream;  // options.tls
+  std::optional<tcp::socket> plain;                          // otherwise
+  bool ready = false;                                        // TCP (and TLS) established
+  std::string write_buf;                                     // bytes of the async_write in flight
   ReplyReader reader;
   std::array<char, size_t{16} * 1024> read_buf;
 };
@@ -42,11 +52,11 @@ std::string Millis(std::chrono::milliseconds ms) { return std::to_string(ms.coun
 
 // Calls `f` with the byte stream of `session`: TLS or the plain socket.
 template <typename S, typename F>
-void WithStream(S& stream, bool tls, F&& f) {
-  if (tls) {
-    f(stream);
+void WithStream(S& session, F&& f) {
+  if (session.tls_stream) {
+    f(*session.tls_stream);
   } else {
-    f(stream.next_layer());
+    f(*session.plain);
   }
 }
 
@@ -55,7 +65,7 @@ void WithStream(S& stream, bool tls, F&& f) {
 std::shared_ptr<Connection> Connection::Create(asio::any_io_executor executor, Options options,
                                                std::shared_ptr<asio::ssl::context> tls_context,
                                                std::shared_ptr<PendingBudget> budget) {
-  if (!tls_context) {
+  if (!tls_context && options.tls) {
     tls_context = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
   }
   if (!budget) budget = std::make_shared<PendingBudget>(options.max_pending);
@@ -184,7 +194,7 @@ void Connection::StartConnect() {
     if (state_ == State::kClosed) return;
     state_ = State::kConnecting;
   }
-  auto session = std::make_shared<Session>(strand_, *tls_context_);
+  auto session = std::make_shared<Session>(strand_, options_.tls ? tls_context_.get() : nullptr);
   session_ = session;
   auto self = shared_from_this();
   connect_timer_.expires_after(options_.connect_timeout);
@@ -204,7 +214,7 @@ void Connection::StartConnect() {
   error_code ec;
   asio::ip::address address = asio::ip::make_address(options_.host, ec);
   if (!ec) {
-    session->stream.next_layer().async_connect(tcp::endpoint(address, options_.port), on_connect);
+    session->socket().async_connect(tcp::endpoint(address, options_.port), on_connect);
     return;
   }
   resolver_.async_resolve(
@@ -216,28 +226,29 @@ void Connection::StartConnect() {
               Unavailable(self->describe_ + ": cannot resolve host: " + ec.message()));
           return;
         }
-        asio::async_connect(session->stream.next_layer(), results,
+        asio::async_connect(session->socket(), results,
                             [on_connect](error_code ec, const tcp::endpoint&) { on_connect(ec); });
       });
 }
 
 void Connection::OnTcpConnected(const std::shared_ptr<Session>& session) {
   error_code ignored;
-  session->stream.next_layer().set_option(tcp::no_delay(true), ignored);
+  session->socket().set_option(tcp::no_delay(true), ignored);
   if (!options_.tls) {
     OnConnected(session);
     return;
   }
   error_code not_ip;
   asio::ip::make_address(options_.host, not_ip);
-  if (not_ip) SSL_set_tlsext_host_name(session->stream.native_handle(), options_.host.c_str());
+  asio::ssl::stream<tcp::socket>& tls = *session->tls_stream;
+  if (not_ip) SSL_set_tlsext_host_name(tls.native_handle(), options_.host.c_str());
   if (options_.tls_verify) {
-    session->stream.set_verify_mode(asio::ssl::verify_peer);
-    session->stream.set_verify_callback(asio::ssl::host_name_verification(options_.host));
+    tls.set_verify_mode(asio::ssl::verify_peer);
+    tls.set_verify_callback(asio::ssl::host_name_verification(options_.host));
   } else {
-    session->stream.set_verify_mode(asio::ssl::verify_none);
+    tls.set_verify_mode(asio::ssl::verify_none);
   }
-  session->stream.async_handshake(
+  tls.async_handshake(
       asio::ssl::stream_base::client, [self = shared_from_this(), session](error_code ec) {
         if (session != self->session_) return;
         if (ec) {
@@ -301,7 +312,7 @@ void Connection::OnConnected(const std::shared_ptr<Session>& session) {
 }
 
 void Connection::StartRead(const std::shared_ptr<Session>& session) {
-  WithStream(session->stream, options_.tls, [&](auto& stream) {
+  WithStream(*session, [&](auto& stream) {
     stream.async_read_some(asio::buffer(session->read_buf), [self = shared_from_this(), session](
                                                                 error_code ec, size_t bytes) {
       if (session != self->session_) return;
@@ -384,7 +395,7 @@ void Connection::Flush() {
     unsent_ = 0;
     writing_ = true;
   }
-  WithStream(session->stream, options_.tls, [&](auto& stream) {
+  WithStream(*session, [&](auto& stream) {
     asio::async_write(
         stream, asio::buffer(session->write_buf),
         [self = shared_from_this(), session](error_code ec, size_t) {
@@ -507,7 +518,7 @@ void Connection::OnDeadlineTimer() {
 void Connection::FailConnection(const Status& status) {
   if (session_) {
     error_code ignored;
-    session_->stream.next_layer().close(ignored);
+    session_->socket().close(ignored);
     session_.reset();
   }
   connect_timer_.cancel();

@@ -67,7 +67,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
  public:
   using Clock = core::SteadyClock;
 
-  // `tls_context` is used only when options.tls; it must be configured already.
+  // `tls_context` is used only when options.tls (and may be null otherwise); it
+  // must be configured already.
   static std::shared_ptr<Connection> Create(boost::asio::any_io_executor executor, Options options,
                                             std::shared_ptr<boost::asio::ssl::context> tls_context,
                                             std::shared_ptr<PendingBudget> budget);
