@@ -610,18 +610,20 @@ elif want 8; then
     PIN_SERVER=(taskset -c 1); PIN_DRIVER=(taskset -c 0)
   fi
   p=$(free_port); G_PORT[trivial]=$p
-  "$GRPC_TRIVIAL" --listen="127.0.0.1:$p" >"$WORK/grpc-trivial.log" 2>&1 &
+  declare -A G_LOG=([trivial]="$WORK/grpc-trivial.log" [h2trivial]="$WORK/h2-trivial.log"
+    [memory]="$WORK/grpc-memory.log" [redis]="$WORK/grpc-redis.log")
+  "$GRPC_TRIVIAL" --listen="127.0.0.1:$p" >"${G_LOG[trivial]}" 2>&1 &
   G_PID[trivial]=$!; PIDS+=("${G_PID[trivial]}")
   wait_port "$p" 10 || fail "8: the trivial gRPC server did not start"
   p=$(free_port); G_PORT[h2trivial]=$p
-  "${PIN_SERVER[@]}" "$H2_TRIVIAL" --listen="127.0.0.1:$p" --threads=1 >"$WORK/h2-trivial.log" 2>&1 &
+  "${PIN_SERVER[@]}" "$H2_TRIVIAL" --listen="127.0.0.1:$p" --threads=1 >"${G_LOG[h2trivial]}" 2>&1 &
   G_PID[h2trivial]=$!; PIDS+=("${G_PID[h2trivial]}")
   wait_port "$p" 10 || fail "8: the trivial server on ratelimitd's gRPC server did not start"
   for store in memory redis; do
     p=$(free_port); G_PORT[$store]=$p
     extra=(); [[ $store == redis ]] && extra=(--redis "redis://127.0.0.1:$REDIS_PORT")
     "${PIN_SERVER[@]}" "$RLD" --config bench/configs/envoy.yaml --grpc-listen "127.0.0.1:$p" \
-      --envoy-config "$WORK/envoy" "${extra[@]}" >"$WORK/grpc-$store.log" 2>&1 &
+      --envoy-config "$WORK/envoy" "${extra[@]}" >"${G_LOG[$store]}" 2>&1 &
     G_PID[$store]=$!; PIDS+=("${G_PID[$store]}")
     wait_port "$p" 10 || fail "8: ratelimitd ($store) gRPC did not start"
   done
@@ -630,8 +632,12 @@ elif want 8; then
     out=$("${PIN_DRIVER[@]}" "$GRPC_LOAD" --target="127.0.0.1:${G_PORT[$1]}" --connections="$GRPC_CONNS" "${@:2}" \
       --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" 2>&1) || fail "8: grpc_h2_load $1 ${*:2}: $out"
     raw "grpc_h2_load $1 --connections=$GRPC_CONNS ${*:2} $out"
+    # On a failure, whether the server still runs and the end of its log:
+    # the work folder, with the log, is gone once the run ends.
     [[ $(kv errors "$out") == 0 && $(kv over_limit "$out") == 0 && $(kv calls "$out") != 0 ]] ||
-      fail "8: $1 answered errors or OVER_LIMIT, or nothing in the measured time: $out"
+      fail "8: $1 answered errors or OVER_LIMIT, or nothing in the measured time: $out;" \
+        "server $(kill -0 "${G_PID[$1]}" 2>/dev/null && echo running || echo 'not running');" \
+        "its log ends: $(tail -c 600 "${G_LOG[$1]}" 2>/dev/null | tr '\n' ' ')"
     echo "$out"
   }
   log "8: gRPC ShouldRateLimit, $REPS interleaved runs"
