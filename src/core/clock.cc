@@ -31,13 +31,12 @@ class KernelClock final : public Clock {
 #if defined(__x86_64__)
 struct HardwareSources {
   uint64_t Ticks() const { return __rdtsc(); }
-  int64_t RealtimeNanos() const { return ratelimit::RealtimeNanos(); }
+  int64_t ReferenceNanos() const { return RealtimeNanos(); }
 };
-// The same counter against CLOCK_MONOTONIC (steady_clock's, in libstdc++):
-// TscClock calls its reference RealtimeNanos.
+// The same counter against CLOCK_MONOTONIC (steady_clock's, in libstdc++).
 struct MonotonicSources {
   uint64_t Ticks() const { return __rdtsc(); }
-  int64_t RealtimeNanos() const { return KernelNanos(CLOCK_MONOTONIC); }
+  int64_t ReferenceNanos() const { return KernelNanos(CLOCK_MONOTONIC); }
 };
 
 // The kernel keeps CLOCK_REALTIME on the TSC only when it found the TSC

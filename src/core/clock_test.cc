@@ -27,7 +27,7 @@ struct Fake {
 struct FakeSources {
   Fake* f;
   uint64_t Ticks() const { return f->ticks.load(std::memory_order_relaxed); }
-  int64_t RealtimeNanos() const { return f->ref.load(std::memory_order_relaxed); }
+  int64_t ReferenceNanos() const { return f->ref.load(std::memory_order_relaxed); }
 };
 using Clock = TscClock<FakeSources>;
 constexpr Clock::Options kOpts{.period_ns = 10'000'000, .max_slew_back_ns = 50'000'000};

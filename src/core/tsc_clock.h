@@ -1,5 +1,7 @@
-// TscClock: Unix time (us) read from a fast tick counter (the TSC on x86-64)
-// and kept on CLOCK_REALTIME by re-anchoring.
+// TscClock: a kernel clock's time read from a fast tick counter (the TSC on
+// x86-64) and kept on that clock, the reference, by re-anchoring:
+// CLOCK_REALTIME for Clock::System() (Unix time), CLOCK_MONOTONIC for
+// core::SteadyClock (steady_clock's time; src/core/clock.cc).
 //
 // Why: a decision in the memory store costs tens of nanoseconds, and
 // clock_gettime(CLOCK_REALTIME) cost 34 ns of it on the benchmark VM (vDSO,
@@ -9,20 +11,21 @@
 //
 // How: now = anchor_ns + (ticks - anchor_ticks) * mult / 2^32. Every `period`
 // a reader that finds the anchor old re-anchors (one at a time, the others
-// keep extrapolating): it reads the reference (CLOCK_REALTIME), estimates
+// keep extrapolating): it reads the reference, estimates
 // the tick rate over the last period, and publishes a new anchor through a
 // seqlock, so readers take no lock and write nothing shared.
 //  - Behind the reference: step forward to it.
 //  - Ahead of it by at most `max_slew_back`: hold the line (the new anchor is
 //    the old extrapolation, never less) and run slower, at most 50%, until
 //    the reference catches up: readings never go back.
-//  - Ahead by more (the system clock was set back): follow it, as
-//    CLOCK_REALTIME does; holding still for longer would stop every refill.
+//  - Ahead by more (the system clock was set back: CLOCK_REALTIME only):
+//    follow it, as the reference does; holding still for longer would stop
+//    every refill.
 // Readings never decrease within a thread, but for such a step (a
 // per-thread floor covers the sub-nanosecond overlap of two anchors' lines); between re-anchors
 // they stay within the rate's error (a few ppm of `period`) of the reference.
 //
-// Sources is a type with `uint64_t Ticks()` and `int64_t RealtimeNanos()`;
+// Sources is a type with `uint64_t Ticks()` and `int64_t ReferenceNanos()`;
 // tests inject fakes and drive both by hand.
 #pragma once
 
@@ -49,7 +52,7 @@ class TscClock {
     period_ticks_ =
         static_cast<uint64_t>(static_cast<double>(opts_.period_ns) * ticks_per_second / 1e9);
     const uint64_t t = src_.Ticks();
-    const int64_t rt = src_.RealtimeNanos();
+    const int64_t rt = src_.ReferenceNanos();
     ref_ticks_ = t;
     ref_ns_ = rt;
     Publish(t, rt, rate_);
@@ -104,7 +107,7 @@ class TscClock {
     // The reference between two counter reads: a pair the OS split (a
     // preemption between the reads) does not measure the rate.
     const uint64_t ta = src_.Ticks();
-    const int64_t rt = src_.RealtimeNanos();
+    const int64_t rt = src_.ReferenceNanos();
     const uint64_t tb = src_.Ticks();
     const uint64_t t = ta + (tb - ta) / 2;
     const bool tight = tb - ta <= period_ticks_ / 1000;
