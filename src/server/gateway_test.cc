@@ -389,7 +389,7 @@ TEST_F(GatewayTest, AnUpstreamHeadPastTheLimitIsABadResponseEvenInPieces) {
   {
     FakeUpstream up(FakeUpstream::Mode::kTrickledHead, 150);
     Open(up, {});
-    const Got g = Forward("/forty");
+    const Got g = Forward("/150-fields");
     EXPECT_EQ(g.status, 200u) << g.body;
     EXPECT_EQ(g.body, "ok");
     EXPECT_EQ(g.fields, 151u);
@@ -398,7 +398,7 @@ TEST_F(GatewayTest, AnUpstreamHeadPastTheLimitIsABadResponseEvenInPieces) {
   }
   FakeUpstream up(FakeUpstream::Mode::kTrickledHead, 400);
   Open(up, {});
-  const Got g = Forward("/hundred");
+  const Got g = Forward("/400-fields");
   EXPECT_EQ(g.status, 502u) << g.fields << " fields";
   EXPECT_NE(g.body.find("bad upstream response"), std::string::npos) << g.body;
 }
