@@ -598,7 +598,7 @@ elif want 8; then
   mkdir -p "$WORK/envoy"
   printf 'domain: bench\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n' \
     >"$WORK/envoy/bench.yaml"
-  declare -A G_PORT G_PID G_RATE G_P50 G_P99 G_P999 G_RATES G_STEAL
+  declare -A G_PORT G_PID G_RATE G_P50 G_P99 G_P999 G_TAIL G_RATES G_STEAL
   # The server under test on one core, the driver on the other (rows 2-4
   # leave it to the scheduler, which with one busy thread each keeps them
   # apart; here it moved the server onto the driver's core often enough to
@@ -628,17 +628,31 @@ elif want 8; then
     wait_port "$p" 10 || fail "8: ratelimitd ($store) gRPC did not start"
   done
   grpc_run() {  # name args...: one grpc_h2_load run, key=value line
-    local out
+    local out rc=0 state
     out=$("${PIN_DRIVER[@]}" "$GRPC_LOAD" --target="127.0.0.1:${G_PORT[$1]}" --connections="$GRPC_CONNS" "${@:2}" \
-      --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" 2>&1) || fail "8: grpc_h2_load $1 ${*:2}: $out"
-    raw "grpc_h2_load $1 --connections=$GRPC_CONNS ${*:2} $out"
+      --duration-ms="$DUR_MS" --warmup-ms="$WARM_MS" 2>&1) || rc=$?
+    raw "grpc_h2_load $1 --connections=$GRPC_CONNS ${*:2} (exit $rc) $out"
+    (( rc == 0 )) && [[ $(kv errors "$out") == 0 && $(kv over_limit "$out") == 0 && $(kv calls "$out") != 0 ]] &&
+      { echo "$out"; return; }
     # On a failure, whether the server still runs and the end of its log:
     # the work folder, with the log, is gone once the run ends.
-    [[ $(kv errors "$out") == 0 && $(kv over_limit "$out") == 0 && $(kv calls "$out") != 0 ]] ||
-      fail "8: $1 answered errors or OVER_LIMIT, or nothing in the measured time: $out;" \
-        "server $(kill -0 "${G_PID[$1]}" 2>/dev/null && echo running || echo 'not running');" \
-        "its log ends: $(tail -c 600 "${G_LOG[$1]}" 2>/dev/null | tr '\n' ' ')"
-    echo "$out"
+    state="server $(kill -0 "${G_PID[$1]}" 2>/dev/null && echo running || echo 'not running');"
+    state+=" its log ends: $(tail -c 600 "${G_LOG[$1]}" 2>/dev/null | tr '\n' ' ')"
+    # A peer (not ratelimitd) that falls behind a fixed rate it cannot keep
+    # up with has calls time out and its connections dropped: gRPC C++'s
+    # callback server does this at times at half its closed-loop maximum
+    # on two cores (docs/performance.md row 8). That is the peer's result at
+    # that rate, reported as such; errors from ratelimitd, in a closed loop,
+    # or a peer that died still fail the run.
+    if [[ $1 != memory && $1 != redis && " ${*:2} " == *" --mode=open "* ]] &&
+      kill -0 "${G_PID[$1]}" 2>/dev/null && [[ -n $(kv errors "$out") ]]; then
+      raw "8: $1 fell behind in the open loop (${*:2}): $state"
+      log "  $1 fell behind at ${*:2}: $(kv errors "$out") calls failed or unanswered"
+      echo "$out fell_behind=1"
+      return
+    fi
+    fail "8: grpc_h2_load $1 ${*:2} exited $rc, or $1 answered errors or OVER_LIMIT, or nothing" \
+      "in the measured time: $out; $state"
   }
   log "8: gRPC ShouldRateLimit, $REPS interleaved runs"
   for ((rep = 0; rep < REPS; rep++)); do
@@ -662,19 +676,27 @@ elif want 8; then
     o=$(grpc_run "$t" --mode=open --rate="$half")
     G_STEAL[$t]=$(stolen_pct "$t0" "$s0" 0)
     G_P50[$t]=$(kv p50_us "$o"); G_P99[$t]=$(kv p99_us "$o"); G_P999[$t]=$(kv p999_us "$o")
-    log "  $t: $(fmt "${G_RATE[$t]}") calls/s; at $half/s p50 ${G_P50[$t]} us, p99 ${G_P99[$t]} us, p99.9 ${G_P999[$t]} us"
+    G_TAIL[$t]="${G_P50[$t]}/${G_P99[$t]}/${G_P999[$t]} us"
+    if [[ $(kv fell_behind "$o") == 1 ]]; then
+      # Its percentiles cover only the calls answered: the tail of the rest
+      # is the driver's timeout. Say so instead of printing bare numbers.
+      answered="the $(kv calls "$o") answered: ${G_TAIL[$t]}"
+      [[ $(kv calls "$o") == 0 ]] && answered="none answered"
+      G_TAIL[$t]="fell behind, $(kv errors "$o") calls failed or unanswered ($answered)"
+    fi
+    log "  $t: $(fmt "${G_RATE[$t]}") calls/s; at $half/s p50/p99/p99.9 ${G_TAIL[$t]}"
     kill "${G_PID[$t]}" 2>/dev/null || true
     wait "${G_PID[$t]}" 2>/dev/null || true
   done
   r8=$(ratio "${G_RATE[memory]}" "${G_RATE[trivial]}")
   res=MISS; ge "$r8" 0.8 && awk -v p="${G_P99[memory]}" 'BEGIN { exit !(p < 1000) }' && res=PASS
-  row 8a "Envoy ShouldRateLimit (memory store) calls/s; at half load p50/p99/p99.9 ${G_P50[memory]}/${G_P99[memory]}/${G_P999[memory]} us, ${G_STEAL[memory]}% of the CPU stolen meanwhile (trivial: ${G_P50[trivial]}/${G_P99[trivial]}/${G_P999[trivial]} us; ours at the trivial's half load $same/s: p99 $G_SAME_P99 us)" \
+  row 8a "Envoy ShouldRateLimit (memory store) calls/s; at half load p50/p99/p99.9 ${G_P50[memory]}/${G_P99[memory]}/${G_P999[memory]} us, ${G_STEAL[memory]}% of the CPU stolen meanwhile (trivial: ${G_TAIL[trivial]}; ours at the trivial's half load $same/s: p99 $G_SAME_P99 us)" \
     "$(fmt "${G_RATE[memory]}")" "trivial gRPC C++ server, same proto and driver (grpc_h2_load, 64 in flight)" "$(fmt "${G_RATE[trivial]}")" "$r8" \
     "≥ 0.8x, p99 < 1 ms at half load" "$res"
   row 8b "Envoy ShouldRateLimit (Redis store) calls/s; at half load p50/p99/p99.9 ${G_P50[redis]}/${G_P99[redis]}/${G_P999[redis]} us" \
     "$(fmt "${G_RATE[redis]}")" "the same, memory store" "$(fmt "${G_RATE[memory]}")" "$(ratio "${G_RATE[redis]}" "${G_RATE[memory]}")" \
     "(no target)" "n/a"
-  row 8c "Envoy ShouldRateLimit (memory store) calls/s against its own server answering without deciding; at half load p50/p99/p99.9 of that server ${G_P50[h2trivial]}/${G_P99[h2trivial]}/${G_P999[h2trivial]} us" \
+  row 8c "Envoy ShouldRateLimit (memory store) calls/s against its own server answering without deciding; at half load p50/p99/p99.9 of that server ${G_TAIL[h2trivial]}" \
     "$(fmt "${G_RATE[memory]}")" "h2_trivial_server (src/grpc/h2_server.h, OK without deciding)" "$(fmt "${G_RATE[h2trivial]}")" "$(ratio "${G_RATE[memory]}" "${G_RATE[h2trivial]}")" \
     "(info: the cost of deciding)" "n/a"
   for t in trivial h2trivial memory redis; do kill "${G_PID[$t]}" 2>/dev/null || true; wait "${G_PID[$t]}" 2>/dev/null || true; done
