@@ -228,6 +228,33 @@ void BM_MemoryStoreTwoLimits(benchmark::State& state) {
 }
 BENCHMARK(BM_MemoryStoreTwoLimits);
 
+// A sweep of a store holding Arg 0 keys: what the daemon's sweep (every 5 s,
+// on an I/O thread) holds that thread for. Arg 1: 0 none reclaimable (every
+// key used within its window), 1 all of them (a token bucket refilled since,
+// as after a burst of one-off clients). Each iteration refills a fresh store
+// first (not timed).
+void BM_Sweep(benchmark::State& state) {
+  const Limit bucket = *Limit::TokenBucket("s", 10, 5);  // fresh again 0.2 s after a decision
+  const std::vector<std::string> keys = Keys(static_cast<int>(state.range(0)));
+  ManualClock clock;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto store = std::make_unique<MemoryStore>(MemoryStore::Options{.clock = &clock});
+    for (const std::string& k : keys) benchmark::DoNotOptimize(store->DecideOne(k, bucket, 1));
+    if (state.range(1) == 1) clock.Advance(std::chrono::seconds(1));
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(store->Sweep());
+    state.PauseTiming();
+    store.reset();
+    state.ResumeTiming();
+  }
+}
+BENCHMARK(BM_Sweep)
+    ->ArgsProduct({{100'000, 1'000'000}, {0, 1}})
+    ->Iterations(8)  // each refills a store of up to 1,000,000 keys (untimed)
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
 }  // namespace
 }  // namespace ratelimit
 
