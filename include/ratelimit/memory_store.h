@@ -66,8 +66,9 @@ class MemoryStore final : public Store {
   // The fast path for one limit: no allocation.
   StatusOr<Decision> DecideOne(std::string_view key, const Limit& limit, int64_t cost);
 
-  // Drops every expired key; returns how many. The daemon calls it periodically.
-  size_t Sweep() override;
+  // Drops expired keys; returns how many (Store::Sweep: the whole store).
+  // Part `part` of `parts` is the shards whose index is `part` modulo `parts`.
+  size_t SweepPart(size_t part, size_t parts) override;
   // Live keys (including expired ones not yet swept).
   size_t size() const;
   // Bytes held by the tables and logs (not counting this object).

@@ -15,7 +15,7 @@
 //
 // Beyond deciding, a store answers a few questions the daemon asks of any
 // store (is it remote, its breaker, its pending calls and counters) and does
-// its housekeeping (Sweep, Shutdown); the defaults fit a store in this
+// its housekeeping (SweepPart, Shutdown); the defaults fit a store in this
 // process. A decorator forwards them, so nobody needs the concrete class.
 //
 // Thread-safety: every method may be called from any thread concurrently.
@@ -184,8 +184,18 @@ class Store {
   // Checks queued or in flight now.
   virtual size_t pending() const { return 0; }
   virtual StoreStats stats() const { return {}; }
-  // Drops expired state; returns how many entries. The daemon calls it periodically.
-  virtual size_t Sweep() { return 0; }
+  // Drops expired state; returns how many entries. Sweep() is the whole
+  // store; SweepPart(part, parts) one of `parts` disjoint parts (part <
+  // parts), which together are the whole store: the daemon sweeps its store
+  // a part at a time, spread over its sweep interval, so that no step holds
+  // its I/O thread for long (a MemoryStore of 1,000,000 keys takes 7-19 ms
+  // to sweep whole: BM_Sweep). The default sweeps nothing.
+  size_t Sweep() { return SweepPart(0, 1); }
+  virtual size_t SweepPart(size_t part, size_t parts) {
+    (void)part;
+    (void)parts;
+    return 0;
+  }
   // Closes the store's connections before its caller's io_context stops:
   // the calls in flight fail; `done` runs once none is left (at once here).
   virtual void Shutdown(std::function<void()> done) { done(); }

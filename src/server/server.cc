@@ -88,6 +88,8 @@ struct Server::Impl {
   std::shared_ptr<Listener> admin_listener;  // null when server.admin_listen is ""
   net::signal_set signals;
   net::steady_timer sweep_timer;
+  static constexpr int kSweepParts = 64;  // MemoryStore's default shard count: one a step
+  int sweep_part = 0;
   net::steady_timer drain_timer;
   std::chrono::steady_clock::time_point drain_deadline;
   bool draining = false;
@@ -277,14 +279,23 @@ void Server::Impl::PollDrain() {
   });
 }
 
+// The store a part at a time: a MemoryStore of 1,000,000 keys holds the I/O
+// thread for 7-19 ms when swept whole (BM_Sweep); a 64th of it for a 64th of
+// that. The rest (concurrency leases, suppressed log lines) once per
+// interval.
 void Server::Impl::ScheduleSweep() {
-  sweep_timer.expires_after(options.sweep_interval);
+  sweep_timer.expires_after(
+      std::max(options.sweep_interval / kSweepParts, std::chrono::milliseconds(1)));
   sweep_timer.async_wait([this](beast::error_code ec) {
     if (ec) return;
-    enforcer->store().Sweep();  // the store's and its local fallback's
-    if (limiter) limiter->Sweep();
-    if (concurrency_store) concurrency_store->Sweep();
-    FlushSuppressed();  // sampled-out log lines: their count, without waiting for a next line
+    // The store's and its local fallback's.
+    enforcer->store().SweepPart(static_cast<size_t>(sweep_part), kSweepParts);
+    if (++sweep_part == kSweepParts) {
+      sweep_part = 0;
+      if (limiter) limiter->Sweep();
+      if (concurrency_store) concurrency_store->Sweep();
+      FlushSuppressed();  // sampled-out log lines: their count, without waiting for a next line
+    }
     ScheduleSweep();
   });
 }

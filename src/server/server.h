@@ -42,6 +42,8 @@ struct ServerOptions {
   // Re-applied to every (re)loaded config: the command-line flags win over the file.
   std::function<void(policy::Config&)> apply_overrides;
   std::chrono::milliseconds drain_timeout{10'000};
+  // Every state the store drops once expired is dropped within this; the
+  // store is swept in 64 steps spread over it (Store::SweepPart).
   std::chrono::milliseconds sweep_interval{5'000};
 };
 

@@ -270,7 +270,7 @@ struct Array {
 
 // A shard's tables replaced by rebuilds, freed in batches: one Synchronize()
 // (a membarrier system call) per 64 KiB retired, not per rebuild (a churning
-// shard of 8 slots rebuilds every few inserts), and at every Sweep(). One per
+// shard of 8 slots rebuilds every few inserts), and at every sweep. One per
 // shard: two threads rebuilding different shards do not meet here.
 class Garbage {
  public:
@@ -470,7 +470,7 @@ struct MemoryStore::Impl {
 
   // Admits `new_keys` more keys, or fails when the store is full even after
   // dropping the expired entries of `shard` (locked by the caller). Other
-  // shards are swept by Sweep(), which the daemon calls periodically.
+  // shards are swept by SweepPart, which the daemon calls periodically.
   //
   // A full store looks for expired entries in a shard at most once per
   // kAdmitRetryUs: a flood of new keys at the bound would otherwise rebuild
@@ -881,18 +881,25 @@ void MemoryStore::Unblock(std::string_view key, std::span<const Limit* const> li
   done(Status::Ok());
 }
 
-size_t MemoryStore::Sweep() {
+size_t MemoryStore::SweepPart(size_t part, size_t parts) {
   Impl& m = *impl_;
   const int64_t now = m.clock->NowMicros();
   size_t dropped = 0;
-  for (size_t i = 0; i <= m.shard_mask; ++i) {
+  for (size_t i = part; i <= m.shard_mask; i += std::max<size_t>(parts, 1)) {
     Shard& shard = m.shards[i];
     LockGuard lock(shard.mu);
     size_t cap = shard.table.capacity();
     const size_t reclaimable = shard.table.CountReclaimable(now);
     const size_t live = shard.table.size() - reclaimable;
-    // Shrink tables that are mostly empty after a flood went away.
-    while (cap > 8 && live * 4 < cap) cap /= 2;
+    // Shrink tables that are mostly empty after a flood went away: under a
+    // sixteenth live, to a quarter or more. Not at a quarter already: a
+    // shard whose clients come and go holds, besides its live keys, those
+    // gone since its last rebuild, and a table cut to four times its live
+    // keys grew back by rebuilds on the request path (docs/performance.md,
+    // the memory store's sweep).
+    if (live * 16 < cap) {
+      while (cap > 8 && live * 4 < cap) cap /= 2;
+    }
     // (A rebuild freezes every slot and waits for the lock-free readers:
     // only when it reclaims something.)
     size_t n = reclaimable > 0 || cap != shard.table.capacity() ? shard.table.Rebuild(cap, now) : 0;

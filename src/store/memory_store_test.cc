@@ -83,6 +83,60 @@ TEST_F(MemoryStoreTest, IdleKeysExpireAndAreSwept) {
   EXPECT_EQ(Check("a", burst_).remaining, 4);  // a full bucket again
 }
 
+// The daemon sweeps a part at a time (Store::SweepPart): the parts are
+// disjoint and together the whole store, whatever their count against the
+// shards' (64 here).
+TEST_F(MemoryStoreTest, SweepPartsTogetherSweepTheWholeStoreOnce) {
+  for (size_t parts : {size_t{1}, size_t{5}, size_t{64}, size_t{100}}) {
+    for (int i = 0; i < 1000; ++i) Check("p" + std::to_string(i), burst_);
+    ASSERT_EQ(store_.size(), 1000u);
+    for (size_t part = 0; part < parts; ++part) EXPECT_EQ(store_.SweepPart(part, parts), 0u);
+    clock_.Advance(seconds(3));  // every bucket full again
+    size_t dropped = 0;
+    for (size_t part = 0; part < parts; ++part) {
+      const size_t n = store_.SweepPart(part, parts);
+      // A part is a part: with 1,000 keys over 64 shards, none holds them all.
+      if (parts > 1) {
+        EXPECT_LT(n, 1000u) << parts;
+      }
+      dropped += n;
+      EXPECT_EQ(store_.size(), 1000u - dropped);
+    }
+    EXPECT_EQ(dropped, 1000u) << parts;
+    EXPECT_EQ(store_.Sweep(), 0u);
+  }
+}
+
+// A sweep shrinks a table only when under a sixteenth of it is live (after a
+// flood went away), not at the 2-4 times its live keys that a shard whose
+// keys come and go settles at: cut below that, it grew back by rebuilds on
+// the request path (docs/performance.md, the sweep).
+TEST(MemoryStoreShrink, ASweepShrinksATableOnlyWhenUnderASixteenthIsLive) {
+  const Limit daily = *Limit::FixedWindow("daily", 7, std::chrono::hours(24));
+  const Limit burst = *Limit::TokenBucket("burst", 5, 1);  // fresh again 1 s after a decision
+  for (const int live : {100, 300}) {
+    ManualClock clock;
+    MemoryStore store({.shards = 1, .clock = &clock});
+    const size_t empty = store.MemoryUsage();  // a table of 8 slots
+    auto slots = [&] { return (store.MemoryUsage() - empty) / 32 + 8; };
+    for (int i = 0; i < live; ++i)
+      ASSERT_TRUE(store.DecideOne("d" + std::to_string(i), daily, 1).ok());
+    for (int i = 0; slots() < 2000; ++i)
+      ASSERT_TRUE(store.DecideOne("b" + std::to_string(i), burst, 1).ok());
+    const size_t cap = slots();  // 2,296 (grown by half from 8)
+    clock.Advance(seconds(2));   // the burst keys are fresh: only `live` keys are left
+    store.Sweep();
+    EXPECT_EQ(store.size(), static_cast<size_t>(live));
+    if (live * 16 < static_cast<int>(cap)) {
+      EXPECT_LE(slots() * 4, cap) << live;  // shrunk, to at least a quarter live
+      EXPECT_GE(slots(), static_cast<size_t>(live)) << live;
+    } else {
+      EXPECT_EQ(slots(), cap) << live;  // 300 of 2,296 live: kept
+    }
+    EXPECT_EQ(store.DecideOne("d0", daily, 1)->remaining, 5);  // the live state kept
+  }
+}
+
 TEST_F(MemoryStoreTest, PeekNeverCreatesState) {
   LimitCheck c[] = {{&burst_, 1}};
   StatusOr<CheckResult> r = store_.PeekSync({"nobody", c});

@@ -161,7 +161,9 @@ void ResilientStore::Unblock(std::string_view key, std::span<const Limit* const>
   inner_->Unblock(key, limits, std::move(done));
 }
 
-size_t ResilientStore::Sweep() { return inner_->Sweep() + local_.Sweep(); }
+size_t ResilientStore::SweepPart(size_t part, size_t parts) {
+  return inner_->SweepPart(part, parts) + local_.SweepPart(part, parts);
+}
 
 // ---- Concurrency limits ----------------------------------------------------
 

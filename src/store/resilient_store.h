@@ -86,7 +86,7 @@ class ResilientStore final : public Store {
   CircuitBreaker::State breaker_state() const override { return inner_->breaker_state(); }
   size_t pending() const override { return inner_->pending(); }
   StoreStats stats() const override { return inner_->stats(); }
-  size_t Sweep() override;  // the inner store's and the local fallback's
+  size_t SweepPart(size_t part, size_t parts) override;  // the inner store's and the fallback's
   void Shutdown(std::function<void()> done) override { inner_->Shutdown(std::move(done)); }
   bool decides_failures() const override { return true; }
 
