@@ -108,9 +108,10 @@ TEST_F(MemoryStoreTest, SweepPartsTogetherSweepTheWholeStoreOnce) {
 }
 
 // A sweep shrinks a table only when under a sixteenth of it is live (after a
-// flood went away), not at the 2-4 times its live keys that a shard whose
-// keys come and go settles at: cut below that, it grew back by rebuilds on
-// the request path (docs/performance.md, the sweep).
+// flood went away), not under a quarter: a shard whose clients come and go
+// holds, besides its live keys, those gone since its last rebuild, and cut to
+// four times its live keys it grew back by rebuilds on the request path
+// (docs/performance.md, the memory store's sweep).
 TEST(MemoryStoreShrink, ASweepShrinksATableOnlyWhenUnderASixteenthIsLive) {
   const Limit daily = *Limit::FixedWindow("daily", 7, std::chrono::hours(24));
   const Limit burst = *Limit::TokenBucket("burst", 5, 1);  // fresh again 1 s after a decision
