@@ -191,11 +191,7 @@ class Store {
   // its I/O thread for long (a MemoryStore of 1,000,000 keys takes 7-19 ms
   // to sweep whole: BM_Sweep). The default sweeps nothing.
   size_t Sweep() { return SweepPart(0, 1); }
-  virtual size_t SweepPart(size_t part, size_t parts) {
-    (void)part;
-    (void)parts;
-    return 0;
-  }
+  virtual size_t SweepPart(size_t /*part*/, size_t /*parts*/) { return 0; }
   // Closes the store's connections before its caller's io_context stops:
   // the calls in flight fail; `done` runs once none is left (at once here).
   virtual void Shutdown(std::function<void()> done) { done(); }
