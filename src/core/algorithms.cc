@@ -8,36 +8,12 @@ namespace {
 
 using std::chrono::microseconds;
 
-// Token bucket as GCRA. T is the interval per token, tau = capacity * T the
-// burst tolerance. The state is the theoretical arrival time (TAT): the time
-// at which the bucket would be full again. A request of cost n is allowed iff
-// max(TAT, now) + n*T - tau <= now.
-Evaluation TokenBucket(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
-  const int64_t interval = l.interval_micros();
-  const int64_t tau = l.window_micros();
-  const int64_t tat = std::max(s.t, now);
-  const int64_t new_tat = tat + cost * interval;
-  const int64_t allow_at = new_tat - tau;
-  Evaluation e{.decision = {.limit = l.limit()}, .next = s};
-  if (allow_at <= now) {
-    e.decision.allowed = true;
-    e.decision.remaining = std::max<int64_t>(0, tau - (new_tat - now)) / interval;
-    e.decision.reset_after = microseconds(new_tat - now);
-    e.next.t = new_tat;
-  } else {
-    e.decision.remaining = std::max<int64_t>(0, tau - (tat - now)) / interval;
-    e.decision.retry_after = microseconds(allow_at - now);
-    e.decision.reset_after = microseconds(tat - now);
-  }
-  return e;
-}
-
 // Leaky bucket: GCRA with tau = depth * T, so the admission is that of a
 // token bucket of capacity `depth`. An allowed request does not pass at once
 // but takes the next free slots of the queue, starting at max(TAT, now): its
 // delay is that start minus now. A burst of n at time 0 gets delays 0, T, ...,
 // (depth - 1) * T; the request that would start at depth * T is denied.
-Evaluation LeakyBucket(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+Evaluation LeakyBucket(const Limit& l, CompactState s, int64_t now, int64_t cost) {
   Evaluation e = TokenBucket(l, s, now, cost);
   if (e.decision.allowed)
     e.decision.delay = LeakyDelay(l.interval_micros(), e.decision.reset_after, cost);
@@ -47,8 +23,8 @@ Evaluation LeakyBucket(const Limit& l, const CompactState& s, int64_t now, int64
 // A fixed window's admission, whatever its windows: `idx` names the window
 // holding `now`, which ends at `end`; `n0` is what the state keeps beside the
 // count (0, or a calendar window's length).
-Evaluation WindowCount(const Limit& l, const CompactState& s, int64_t now, int64_t cost,
-                       int64_t idx, int64_t end, int32_t n0) {
+Evaluation WindowCount(const Limit& l, CompactState s, int64_t now, int64_t cost, int64_t idx,
+                       int64_t end, int32_t n0) {
   const int64_t count = s.t == idx ? s.n1 : 0;
   Evaluation e{.decision = {.limit = l.limit()}, .next = s};
   if (count + cost <= l.limit()) {
@@ -66,7 +42,7 @@ Evaluation WindowCount(const Limit& l, const CompactState& s, int64_t now, int64
 }
 
 // Fixed window: windows [k*W, (k+1)*W) aligned to the epoch.
-Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+Evaluation FixedWindow(const Limit& l, CompactState s, int64_t now, int64_t cost) {
   const int64_t w = l.window_micros();
   const int64_t idx = now / w;
   return WindowCount(l, s, now, cost, idx, (idx + 1) * w, 0);
@@ -74,7 +50,7 @@ Evaluation FixedWindow(const Limit& l, const CompactState& s, int64_t now, int64
 
 // A calendar quota: the window [start, end) of the calendar holding `now`,
 // kept as t = start (us) and n0 = its length in seconds (for ExpiresAt).
-Evaluation CalendarWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+Evaluation CalendarWindow(const Limit& l, CompactState s, int64_t now, int64_t cost) {
   const Calendar::Span w = l.calendar()->At(now);
   return WindowCount(l, s, now, cost, w.start, w.end,
                      static_cast<int32_t>((w.end - w.start) / 1'000'000));
@@ -84,7 +60,7 @@ Evaluation CalendarWindow(const Limit& l, const CompactState& s, int64_t now, in
 // current window, estimate = prev * (W - e) / W + cur. All comparisons are
 // done on estimate * W, which is an exact integer (limit * W < 2^53 is
 // enforced when the limit is built), so Lua's doubles agree with int64 here.
-Evaluation SlidingWindow(const Limit& l, const CompactState& s, int64_t now, int64_t cost) {
+Evaluation SlidingWindow(const Limit& l, CompactState s, int64_t now, int64_t cost) {
   const int64_t w = l.window_micros();
   const int64_t wm = w / 1000;
   const int64_t idx = now / w;
@@ -134,7 +110,7 @@ Evaluation SlidingWindow(const Limit& l, const CompactState& s, int64_t now, int
 
 }  // namespace
 
-Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, int64_t cost) {
+Evaluation EvaluateOther(const Limit& limit, CompactState state, int64_t now, int64_t cost) {
   assert(cost >= 0 && cost <= limit.limit());
   switch (limit.algorithm()) {
     case Algorithm::kTokenBucket: return TokenBucket(limit, state, now, cost);
@@ -149,7 +125,7 @@ Evaluation Evaluate(const Limit& limit, const CompactState& state, int64_t now, 
   return {};
 }
 
-Decision Standing(const Limit& limit, const CompactState& state, int64_t now) {
+Decision Standing(const Limit& limit, CompactState state, int64_t now) {
   Decision d = Evaluate(limit, state, now, 0).decision;
   d.delay = microseconds(0);
   return d;
@@ -160,7 +136,7 @@ std::chrono::microseconds LeakyDelay(int64_t interval_us, std::chrono::microseco
   return std::max(microseconds(0), reset_after - microseconds(cost * interval_us));
 }
 
-int64_t ExpiresAt(const Limit& limit, const CompactState& state) {
+int64_t ExpiresAt(const Limit& limit, CompactState state) {
   switch (limit.algorithm()) {
     case Algorithm::kTokenBucket:
     case Algorithm::kLeakyBucket: return state.t;
@@ -173,8 +149,7 @@ int64_t ExpiresAt(const Limit& limit, const CompactState& state) {
   return 0;
 }
 
-CompactState SettleState(const Limit& limit, const CompactState& state, int64_t now,
-                         int64_t delta) {
+CompactState SettleState(const Limit& limit, CompactState state, int64_t now, int64_t delta) {
   using Wide = __int128;
   if (limit.is_gcra()) {
     const Wide base = std::max(state.t, now);
@@ -197,7 +172,7 @@ CompactState SettleState(const Limit& limit, const CompactState& state, int64_t 
   return {.t = idx, .n0 = static_cast<int32_t>(prev), .n1 = static_cast<int32_t>(after)};
 }
 
-Decision Probe(const Limit& limit, const CompactState& state, int64_t now) {
+Decision Probe(const Limit& limit, CompactState state, int64_t now) {
   Decision d = Standing(limit, state, now);
   const Decision one = Evaluate(limit, state, now, 1).decision;
   d.allowed = one.allowed;

@@ -199,7 +199,7 @@ void Unfreeze(Slot& s, Words next) {
   (void)ok;
 }
 
-Words Pack(const Limit& limit, const CompactState& st) {
+Words Pack(const Limit& limit, CompactState st) {
   return {static_cast<uint64_t>(core::ExpiresAt(limit, st)),
           static_cast<uint32_t>(st.n0) | (uint64_t{static_cast<uint32_t>(st.n1)} << 32)};
 }
