@@ -21,6 +21,23 @@ bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
   return true;
 }
 
+// True when `path` (starting with '/', its query cut off) is its own
+// canonical form, as most are: every segment non-empty and not starting with
+// '.', no percent-escape, no upper case, no control character or space. Then
+// the decoding and the walk over segments below would return it unchanged.
+bool AlreadyCanonical(std::string_view path) {
+  if (path == "/") return true;
+  for (size_t i = 0; i < path.size(); ++i) {
+    const auto c = static_cast<unsigned char>(path[i]);
+    if (c == '/') {
+      if (i + 1 == path.size() || path[i + 1] == '/' || path[i + 1] == '.') return false;
+    } else if (c == '%' || c <= ' ' || c == 0x7f || (c >= 'A' && c <= 'Z')) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 StatusOr<std::string> CanonicalPath(std::string_view target) {
@@ -43,6 +60,7 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
   if (target.empty() || target[0] != '/') {
     return InvalidArgument("request target must start with '/'");
   }
+  if (AlreadyCanonical(target)) return std::string(target);  // the request path's usual case
 
   // Decode, rejecting what would change the path's structure or smuggle bytes.
   std::string decoded;

@@ -1,6 +1,9 @@
 // CanonicalPath: equivalent spellings meet in one form; tricks are rejected.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <string>
+
 #include "policy/policy.h"
 
 namespace ratelimit::policy {
@@ -46,6 +49,28 @@ TEST(CanonicalPath, Table) {
     ASSERT_TRUE(got.ok()) << c.in << ": " << got.status().message();
     EXPECT_EQ(*got, c.want) << c.in;
   }
+}
+
+// CanonicalPath returns a path that is canonical already as it is, without
+// decoding it. "/a" + t and "/%61" + t decode to the same bytes, and the
+// escape keeps the second off that shortcut: whatever t, both must give the
+// same answer. Random t over the characters that matter to the rules.
+TEST(CanonicalPath, TheShortcutForCanonicalPathsAgreesWithTheFullWalk) {
+  constexpr std::string_view kAlphabet = "//..aZ9-~%2Ef e\x7f\xc3";
+  std::mt19937 rng(20261205);
+  size_t shortcut = 0;
+  for (int i = 0; i < 200'000; ++i) {
+    std::string t;
+    const size_t n = rng() % 12;
+    for (size_t j = 0; j < n; ++j) t += kAlphabet[rng() % kAlphabet.size()];
+    const std::string plain = "/a" + t, escaped = "/%61" + t;
+    const StatusOr<std::string> a = CanonicalPath(plain), b = CanonicalPath(escaped);
+    ASSERT_EQ(a.ok(), b.ok()) << plain;
+    if (!a.ok()) continue;
+    ASSERT_EQ(*a, *b) << plain;
+    if (*a == plain) ++shortcut;
+  }
+  EXPECT_GT(shortcut, 1000u);  // the comparison did cover canonical inputs
 }
 
 TEST(CanonicalPath, RejectsMalformed) {

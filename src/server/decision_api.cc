@@ -6,6 +6,7 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <unordered_set>
 #include <utility>
@@ -22,6 +23,7 @@ namespace ratelimit::server {
 namespace {
 
 using nlohmann::json;
+using namespace std::string_view_literals;
 
 bool ValidUtf8(std::string_view s) {
   size_t i = 0;
@@ -206,19 +208,19 @@ void AppendInt(std::string& out, int64_t v) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   (void)ec;
-  out.append(buf, end);
+  out.append(buf, static_cast<size_t>(end - buf));  // not append(first, last): a general replace
 }
 
 void AppendDecisionFields(std::string& out, const Decision& d) {
-  out += d.allowed ? "\"allowed\":true,\"limit\":" : "\"allowed\":false,\"limit\":";
+  out += d.allowed ? "\"allowed\":true,\"limit\":"sv : "\"allowed\":false,\"limit\":"sv;
   AppendInt(out, d.limit);
-  out += ",\"remaining\":";
+  out += ",\"remaining\":"sv;
   AppendInt(out, d.remaining < 0 ? 0 : d.remaining);
-  out += ",\"retry_after_ms\":";
+  out += ",\"retry_after_ms\":"sv;
   AppendInt(out, d.allowed ? 0 : CeilMillis(d.retry_after));
-  out += ",\"reset_after_ms\":";
+  out += ",\"reset_after_ms\":"sv;
   AppendInt(out, CeilMillis(d.reset_after));
-  out += ",\"delay_ms\":";
+  out += ",\"delay_ms\":"sv;
   AppendInt(out, d.allowed ? CeilMillis(d.delay) : 0);
 }
 
@@ -587,16 +589,16 @@ void AppendBody(const Decision& overall, bool degraded, size_t n, NameOf name_of
                 DecisionOf decision_of, std::string& out) {
   out.push_back('{');
   AppendDecisionFields(out, overall);
-  out += degraded ? ",\"degraded\":true,\"limits\":[" : ",\"degraded\":false,\"limits\":[";
+  out += degraded ? ",\"degraded\":true,\"limits\":["sv : ",\"degraded\":false,\"limits\":["sv;
   for (size_t i = 0; i < n; ++i) {
     if (i > 0) out.push_back(',');
-    out += "{\"name\":\"";
+    out += "{\"name\":\""sv;
     out += name_of(i);  // validated: [A-Za-z0-9_.-]
-    out += "\",";
+    out += "\","sv;
     AppendDecisionFields(out, decision_of(i));
     out.push_back('}');
   }
-  out += "]}";
+  out += "]}"sv;
 }
 
 }  // namespace

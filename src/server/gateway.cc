@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <boost/container/small_vector.hpp>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <span>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/ascii.h"
@@ -121,8 +124,8 @@ class UpstreamParser final : public http::basic_parser<false> {
     left_ -= bytes;
     if (in_head_) head_ids_.push_back(id);
     (in_head_ ? head_ : trailer_)
-        .emplace_back(std::string(name.data(), name.size()),
-                      std::string(value.data(), value.size()));
+        .emplace_back(std::piecewise_construct, std::forward_as_tuple(name.data(), name.size()),
+                      std::forward_as_tuple(value.data(), value.size()));
   }
   void on_header_impl(beast::error_code&) override { in_head_ = false; }
   void on_body_init_impl(const boost::optional<std::uint64_t>&, beast::error_code&) override {}
@@ -450,36 +453,40 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
   const HopByHop dropped(request.base());
 
   const std::string_view body = request.body();
-  std::string wire;
-  wire.reserve(320 + request.target().size() + body.size());
-  wire.append(request.method_string());
-  wire.push_back(' ');
-  wire.append(request.target());
-  wire.append(" HTTP/1.1\r\n"sv);
-  for (const auto& f : request.base()) {
-    const std::string_view name = f.name_string();
-    if (f.name() == http::field::content_length || dropped(f.name(), name)) continue;  // recomputed
-    if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;                           // below
-    AppendField(wire, name, f.value());
-  }
-  // X-Forwarded-For: the client's entries (every such field, in order), then the peer.
-  wire.append("X-Forwarded-For: "sv);
-  const size_t xff = wire.size();
-  for (const auto& f : request.base()) {
-    if (!EqualsIgnoreCase(f.name_string(), "X-Forwarded-For")) continue;
-    if (wire.size() > xff) wire.append(", "sv);
-    wire.append(f.value());
-  }
-  if (wire.size() > xff) wire.append(", "sv);
-  wire.append(peer_ip);
-  wire.append("\r\n"sv);
   const http::verb method = request.method();
+  char length[24];
+  std::string_view content_length;  // none: no Content-Length field
   if (!body.empty() || method == http::verb::options || method == http::verb::put ||
       method == http::verb::post) {
-    AppendField(wire, "Content-Length", std::to_string(body.size()));
+    const auto [end, ec] = std::to_chars(length, length + sizeof length, body.size());
+    (void)ec;
+    content_length = std::string_view(length, static_cast<size_t>(end - length));
   }
-  wire.append("\r\n"sv);
-  wire.append(body);
+  std::string wire;
+  RenderInto(wire, [&](const auto& put) {
+    put(request.method_string());
+    put(" "sv);
+    put(request.target());
+    put(" HTTP/1.1\r\n"sv);
+    for (const auto& f : request.base()) {
+      const std::string_view name = f.name_string();
+      if (f.name() == http::field::content_length || dropped(f.name(), name)) continue;  // below
+      if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;                           // below
+      PutField(put, name, f.value());
+    }
+    // X-Forwarded-For: the client's entries (every such field, in order), then the peer.
+    put("X-Forwarded-For: "sv);
+    for (const auto& f : request.base()) {
+      if (!EqualsIgnoreCase(f.name_string(), "X-Forwarded-For")) continue;
+      put(f.value());
+      put(", "sv);
+    }
+    put(peer_ip);
+    put("\r\n"sv);
+    if (!content_length.empty()) PutField(put, "Content-Length"sv, content_length);
+    put("\r\n"sv);
+    put(body);
+  });
 
   auto op = std::make_shared<Op>(*this, std::move(wire), std::move(done));
   op->head = method == http::verb::head;

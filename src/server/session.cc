@@ -319,28 +319,32 @@ void Session::Write(Reply&& reply) {
   }
   // The whole answer in one buffer, written with one call (Beast's serializer
   // would write the head's pieces and the body as a chain of buffers).
-  out_.clear();
-  out_.append(version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ");
-  out_.append(std::to_string(reply.status));
-  out_.push_back(' ');
-  out_.append(ReasonPhrase(reply.status));
-  out_.append("\r\n"sv);
-  for (const auto& [name, value] : reply.headers) AppendField(out_, name, value);  // repeats kept
-  if (!reply.content_type.empty()) AppendField(out_, "Content-Type", reply.content_type);
-  // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
-  if (close && version == 11) AppendField(out_, "Connection", "close");
-  if (!close && version == 10) AppendField(out_, "Connection", "keep-alive");
   const bool no_body = reply.status < 200 || reply.status == 204 || reply.status == 304;
-  if (reply.keep_content_length) {
-    // HEAD through the gateway: the upstream's Content-Length stays, no body.
-  } else if (!no_body) {
-    char digits[24];
-    const auto end = std::to_chars(std::begin(digits), std::end(digits), reply.body.size()).ptr;
-    AppendField(out_, "Content-Length",
-                std::string_view(digits, static_cast<size_t>(end - digits)));
+  char status[24], length[24];
+  const std::string_view status_code(
+      status, static_cast<size_t>(std::to_chars(status, status + sizeof status, reply.status).ptr -
+                                  status));
+  std::string_view content_length;  // none: no Content-Length field
+  if (!reply.keep_content_length && !no_body) {
+    // (HEAD through the gateway keeps the upstream's Content-Length, no body.)
+    const auto end = std::to_chars(length, length + sizeof length, reply.body.size()).ptr;
+    content_length = std::string_view(length, static_cast<size_t>(end - length));
   }
-  out_.append("\r\n"sv);
-  if (!head && !no_body) out_.append(reply.body);
+  RenderInto(out_, [&](const auto& put) {
+    put(version == 10 ? "HTTP/1.0 "sv : "HTTP/1.1 "sv);
+    put(status_code);
+    put(" "sv);
+    put(ReasonPhrase(reply.status));
+    put("\r\n"sv);
+    for (const auto& [name, value] : reply.headers) PutField(put, name, value);  // repeats kept
+    if (!reply.content_type.empty()) PutField(put, "Content-Type"sv, reply.content_type);
+    // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
+    if (close && version == 11) PutField(put, "Connection"sv, "close"sv);
+    if (!close && version == 10) PutField(put, "Connection"sv, "keep-alive"sv);
+    if (!content_length.empty()) PutField(put, "Content-Length"sv, content_length);
+    put("\r\n"sv);
+    if (!head && !no_body) put(reply.body);
+  });
   SetDeadline(limits_.read_timeout);
   net::async_write(socket_, net::buffer(out_),
                    [self = shared_from_this(), close, started = core::SteadyClock::now()](
