@@ -71,10 +71,12 @@ using Answer = http::response<http::string_body>;
 // A blocking client socket; every read gives up after 5 s.
 class Client {
  public:
-  explicit Client(uint16_t port) {
+  // `rcvbuf` > 0: the socket's receive buffer (SO_RCVBUF), set before connecting.
+  explicit Client(uint16_t port, int rcvbuf) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     timeval tv{.tv_sec = 5, .tv_usec = 0};
     ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (rcvbuf > 0) ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);
@@ -165,11 +167,14 @@ class SessionTest : public ::testing::Test {
   }
 
   // A client connected to a new Session with `limits`.
-  std::unique_ptr<Client> Connect(SessionLimits limits = {}) {
+  // `buffers` > 0: both ends' socket buffers that small (the client's
+  // receive buffer, the session's send buffer).
+  std::unique_ptr<Client> Connect(SessionLimits limits = {}, int buffers = 0) {
     limits_ = limits;
-    auto client = std::make_unique<Client>(acceptor_.local_endpoint().port());
+    auto client = std::make_unique<Client>(acceptor_.local_endpoint().port(), buffers);
     EXPECT_TRUE(client->connected());
     tcp::socket socket = acceptor_.accept();  // the connection is in the backlog already
+    if (buffers > 0) socket.set_option(net::socket_base::send_buffer_size(buffers));
     auto session = std::make_shared<Session>(std::move(socket), handler_, limits_, registry_);
     session->Start(nullptr, /*paced=*/false);
     if (!io_.joinable()) io_ = std::thread([this] { ioc_.run(); });
@@ -235,6 +240,23 @@ TEST_F(SessionTest, PipelinedRequestsAreAnsweredInOrder) {
     EXPECT_EQ(a.body(), want);
   }
   EXPECT_EQ(handler_.seen().size(), 3u);
+}
+
+// An answer is written at once as far as the socket takes it, the rest
+// asynchronously (Session::Write): a 2 MB answer through 16 KB socket
+// buffers, to a client that starts reading late, cannot go in one call. It
+// arrives whole, and the connection serves the next request.
+TEST_F(SessionTest, AnAnswerTheSocketCannotTakeAtOnceArrivesWhole) {
+  auto c = Connect({.max_body_bytes = 4 * 1024 * 1024}, /*buffers=*/16 * 1024);
+  std::string body(2 * 1024 * 1024, 'x');
+  for (size_t i = 0; i < body.size(); i += 4096) body[i] = static_cast<char>('a' + i / 4096 % 26);
+  c->Send(Post("/big", body));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server's buffer fills
+  Answer a = c->Next();
+  EXPECT_EQ(a.result_int(), 200);
+  EXPECT_EQ(a.body(), "POST /big " + body);
+  c->Send(Get("/next"));
+  EXPECT_EQ(c->Next().body(), "GET /next ");
 }
 
 TEST_F(SessionTest, BodyArrivingAfterItsHeadIsReadWhole) {
