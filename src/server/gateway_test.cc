@@ -33,6 +33,7 @@ class FakeUpstream {
     kDropAfterAnswer,  // answers as keep-alive, then closes anyway (an idle timeout)
     kHang,             // reads the request, never answers
     kEcho,             // keep-alive; the body is the request as it arrived (ShowRequest)
+    kEchoLate,         // kEcho, reading each connection's first request 200 ms late
     kSlow,             // keep-alive; answers each request 100 ms after it arrived
     kStallBody,        // announces 100 bytes of body, sends 10, then nothing
     kTrickledHead,     // a head of `fields` 200-byte fields and one more, 1 ms apart
@@ -92,10 +93,13 @@ class FakeUpstream {
 
   void Serve(tcp::socket& s) {
     beast::flat_buffer buf;
+    if (mode_ == Mode::kEchoLate) std::this_thread::sleep_for(std::chrono::milliseconds(200));
     for (;;) {
-      Request req;
+      http::request_parser<http::string_body> parser;
+      parser.body_limit(64 * 1024 * 1024);  // the big request's test sends 16 MB
       beast::error_code ec;
-      http::read(s, buf, req, ec);
+      http::read(s, buf, parser, ec);
+      const Request req = parser.release();
       if (ec) {
         if (!stopping_ && ec == http::error::end_of_stream) closed_by_client_.fetch_add(1);
         return;
@@ -124,7 +128,9 @@ class FakeUpstream {
         net::write(s, net::buffer(std::string("-Last: 1\r\nContent-Length: 2\r\n\r\nok")), ec);
         continue;
       }
-      const std::string body = mode_ == Mode::kEcho ? ShowRequest(req) : std::string(req.target());
+      const std::string body = mode_ == Mode::kEcho || mode_ == Mode::kEchoLate
+                                   ? ShowRequest(req)
+                                   : std::string(req.target());
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
                         body;
@@ -287,6 +293,22 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsEndToEndFieldsInOrder) {
   del.body() = "x";
   EXPECT_EQ(Forward(del).body, "DELETE /d\nX-Forwarded-For: 192.0.2.1\nContent-Length: 1\n\nx");
   EXPECT_EQ(up.connections(), 1);
+}
+
+// The upstream request is written at once as far as the socket takes it,
+// the rest asynchronously (Gateway::Op::Send): 16 MB to an upstream that
+// starts reading late is more than the socket takes in one call. It arrives
+// whole and in order.
+TEST_F(GatewayTest, ARequestTheSocketCannotTakeAtOnceArrivesWhole) {
+  FakeUpstream up(FakeUpstream::Mode::kEchoLate);
+  Open(up, {});
+  Request post{http::verb::post, "/big", 11};
+  std::string body(16 * 1024 * 1024, 'x');
+  for (size_t i = 0; i < body.size(); i += 1000) body[i] = static_cast<char>('a' + i / 1000 % 26);
+  post.body() = body;
+  Got g = Forward(post);
+  EXPECT_EQ(g.status, 200u);
+  EXPECT_EQ(g.body, "POST /big\nX-Forwarded-For: 192.0.2.1\nContent-Length: 16777216\n\n" + body);
 }
 
 TEST_F(GatewayTest, AConnectionTheUpstreamClosesIsNotReused) {
