@@ -276,7 +276,6 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                          if (ec) return self->Fail(502, "upstream unreachable: " + ec.message());
                          beast::error_code ignored;
                          self->stream->socket().set_option(tcp::no_delay(true), ignored);
-                         self->stream->socket().non_blocking(true, ignored);  // for Send
                          self->Send();
                        });
   }
@@ -289,19 +288,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   void Send() {
     stream->ExpiresAfter(gw.options_.timeout);
-    // At once where the socket takes the whole request, as the session
-    // writes its answers (Session::Write): no completion to wait for before
-    // the read of the answer is armed. What it does not take now is written
-    // asynchronously.
-    beast::error_code ec;
-    size_t sent = stream->socket().write_some(net::buffer(wire), ec);  // non-blocking
-    if (ec == net::error::would_block || ec == net::error::try_again) {
-      ec = {};
-      sent = 0;
-    }
-    if (ec) return RetryOr(502, "upstream write failed: " + ec.message(), ec);
-    if (sent == wire.size()) return ReadHeader();
-    net::async_write(stream->socket(), net::buffer(wire) + sent,
+    net::async_write(stream->socket(), net::buffer(wire),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec)
                          return self->RetryOr(502, "upstream write failed: " + ec.message(), ec);

@@ -295,9 +295,8 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsEndToEndFieldsInOrder) {
   EXPECT_EQ(up.connections(), 1);
 }
 
-// The upstream request is written at once as far as the socket takes it,
-// the rest asynchronously (Gateway::Op::Send): 16 MB to an upstream that
-// starts reading late is more than the socket takes in one call. It arrives
+// An upstream request larger than one send: 16 MB to an upstream that
+// starts reading late (900 KB went in one send on loopback). It arrives
 // whole and in order.
 TEST_F(GatewayTest, ARequestTheSocketCannotTakeAtOnceArrivesWhole) {
   FakeUpstream up(FakeUpstream::Mode::kEchoLate);

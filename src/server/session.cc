@@ -75,13 +75,7 @@ void Session::Start(std::shared_ptr<void> slot, bool paced) {
   tokens_at_ = core::SteadyClock::now();
   registry_.Add(this, weak_from_this());
   // Start on the strand: the acceptor's thread must not touch the session.
-  net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
-    // Answers are written straight away where the socket takes them (Write):
-    // a write that would block returns at once instead.
-    beast::error_code ignored;
-    self->socket_.non_blocking(true, ignored);
-    self->WaitForRequest();
-  });
+  net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->WaitForRequest(); });
 }
 
 void Session::Shutdown() {
@@ -352,31 +346,9 @@ void Session::Write(Reply&& reply) {
     if (!head && !no_body) put(reply.body);
   });
   SetDeadline(limits_.read_timeout);
-  // Written at once where the socket takes it all, as it nearly always does
-  // (a few hundred bytes into an empty send buffer; the socket is
-  // non-blocking): then the next request is read at once, where an
-  // asynchronous write's completion came round the scheduler's queue first,
-  // behind every completion queued meanwhile (a p50 of 0.25 ms when a Redis
-  // reply answers many requests together). What the socket does not take
-  // now is written asynchronously.
-  const auto started = core::SteadyClock::now();
-  beast::error_code ec;
-  size_t sent = socket_.write_some(net::buffer(out_), ec);
-  if (ec == net::error::would_block || ec == net::error::try_again) {
-    ec = {};
-    sent = 0;
-  }
-  if (ec) return OnWrite(true, ec);
-  if (sent == out_.size()) {
-    Metrics::Global().StageTime(Metrics::Stage::kWrite).Observe(core::SteadyClock::now() - started);
-    if (close || buffer_.size() == 0) return OnWrite(close, {});
-    // A pipelined request waits in the buffer: it is answered from a handler
-    // of its own, not deeper in this one's stack.
-    return net::post(socket_.get_executor(),
-                     [self = shared_from_this(), close] { self->OnWrite(close, {}); });
-  }
-  net::async_write(socket_, net::buffer(out_) + sent,
-                   [self = shared_from_this(), close, started](beast::error_code ec, size_t) {
+  net::async_write(socket_, net::buffer(out_),
+                   [self = shared_from_this(), close, started = core::SteadyClock::now()](
+                       beast::error_code ec, size_t) {
                      Metrics::Global()
                          .StageTime(Metrics::Stage::kWrite)
                          .Observe(core::SteadyClock::now() - started);

@@ -242,10 +242,9 @@ TEST_F(SessionTest, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_EQ(handler_.seen().size(), 3u);
 }
 
-// An answer is written at once as far as the socket takes it, the rest
-// asynchronously (Session::Write): a 2 MB answer through 16 KB socket
-// buffers, to a client that starts reading late, cannot go in one call. It
-// arrives whole, and the connection serves the next request.
+// An answer larger than one send: 2 MB through 16 KB socket buffers, to a
+// client that starts reading late, takes many. It arrives whole, and the
+// connection serves the next request.
 TEST_F(SessionTest, AnAnswerTheSocketCannotTakeAtOnceArrivesWhole) {
   auto c = Connect({.max_body_bytes = 4 * 1024 * 1024}, /*buffers=*/16 * 1024);
   std::string body(2 * 1024 * 1024, 'x');
