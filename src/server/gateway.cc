@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <boost/container/small_vector.hpp>
-#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -454,14 +453,9 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
 
   const std::string_view body = request.body();
   const http::verb method = request.method();
-  char length[24];
-  std::string_view content_length;  // none: no Content-Length field
-  if (!body.empty() || method == http::verb::options || method == http::verb::put ||
-      method == http::verb::post) {
-    const auto [end, ec] = std::to_chars(length, length + sizeof length, body.size());
-    (void)ec;
-    content_length = std::string_view(length, static_cast<size_t>(end - length));
-  }
+  const bool has_length = !body.empty() || method == http::verb::options ||
+                          method == http::verb::put || method == http::verb::post;
+  const Decimal length(body.size());
   std::string wire;
   RenderInto(wire, [&](const auto& put) {
     put(request.method_string());
@@ -483,7 +477,7 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
     }
     put(peer_ip);
     put("\r\n"sv);
-    if (!content_length.empty()) PutField(put, "Content-Length"sv, content_length);
+    if (has_length) PutField(put, "Content-Length"sv, length.view());
     put("\r\n"sv);
     put(body);
   });

@@ -4,6 +4,8 @@
 // Thread-safety: declarations only.
 #pragma once
 
+#include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -39,6 +41,20 @@ void RenderInto(std::string& out, const Render& render) {
     at += piece.size();
   });
 }
+
+// A number's decimal digits, held in place, for a piece of RenderInto (a
+// status code, a Content-Length).
+class Decimal {
+ public:
+  explicit Decimal(uint64_t v)
+      : size_(static_cast<size_t>(std::to_chars(digits_, digits_ + sizeof digits_, v).ptr -
+                                  digits_)) {}
+  std::string_view view() const { return {digits_, size_}; }
+
+ private:
+  char digits_[20];  // UINT64_MAX has 20
+  size_t size_;
+};
 
 // One header field as it goes on the wire: "Name: value\r\n".
 template <typename Put>

@@ -3,7 +3,6 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <charconv>
 
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
@@ -320,19 +319,12 @@ void Session::Write(Reply&& reply) {
   // The whole answer in one buffer, written with one call (Beast's serializer
   // would write the head's pieces and the body as a chain of buffers).
   const bool no_body = reply.status < 200 || reply.status == 204 || reply.status == 304;
-  char status[24], length[24];
-  const std::string_view status_code(
-      status, static_cast<size_t>(std::to_chars(status, status + sizeof status, reply.status).ptr -
-                                  status));
-  std::string_view content_length;  // none: no Content-Length field
-  if (!reply.keep_content_length && !no_body) {
-    // (HEAD through the gateway keeps the upstream's Content-Length, no body.)
-    const auto end = std::to_chars(length, length + sizeof length, reply.body.size()).ptr;
-    content_length = std::string_view(length, static_cast<size_t>(end - length));
-  }
+  // (HEAD through the gateway keeps the upstream's Content-Length, no body.)
+  const bool has_length = !reply.keep_content_length && !no_body;
+  const Decimal status(reply.status), length(reply.body.size());
   RenderInto(out_, [&](const auto& put) {
     put(version == 10 ? "HTTP/1.0 "sv : "HTTP/1.1 "sv);
-    put(status_code);
+    put(status.view());
     put(" "sv);
     put(ReasonPhrase(reply.status));
     put("\r\n"sv);
@@ -341,7 +333,7 @@ void Session::Write(Reply&& reply) {
     // HTTP/1.1 keeps the connection unless told; HTTP/1.0 closes it unless told.
     if (close && version == 11) PutField(put, "Connection"sv, "close"sv);
     if (!close && version == 10) PutField(put, "Connection"sv, "keep-alive"sv);
-    if (!content_length.empty()) PutField(put, "Content-Length"sv, content_length);
+    if (has_length) PutField(put, "Content-Length"sv, length.view());
     put("\r\n"sv);
     if (!head && !no_body) put(reply.body);
   });
