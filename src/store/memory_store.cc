@@ -259,8 +259,10 @@ struct Array {
   }
   size_t Next(size_t i) const { return i + 1 == cap ? 0 : i + 1; }
   // Lock-free or locked: the slot holding fp, or nullptr.
-  Slot* Find(uint64_t fp) const {
-    for (size_t i = Home(fp);; i = Next(i)) {
+  Slot* Find(uint64_t fp) const { return FindFrom(Home(fp), fp); }
+  // The same from fp's home slot `home` (Home(fp)), computed by the caller.
+  Slot* FindFrom(size_t home, uint64_t fp) const {
+    for (size_t i = home;; i = Next(i)) {
       const uint64_t f = slots[i].fp.load(std::memory_order_acquire);
       if (f == fp) return &slots[i];
       if (f == kEmpty) return nullptr;
@@ -823,11 +825,19 @@ StatusOr<Decision> MemoryStore::Impl::DecideFast(std::string_view key, const Lim
                                                  int64_t cost) {
   const uint64_t fp = Fingerprint(Hash64(key, seed), limit);
   Shard& shard = ShardFor(fp);
-  const int64_t now = clock->NowMicros();
+  int64_t now;
   Decision d;
   {  // The common case: the key has a slot. No lock; one compare-and-swap.
     ReadSection section;
-    Slot* slot = shard.published.load(std::memory_order_acquire)->Find(fp);
+    const Array& a = *shard.published.load(std::memory_order_acquire);
+    // The slot's line is asked for before the clock is read, so that a key
+    // not in cache (most of them, with many clients) waits for its miss
+    // during the clock read rather than after it: 58-62 -> 55-58 ns with
+    // 100,000 held keys (BM_MemoryStoreDecideHeld, docs/performance.md).
+    const size_t home = a.Home(fp);
+    __builtin_prefetch(&a.slots[home], 1);  // for writing: the compare-and-swap
+    now = clock->NowMicros();
+    Slot* slot = a.FindFrom(home, fp);
     if (slot != nullptr && DecideOnSlot(*slot, limit, now, cost, d)) return d;
   }
   // A new key, or a slot being moved or changed under the lock.
