@@ -296,7 +296,7 @@ int Driver::Run() {
 
   ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
   const int ep = ::epoll_create1(0);
-  bench::PaceTimer timer(ep);
+  bench::Pacer pacer;
   conns_.resize(static_cast<size_t>(o_.connections));
   for (size_t i = 0; i < conns_.size(); ++i) {
     if (!Connect(conns_[i])) {
@@ -315,7 +315,7 @@ int Driver::Run() {
   measure_until_ = measure_from_ + std::chrono::milliseconds(o_.duration_ms);
   const double interval_ns = o_.mode == "open" ? 1e9 / o_.rate : 0;
   int64_t scheduled = 0;
-  auto arm_timer = [&](Clock::time_point at) { timer.ArmAt(at); };
+  auto arm_timer = [&](Clock::time_point at) { pacer.WakeAt(at); };
   if (o_.mode == "closed") {
     for (int64_t i = 0; i < o_.inflight; ++i) Submit(start);
     arm_timer(measure_until_);
@@ -326,14 +326,13 @@ int Driver::Run() {
 
   std::vector<epoll_event> events(64);
   for (;;) {
-    const int n = ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 100);
+    const int n = pacer.Wait(ep, events);
     auto now = Clock::now();
-    if (now >= measure_until_) stopping_ = true;
+    if (now >= measure_until_) {
+      stopping_ = true;
+      arm_timer(now + std::chrono::milliseconds(100));  // only answers to wait for now
+    }
     for (int e = 0; e < n; ++e) {
-      if (events[e].data.u64 == bench::PaceTimer::kTimerTag) {
-        timer.Drain();
-        continue;
-      }
       Conn& c = conns_[events[e].data.u64];
       if (c.dead) continue;
       if (events[e].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) Read(c);
