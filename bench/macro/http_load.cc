@@ -290,8 +290,9 @@ int main(int argc, char** argv) {
           if (r > 0) {
             c.in.append(buf, static_cast<size_t>(r));
             // A short read emptied the socket: stop here rather than pay a
-            // recv that fails with EAGAIN (a TCP socket signals an edge for
-            // every segment that arrives later, and this EOF below).
+            // recv that fails with EAGAIN. (Edge-triggered, a TCP socket
+            // reports each segment that arrives later; a close the event
+            // already carries, EPOLLRDHUP, is read to its end below.)
             if (static_cast<size_t>(r) < sizeof buf &&
                 !(events[e].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP)))
               break;
