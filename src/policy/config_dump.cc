@@ -29,6 +29,31 @@ YAML::Emitter& operator<<(YAML::Emitter& out, YamlString t) {
   return out << t.s;
 }
 
+// A route path as the dump writes it: its canonical bytes, those outside
+// ASCII percent-encoded. The canonical form may hold any byte from 0x80 up
+// (raw in the file or decoded from an escape such as %FF), and YAML text is
+// Unicode: the emitter turned bytes that are not UTF-8 into U+FFFD, and an
+// overlong pair such as C1 BF into a DEL, which the reload refused
+// (fuzz/regressions/config/route-path-invalid-utf8). Encoded, the dump is
+// ASCII and loads back to the same canonical bytes (the loader decodes a
+// route path once, as it decodes request paths).
+std::string DumpedPath(std::string_view canonical) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(canonical.size());
+  for (char c : canonical) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x80) {
+      out += c;
+    } else {
+      out += '%';
+      out += kHex[b >> 4];
+      out += kHex[b & 0xf];
+    }
+  }
+  return out;
+}
+
 void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
   out << YAML::Key << "algorithm" << YAML::Value << std::string(AlgorithmName(l.algorithm()));
   if (l.is_gcra()) {
@@ -231,7 +256,8 @@ std::string DumpRedacted(const Config& c) {
     out << YAML::BeginMap;
     out << YAML::Key << "name" << YAML::Value << YamlString{r.name};
     out << YAML::Key << "methods" << YAML::Value << YAML::Flow << r.methods;
-    out << YAML::Key << "path" << YAML::Value << YamlString{r.path};
+    const std::string path = DumpedPath(r.path);
+    out << YAML::Key << "path" << YAML::Value << YamlString{path};
     out << YAML::Key << "match" << YAML::Value
         << (r.match == RouteClass::Match::kExact    ? "exact"
             : r.match == RouteClass::Match::kPrefix ? "prefix"

@@ -108,6 +108,26 @@ TEST(ParseConfig, MinimalConfigHasDocumentedDefaults) {
   EXPECT_TRUE(c->routes.empty());
 }
 
+// A route path whose canonical bytes are not ASCII: raw bytes that are not
+// UTF-8 (an overlong C1 BF, which the YAML emitter made a DEL), a %FF escape
+// and UTF-8 text. The dump writes them percent-encoded and loads back to the
+// same bytes and the same dump.
+TEST(ConfigDump, RoutePathsOutsideAsciiLoadBackAsTheSameBytes) {
+  const std::string yaml =
+      "routes:\n"
+      "  - {name: a, path: \"/x\xc1\xbf\xff/%FF/caf%C3%A9/\xc3\xa9t\xc3\xa9\", limits: []}\n";
+  StatusOr<Config> c = ParseConfig(yaml, "t.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_EQ(c->routes.size(), 1u);
+  EXPECT_EQ(c->routes[0].path, "/x\xc1\xbf\xff/\xff/caf\xc3\xa9/\xc3\xa9t\xc3\xa9");
+  const std::string dump = DumpRedacted(*c);
+  EXPECT_NE(dump.find("path: /x%C1%BF%FF/%FF/caf%C3%A9/%C3%A9t%C3%A9"), std::string::npos) << dump;
+  StatusOr<Config> again = ParseConfig(dump, "t.yaml");
+  ASSERT_TRUE(again.ok()) << again.status().message() << "\n" << dump;
+  EXPECT_EQ(again->routes[0].path, c->routes[0].path);
+  EXPECT_EQ(DumpRedacted(*again), dump);
+}
+
 TEST(ParseConfig, LeakyBucketAndMaxHeldRequests) {
   StatusOr<Config> c = ParseConfig(R"(
 server: {upstream: "http://127.0.0.1:3000", max_held_requests: 7}
