@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "core/return_if_error.h"
+#include "core/utf8.h"
 #include "policy/policy.h"
 #include "ratelimit/concurrency.h"
 
@@ -1133,6 +1134,19 @@ StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name
                              const std::string& base_dir) {
   Config c;
   c.source = std::string(source_name);
+  // YAML text is Unicode. yaml-cpp reads UTF-8 without checking it, and the
+  // config's dump (DumpRedacted) could not write such bytes back: its
+  // emitter turns them into U+FFFD, or an overlong pair into a control
+  // character. UTF-16 and UTF-32 files (a byte-order mark) are left to
+  // yaml-cpp, which converts them.
+  const bool other_encoding = yaml.starts_with("\xFF\xFE") || yaml.starts_with("\xFE\xFF") ||
+                              yaml.starts_with(std::string_view("\0\0\xFE\xFF", 4));
+  if (const size_t bad = core::Utf8ValidPrefix(yaml); bad != yaml.size() && !other_encoding) {
+    const size_t line = 1 + static_cast<size_t>(std::count(yaml.begin(), yaml.begin() + bad, '\n'));
+    return InvalidArgument(c.source + ":" + std::to_string(line) +
+                           ": not valid UTF-8 (a config file is UTF-8 text; write other bytes "
+                           "of a path as %XX)");
+  }
   Loader loader(c.source, base_dir);
   try {
     YAML::Node root = YAML::Load(std::string(yaml));

@@ -108,24 +108,43 @@ TEST(ParseConfig, MinimalConfigHasDocumentedDefaults) {
   EXPECT_TRUE(c->routes.empty());
 }
 
-// A route path whose canonical bytes are not ASCII: raw bytes that are not
-// UTF-8 (an overlong C1 BF, which the YAML emitter made a DEL), a %FF escape
-// and UTF-8 text. The dump writes them percent-encoded and loads back to the
-// same bytes and the same dump.
+// A route path whose canonical bytes are not ASCII: escapes that decode to
+// bytes that are not UTF-8 (%FF; %C1%BF, an overlong form the YAML emitter
+// wrote as a DEL) and UTF-8 text, raw and escaped. The dump writes them
+// percent-encoded and loads back to the same bytes and the same dump.
 TEST(ConfigDump, RoutePathsOutsideAsciiLoadBackAsTheSameBytes) {
   const std::string yaml =
       "routes:\n"
-      "  - {name: a, path: \"/x\xc1\xbf\xff/%FF/caf%C3%A9/\xc3\xa9t\xc3\xa9\", limits: []}\n";
+      "  - {name: a, path: \"/x%C1%BF%ff/caf%C3%A9/\xc3\xa9T\xc3\xa9\", limits: []}\n";
   StatusOr<Config> c = ParseConfig(yaml, "t.yaml");
   ASSERT_TRUE(c.ok()) << c.status().message();
   ASSERT_EQ(c->routes.size(), 1u);
-  EXPECT_EQ(c->routes[0].path, "/x\xc1\xbf\xff/\xff/caf\xc3\xa9/\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(c->routes[0].path, "/x\xc1\xbf\xff/caf\xc3\xa9/\xc3\xa9t\xc3\xa9");
   const std::string dump = DumpRedacted(*c);
-  EXPECT_NE(dump.find("path: /x%C1%BF%FF/%FF/caf%C3%A9/%C3%A9t%C3%A9"), std::string::npos) << dump;
+  EXPECT_NE(dump.find("path: /x%C1%BF%FF/caf%C3%A9/%C3%A9t%C3%A9"), std::string::npos) << dump;
   StatusOr<Config> again = ParseConfig(dump, "t.yaml");
   ASSERT_TRUE(again.ok()) << again.status().message() << "\n" << dump;
   EXPECT_EQ(again->routes[0].path, c->routes[0].path);
   EXPECT_EQ(DumpRedacted(*again), dump);
+}
+
+// YAML text is Unicode: bytes that are not UTF-8 anywhere in the file (a
+// value, a comment) are refused with their line, before they can reach a
+// setting or a dump that could not write them back.
+TEST(ParseConfig, BytesThatAreNotUtf8AreRefusedWithTheirLine) {
+  for (const std::string& bad :
+       {std::string("server:\n  user: \"r\xff\"\n"), std::string("server:\n  # caf\xe9\n"),
+        std::string("routes:\n  - {name: a, path: \"/x\xc1\xbf\", limits: []}\n"),
+        std::string("server:\n  user: \"\xed\xa0\x80\"\n")}) {  // a surrogate
+    StatusOr<Config> c = ParseConfig(bad, "t.yaml");
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(std::string_view(c.status().message()).starts_with("t.yaml:2: not valid UTF-8"))
+        << c.status().message();
+  }
+  StatusOr<Config> ok = ParseConfig("server:\n  user: \"r\xc3\xa9\"  # caf\xc3\xa9\n", "t.yaml");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->server.user, "r\xc3\xa9");
 }
 
 TEST(ParseConfig, LeakyBucketAndMaxHeldRequests) {
