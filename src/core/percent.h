@@ -1,9 +1,12 @@
 // Percent-decoding (RFC 3986 2.1), the one decoder of request paths
-// (policy/path.cc), Redis URLs (redis/url.cc) and admin queries (admin.cc).
+// (policy/path.cc), Redis URLs (redis/url.cc) and admin queries (admin.cc);
+// and the one encoder, of gRPC's grpc-message (grpc/h2_server.cc) and of
+// route paths in the config's dump (policy/config_dump.cc).
 //
 //   core::PercentDecode("a%2Fb")                     -> "a/b"
 //   core::PercentDecode("a+b", core::kPlusIsSpace)   -> "a b"   (form queries)
 //   core::PercentDecode("%4")                        -> nullopt (malformed)
+//   core::PercentEncode("a%b\n\xc3\xa9")              -> "a%25b%0A%C3%A9"
 //
 // PercentDecodeEach hands each decoded byte to a callback with whether it came
 // from an escape, for callers that refuse some bytes (an encoded '/' in a path).
@@ -48,6 +51,25 @@ PercentResult PercentDecodeEach(std::string_view in, bool plus_is_space, Emit&& 
     if (!emit(c, escaped)) return PercentResult::kStopped;
   }
   return PercentResult::kOk;
+}
+
+// Every byte outside printable ASCII (0x20-0x7e), and '%', as %XX (upper-case
+// hex); the rest as it is. PercentDecode gives back the same bytes.
+inline std::string PercentEncode(std::string_view in) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  out.reserve(in.size());
+  for (const char ch : in) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c <= 0x7e && c != '%') {
+      out.push_back(ch);
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[c >> 4]);
+      out.push_back(kHex[c & 15]);
+    }
+  }
+  return out;
 }
 
 // The decoded text, or nullopt when an escape is malformed.

@@ -29,5 +29,13 @@ TEST(PercentDecode, EachSaysWhichBytesWereEscaped) {
             PercentResult::kStopped);
 }
 
+TEST(PercentEncode, EncodesWhatIsNotPrintableAsciiAndThePercentAndDecodesBack) {
+  EXPECT_EQ(PercentEncode("a%b\n\xc3\xa9 ~\x7f"), "a%25b%0A%C3%A9 ~%7F");
+  EXPECT_EQ(PercentEncode("/plain/path"), "/plain/path");
+  std::string every;
+  for (int b = 0; b < 256; ++b) every.push_back(static_cast<char>(b));
+  EXPECT_EQ(PercentDecode(PercentEncode(every)), every);
+}
+
 }  // namespace
 }  // namespace ratelimit::core

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/percent.h"
 #include "ratelimit/thread_annotations.h"
 
 namespace ratelimit::grpcface {
@@ -65,23 +66,6 @@ std::chrono::nanoseconds ParseGrpcTimeout(std::string_view v) {
     case 'n': return std::chrono::nanoseconds(n);
     default: return std::chrono::nanoseconds(-1);
   }
-}
-
-std::string PercentEncode(std::string_view m) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(m.size());
-  for (const char ch : m) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c <= 0x7e && c != '%') {
-      out.push_back(ch);
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
 }
 
 // Everything below touches a connection only on its strand.
@@ -307,7 +291,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     Flush();
   }
   void Unimplemented(Stream& s, const std::string& why) {
-    const std::string m = PercentEncode(why);
+    const std::string m = core::PercentEncode(why);
     const nghttp2_nv nv[] = {Header(":status", "200"), Header("content-type", "application/grpc"),
                              Header("grpc-accept-encoding", "identity"),
                              Header("grpc-status", "12"), Header("grpc-message", m)};
@@ -327,7 +311,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       }
       s.finished = true;
       s.status = std::to_string(static_cast<int>(code));
-      s.message = PercentEncode(why);
+      s.message = core::PercentEncode(why);
     }
     if (s.started) {
       nghttp2_session_resume_data(session, s.id);

@@ -155,7 +155,5 @@ class H2Server {
 // The value of a `grpc-timeout` header ("<1-8 digits><H|M|S|m|u|n>"), or -1
 // when it is malformed.
 std::chrono::nanoseconds ParseGrpcTimeout(std::string_view value);
-// grpc-message's percent-encoding (bytes outside 0x20-0x7e, and '%').
-std::string PercentEncode(std::string_view message);
 
 }  // namespace ratelimit::grpcface

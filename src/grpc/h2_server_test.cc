@@ -23,6 +23,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "core/percent.h"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -169,7 +170,7 @@ TEST_F(H2ServerTest, ErrorsCarryTheirCodeAndAPercentEncodedMessage) {
   const grpc::Status s = Check("", &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "bad \"x\": 100% wrong\n\xc3\xa9");
-  EXPECT_EQ(PercentEncode("a%b\n"), "a%25b%0A");
+  EXPECT_EQ(core::PercentEncode("a%b\n"), "a%25b%0A");  // grpc-message's encoding
 }
 
 // Answers larger than the socket takes at once: the server writes what fits

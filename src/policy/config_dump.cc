@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "core/percent.h"
 #include "policy/config.h"
 
 namespace ratelimit::policy {
@@ -27,31 +28,6 @@ YAML::Emitter& operator<<(YAML::Emitter& out, YamlString t) {
   });
   if (quote) out << YAML::DoubleQuoted;
   return out << t.s;
-}
-
-// A route path as the dump writes it: its canonical bytes, those outside
-// ASCII percent-encoded. The canonical form may hold any byte from 0x80 up
-// (raw in the file or decoded from an escape such as %FF), and YAML text is
-// Unicode: the emitter turned bytes that are not UTF-8 into U+FFFD, and an
-// overlong pair such as C1 BF into a DEL, which the reload refused
-// (fuzz/regressions/config/route-path-invalid-utf8). Encoded, the dump is
-// ASCII and loads back to the same canonical bytes (the loader decodes a
-// route path once, as it decodes request paths).
-std::string DumpedPath(std::string_view canonical) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(canonical.size());
-  for (char c : canonical) {
-    const auto b = static_cast<unsigned char>(c);
-    if (b < 0x80) {
-      out += c;
-    } else {
-      out += '%';
-      out += kHex[b >> 4];
-      out += kHex[b & 0xf];
-    }
-  }
-  return out;
 }
 
 void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
@@ -256,7 +232,16 @@ std::string DumpRedacted(const Config& c) {
     out << YAML::BeginMap;
     out << YAML::Key << "name" << YAML::Value << YamlString{r.name};
     out << YAML::Key << "methods" << YAML::Value << YAML::Flow << r.methods;
-    const std::string path = DumpedPath(r.path);
+    // The canonical bytes percent-encoded where they are not printable ASCII
+    // (a canonical route path holds no '%', space or control character, so
+    // only bytes from 0x80 up are): such bytes may be there (raw in the file
+    // or decoded from an escape such as %FF), and YAML text is Unicode. The
+    // emitter turned bytes that are not UTF-8 into U+FFFD, and an overlong
+    // pair such as C1 BF into a DEL, which the reload refused
+    // (fuzz/regressions/config/route-path-invalid-utf8). Encoded, the dump
+    // loads back to the same canonical bytes (the loader decodes a route path
+    // once, as it decodes request paths).
+    const std::string path = core::PercentEncode(r.path);
     out << YAML::Key << "path" << YAML::Value << YamlString{path};
     out << YAML::Key << "match" << YAML::Value
         << (r.match == RouteClass::Match::kExact    ? "exact"
