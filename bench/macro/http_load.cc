@@ -38,11 +38,13 @@
 #include <string_view>
 #include <vector>
 
+#include "core/ascii.h"
 #include "flags.h"
 #include "pacing.h"
 
 namespace {
 
+namespace core = ratelimit::core;
 using Clock = std::chrono::steady_clock;
 
 struct Flags {
@@ -131,17 +133,6 @@ int Connect(const Flags& f) {
   return fd;
 }
 
-// ASCII case-insensitive equality with a lower-case `lower`.
-bool EqualsLower(std::string_view s, std::string_view lower) {
-  if (s.size() != lower.size()) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    char ch = s[i];
-    if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
-    if (ch != lower[i]) return false;
-  }
-  return true;
-}
-
 // Returns the length of one complete response at the front of `in`, 0 if
 // incomplete, -1 if malformed. Sets `status`, and `close` if the server said
 // `Connection: close` (nginx does after keepalive_requests). No allocation:
@@ -162,19 +153,19 @@ ssize_t ParseResponse(std::string_view in, int& status, bool& close, bool& degra
       const std::string_view name = line.substr(0, colon);
       std::string_view value = line.substr(colon + 1);
       while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
-      if (EqualsLower(name, "content-length")) {
+      if (core::EqualsIgnoreCase(name, "content-length")) {
         if (std::from_chars(value.data(), value.data() + value.size(), content_length).ec !=
             std::errc()) {
           return -1;
         }
         have_length = true;
-      } else if (EqualsLower(name, "x-ratelimit-degraded")) {
+      } else if (core::EqualsIgnoreCase(name, "x-ratelimit-degraded")) {
         degraded = true;  // ratelimitd's store failed and its failure mode decided
-      } else if (EqualsLower(name, "connection")) {
+      } else if (core::EqualsIgnoreCase(name, "connection")) {
         for (size_t i = 0; i + 5 <= value.size(); ++i) {
-          if (EqualsLower(value.substr(i, 5), "close")) close = true;
+          if (core::EqualsIgnoreCase(value.substr(i, 5), "close")) close = true;
         }
-      } else if (EqualsLower(name, "transfer-encoding")) {
+      } else if (core::EqualsIgnoreCase(name, "transfer-encoding")) {
         return -1;  // not produced by the servers under test
       }
     }
