@@ -320,7 +320,6 @@ int main(int argc, char** argv) {
   const ratelimit::policy::StoreConfig store_config = config.store;
   const ratelimit::policy::EnvoySection envoy_section = config.envoy;
   const std::string grpc_listen = config.server.grpc_listen;
-  const int grpc_threads = config.server.threads;
   auto policy = ratelimit::policy::Policy::Create(std::move(config));
   if (!policy.ok()) {
     Log(Level::kError, "bad config", {{"error", policy.status().message()}});
@@ -350,17 +349,21 @@ int main(int argc, char** argv) {
     ratelimit::grpcface::GrpcOptions go{.listen = grpc_listen,
                                         .envoy_config_dir = envoy_section.config_dir,
                                         .store = store_config,
-                                        .headers = envoy_section.headers,
-                                        .threads = grpc_threads};
+                                        .headers = envoy_section.headers};
     go.failure_mode = store_config.failure_mode;
     if (!envoy_section.failure_mode.empty())
       go.failure_mode = *ratelimit::ParseFailureMode(envoy_section.failure_mode);
-    auto g = ratelimit::grpcface::GrpcFace::Start(std::move(go), shared_store);
+    // On the server's threads (and, with one, the Redis client's): a call,
+    // its batch and its answer need no hand-off between threads.
+    auto g = ratelimit::grpcface::GrpcFace::Start(std::move(go), shared_store, server.Context());
     if (!g.ok()) {
       Log(Level::kError, "cannot start the gRPC face", {{"error", g.status().message()}});
       return 1;
     }
     grpc = std::move(*g);
+    server.AddDrainHooks({.begin = [face = grpc.get()] { face->Drain(); },
+                          .open = [face = grpc.get()] { return face->connections(); },
+                          .close = [face = grpc.get()] { face->Shutdown(); }});
     server.AddAdminView("/v1/envoy/domains", [face = grpc.get()] { return face->Describe(); });
   }
   shared_store.reset();
@@ -378,6 +381,6 @@ int main(int argc, char** argv) {
          {"gid", static_cast<int64_t>(run_as->gid)}});
   }
   const int code = server.Run();
-  if (grpc) grpc->Shutdown();  // while the store still answers
+  if (grpc) grpc->Shutdown();  // drained by the server's drain (AddDrainHooks)
   return code;
 }

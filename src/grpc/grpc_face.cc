@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -13,8 +12,6 @@
 #include <chrono>
 #include <csignal>
 #include <mutex>
-#include <optional>
-#include <thread>
 #include <vector>
 
 #include "envoy/config.h"
@@ -123,6 +120,8 @@ void Count(const envoy::RequestPlan& plan, const envoy::Response& resp, bool deg
 constexpr char kRateLimitService[] = "envoy.service.ratelimit.v3.RateLimitService";
 
 struct GrpcFace::Impl {
+  explicit Impl(net::io_context& io) : ioc(io), signals(io, SIGHUP), debounce(io) {}
+
   GrpcOptions options;
   std::shared_ptr<Store> store;
   std::unique_ptr<server::Enforcer> enforcer;
@@ -138,16 +137,14 @@ struct GrpcFace::Impl {
   bool serving RL_GUARDED_BY(health_mu) = true;
   std::vector<GrpcCall> watchers RL_GUARDED_BY(health_mu);
 
-  // The calls, the signals and inotify, on `threads` threads. The server is
-  // declared after the io_context: it goes first.
-  net::io_context ioc;
-  std::optional<net::executor_work_guard<net::io_context::executor_type>> work;
+  // The calls, SIGHUP and inotify, on the owner's io_context.
+  net::io_context& ioc;
   std::unique_ptr<H2Server> server;
-  net::signal_set signals{ioc, SIGHUP, SIGTERM, SIGINT};
+  net::signal_set signals;
   std::unique_ptr<net::posix::stream_descriptor> watch;
-  net::steady_timer debounce{ioc};
+  net::steady_timer debounce;
   char watch_buf[4096];
-  std::vector<std::thread> threads;
+  bool stopped = false;  // Shutdown ran
 
   std::shared_ptr<const envoy::Config> Config() const {
     LockGuard lock(config_mu);
@@ -286,17 +283,12 @@ struct GrpcFace::Impl {
     }
   }
 
+  // SIGHUP (the owner's drain, not a signal of ours, starts the shutdown).
   void WaitForSignal() {
-    signals.async_wait([this](const boost::system::error_code& ec, int sig) {
+    signals.async_wait([this](const boost::system::error_code& ec, int) {
       if (ec) return;
-      if (sig == SIGHUP) {
-        (void)Reload();
-        WaitForSignal();
-        return;
-      }
-      // SIGTERM/SIGINT: the daemon drains its HTTP faces; this one starts
-      // draining too (GrpcFace::Shutdown waits for it).
-      BeginShutdown();
+      (void)Reload();
+      WaitForSignal();
     });
   }
 
@@ -334,8 +326,9 @@ struct GrpcFace::Impl {
 GrpcFace::GrpcFace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
-                                                    std::shared_ptr<Store> store) {
-  auto impl = std::make_unique<Impl>();
+                                                    std::shared_ptr<Store> store,
+                                                    net::io_context& ioc) {
+  auto impl = std::make_unique<Impl>(ioc);
   impl->options = std::move(options);
   impl->store = store;
   impl->enforcer = std::make_unique<server::Enforcer>(store, impl->options.store.local_max_keys);
@@ -369,13 +362,9 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
   if (Status s = impl->server->Listen(*endpoint); !s.ok()) return s;
   impl->port = impl->server->port();
   impl->WaitForSignal();
-  impl->work.emplace(impl->ioc.get_executor());
-  const int n = policy::ThreadCount(impl->options.threads);
-  for (int i = 0; i < n; ++i) impl->threads.emplace_back([raw] { raw->ioc.run(); });
   Log(Level::kInfo, "gRPC listening",
       {{"addr", impl->options.listen},
        {"port", static_cast<int64_t>(impl->port)},
-       {"threads", static_cast<int64_t>(n)},
        {"envoy_config", impl->options.envoy_config_dir},
        {"domains", static_cast<int64_t>(initial->domains.size())}});
   return std::unique_ptr<GrpcFace>(new GrpcFace(std::move(impl)));
@@ -408,14 +397,15 @@ nlohmann::json GrpcFace::Describe() const {
   return j;
 }
 
+void GrpcFace::Drain() { impl_->BeginShutdown(); }
+
+size_t GrpcFace::connections() const { return impl_->server->connections(); }
+
 void GrpcFace::Shutdown() {
-  if (!impl_ || impl_->threads.empty()) return;
+  if (!impl_ || impl_->stopped) return;
+  impl_->stopped = true;
   impl_->BeginShutdown();
-  impl_->server->Shutdown(std::chrono::seconds(5));
-  impl_->work.reset();
-  impl_->ioc.stop();
-  for (std::thread& t : impl_->threads) t.join();
-  impl_->threads.clear();
+  impl_->server->Stop();
 }
 
 Status CheckEnvoyConfig(const std::string& dir) { return envoy::LoadDirectory(dir).status(); }

@@ -5,21 +5,25 @@
 // deadline, breaker and failure modes as the HTTP faces). docs/envoy.md.
 //
 //   GrpcOptions o{.listen = "127.0.0.1:8081", .envoy_config_dir = "/etc/ratelimit"};
-//   StatusOr<std::unique_ptr<GrpcFace>> face = GrpcFace::Start(o, store);
-//   ...
+//   StatusOr<std::unique_ptr<GrpcFace>> face = GrpcFace::Start(o, store, ioc);
+//   ... threads run ioc; at SIGTERM: face->Drain(), wait for connections() == 0 ...
 //   (*face)->Shutdown();  // before the store goes
+//
+// It runs on the io_context it is given, whose owner runs and drains it: in
+// ratelimitd the server's (server::Server::Context), on server.threads
+// threads beside the HTTP faces. With one thread a Redis store's client runs
+// there too, so a call, its Redis batch and its answer stay on one thread.
 //
 // The config directory is reloaded on SIGHUP and when a file in it changes
 // (inotify; 100 ms after the last change), atomically: a broken file is
-// logged and the config in use stays. SIGTERM/SIGINT start the shutdown of
-// the listener (in-flight calls finish, at most 5 s).
+// logged and the config in use stays.
 //
 // The gRPC server under it is ours (h2_server.h: nghttp2's HTTP/2 and gRPC's
 // wire format on Asio), not gRPC C++: docs/envoy.md says why.
 //
-// Thread-safety: Start, Shutdown and the destructor from one thread; calls
-// are served on the face's `threads` threads, each call on its connection's
-// strand, no thread per call.
+// Thread-safety: Start, Shutdown and the destructor from one thread; Drain
+// and connections from any; calls are served on the io_context's threads,
+// each call on its connection's strand, no thread per call.
 #pragma once
 
 #include <memory>
@@ -30,6 +34,10 @@
 #include "policy/config.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
+
+namespace boost::asio {
+class io_context;
+}  // namespace boost::asio
 
 namespace ratelimit::envoy {
 struct Config;
@@ -45,14 +53,15 @@ struct GrpcOptions {
   // response_headers_to_add for the descriptor closest to its limit (kNone:
   // off, as in envoyproxy/ratelimit).
   policy::HeaderDialect headers = policy::HeaderDialect::kNone;
-  int threads = 0;  // threads serving calls; 0 = one per core (server.threads)
 };
 
 class GrpcFace {
  public:
-  // Loads the config directory (an error if it is broken), binds, serves.
+  // Loads the config directory (an error if it is broken), binds, and
+  // serves on `ioc` (which must outlive the face) as its threads run it.
   static StatusOr<std::unique_ptr<GrpcFace>> Start(GrpcOptions options,
-                                                   std::shared_ptr<Store> store);
+                                                   std::shared_ptr<Store> store,
+                                                   boost::asio::io_context& ioc);
   ~GrpcFace();
 
   int port() const;
@@ -62,8 +71,14 @@ class GrpcFace {
   // The loaded domains and the last reload's result, for the admin API's
   // GET /v1/envoy/domains (docs/admin.md).
   nlohmann::json Describe() const;
-  // Health turns NOT_SERVING, stops accepting, sends GOAWAY, lets in-flight
-  // calls finish (at most 5 s), stops the threads. Idempotent.
+  // Health turns NOT_SERVING (Watch calls hear it and end), the listener
+  // closes, every connection gets GOAWAY: calls in flight finish, and a
+  // connection closes when it has none. Does not block; idempotent.
+  void Drain();
+  // Open connections (the drain is over at 0).
+  size_t connections() const;
+  // Drain, and close the connections left, without waiting (the io_context
+  // closes them if it still runs, or as it is destroyed). Idempotent.
   void Shutdown();
 
   struct Impl;

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/completion_batch.h"
 #include "core/percent.h"
 #include "ratelimit/thread_annotations.h"
 
@@ -91,6 +92,7 @@ struct H2Server::Shared {
   H2ServerOptions options;
   std::unordered_map<std::string, GrpcHandler> handlers;
   std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> socket_writes{0};  // H2Server::socket_writes
   mutable Mutex mu;
   std::condition_variable_any gone;
   std::unordered_map<GrpcCall::Conn*, std::weak_ptr<GrpcCall::Conn>> conns RL_GUARDED_BY(mu);
@@ -126,6 +128,9 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   std::string out;  // being written
   bool writing = false, reading = false, closed = false, greeted = false;
   int batch = 0;  // > 0: inside a read's dispatch; one Flush at its end
+  // Answers handed to the strand and not yet given (GrpcCall; any thread).
+  std::atomic<int> queued_answers{0};
+  bool flush_deferred = false;  // a Flush waits for the CompletionBatch's end
   std::unordered_map<int32_t, std::shared_ptr<Stream>> streams;
   std::vector<std::shared_ptr<Stream>> ready;  // complete requests, dispatched after mem_recv
 
@@ -199,6 +204,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       return;
     }
     boost::system::error_code ec;
+    shared->socket_writes.fetch_add(1, std::memory_order_relaxed);
     const size_t written = socket.write_some(net::buffer(out), ec);
     if (ec && ec != net::error::would_block && ec != net::error::try_again) return Close();
     if (!ec && written == out.size()) {
@@ -329,6 +335,31 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
                                Header("grpc-status", s.status), Header("grpc-message", s.message)};
       nghttp2_submit_response(session, s.id, nv, s.message.empty() ? 3 : 4, nullptr);
     }
+  }
+
+  // The end of an answer handed over by GrpcCall (queued_answers counted
+  // it). A Redis reply answers a batch of calls at once, and one `sendto` a
+  // call went out (110,153 for 128,991 calls in a closed loop): now the
+  // answers written together leave in one write, with no trip through the
+  // event loop. Answers posted here from another thread run one after the
+  // other, and the last of them writes; answers given on the thread of a
+  // core::CompletionBatch (the Redis client's read, when it runs on this
+  // io_context) are written as the batch ends. Inside a read's dispatch the
+  // read's own Flush sends them. (A Flush posted behind the answers instead
+  // waited behind the reads the loop had ready: p50 at 15,000 calls/s
+  // 570-631 us against 318-355.)
+  void Answered() {
+    if (queued_answers.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (batch > 0 || flush_deferred) return;
+    if (core::CompletionBatch::Defer([self = shared_from_this()] {
+          net::dispatch(self->socket.get_executor(), [self] {
+            self->flush_deferred = false;
+            self->Flush();
+          });
+        })) {
+      flush_deferred = true;
+      return;
+    }
     Flush();
   }
 
@@ -434,21 +465,27 @@ std::string_view GrpcCall::request() const {
 std::chrono::steady_clock::time_point GrpcCall::deadline() const { return stream_->deadline; }
 
 void GrpcCall::Reply(std::string message) const {
+  conn_->queued_answers.fetch_add(1, std::memory_order_relaxed);
   net::dispatch(conn_->socket.get_executor(), [c = conn_, s = stream_, m = std::move(message)] {
     c->Answer(*s, &m, true, GrpcCode::kOk, {});
+    c->Answered();
   });
 }
 
 void GrpcCall::Write(std::string message) const {
+  conn_->queued_answers.fetch_add(1, std::memory_order_relaxed);
   net::dispatch(conn_->socket.get_executor(), [c = conn_, s = stream_, m = std::move(message)] {
     c->Answer(*s, &m, false, GrpcCode::kOk, {});
+    c->Answered();
   });
 }
 
 void GrpcCall::Finish(GrpcCode code, std::string message) const {
+  conn_->queued_answers.fetch_add(1, std::memory_order_relaxed);
   net::dispatch(conn_->socket.get_executor(),
                 [c = conn_, s = stream_, code, m = std::move(message)]() mutable {
                   c->Answer(*s, nullptr, true, code, std::move(m));
+                  c->Answered();
                 });
 }
 
@@ -512,6 +549,10 @@ Status H2Server::Listen(const tcp::endpoint& ep) {
   return Status::Ok();
 }
 
+uint64_t H2Server::socket_writes() const {
+  return shared_->socket_writes.load(std::memory_order_relaxed);
+}
+
 size_t H2Server::connections() const {
   LockGuard lock(shared_->mu);
   return shared_->conns.size();
@@ -548,8 +589,19 @@ void H2Server::Shutdown(std::chrono::milliseconds grace) {
         lock, d, [this]() RL_REQUIRES(shared_->mu) { return shared_->conns.empty(); });
   };
   if (closed_within(grace)) return;
-  EachConnection([](GrpcCall::Conn& c) { c.Close(); });
+  CloseAll();
   closed_within(std::chrono::milliseconds(1000));
+}
+
+void H2Server::CloseAll() {
+  EachConnection([](GrpcCall::Conn& c) { c.Close(); });
+}
+
+void H2Server::Stop() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  Drain();
+  CloseAll();
 }
 
 }  // namespace ratelimit::grpcface

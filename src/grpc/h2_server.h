@@ -5,7 +5,10 @@
 // server-streaming methods. Connections run on the io_context the owner
 // gives, each on a strand; a handler runs on its connection's strand and may
 // answer inline (no thread hop: a memory-store decision is answered within
-// the read that brought it) or later from any thread.
+// the read that brought it) or later from any thread. Answers given together
+// leave in one write: those of one read's dispatch, those queued on the
+// strand at once, and those given within a core::CompletionBatch on the
+// connection's thread (a Redis reply that answers a batch of calls).
 //
 // Why not gRPC C++: its server moves every call across threads (poller,
 // executor, the callback's thread, the writer): on 2 cores it took a
@@ -28,7 +31,7 @@
 // Envoy's client does not compress), client streaming.
 //
 // Thread-safety: Handle before Listen; Listen, Shutdown and the destructor
-// from one thread, not one of the io_context's. GrpcCall is a handle that
+// from one thread, not one of the io_context's (unless Stop came first). GrpcCall is a handle that
 // any thread may use, once per answer (Finish/Reply at most once).
 #pragma once
 
@@ -130,6 +133,8 @@ class H2Server {
   int port() const { return port_; }
   // Open connections.
   size_t connections() const;
+  // Writes to the connections' sockets so far (each Flush that had bytes).
+  uint64_t socket_writes() const;
 
   // Stops accepting and sends GOAWAY on every connection: the calls in
   // flight finish, a connection closes when it has none. Does not block; any
@@ -139,6 +144,14 @@ class H2Server {
   // after `grace`. Blocks; not from an io_context thread, and the io_context
   // must be running. Idempotent.
   void Shutdown(std::chrono::milliseconds grace);
+  // Closes every connection on its strand (calls in flight are dropped).
+  // Does not block; any thread; a drain's last step after its grace.
+  void CloseAll();
+  // Drain and CloseAll, without waiting: for an owner that drains on its
+  // io_context (ratelimitd's Server), and may call this after that stopped
+  // (what is left closes when the io_context is destroyed). Afterwards
+  // Shutdown and the destructor do not wait. Idempotent.
+  void Stop();
 
   struct Shared;
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <chrono>
 #include <functional>
 #include <future>
@@ -23,6 +24,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "core/completion_batch.h"
 #include "core/percent.h"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -80,11 +82,11 @@ std::vector<std::thread> Helpers() {
 // A server on two threads; handlers set per test before Start.
 class H2ServerTest : public ::testing::Test {
  protected:
-  void Start(H2ServerOptions options = {}) {
+  void Start(H2ServerOptions options = {}, int threads = 2) {
     server_.emplace(ioc_, options);
     for (auto& [path, h] : handlers_) server_->Handle(path, h);
     ASSERT_TRUE(server_->Listen({net::ip::make_address("127.0.0.1"), 0}).ok());
-    for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { ioc_.run(); });
     channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
                                    grpc::InsecureChannelCredentials());
     health_ = hpb::Health::NewStub(channel_);
@@ -129,6 +131,57 @@ TEST_F(H2ServerTest, UnaryCallsAreAnsweredInlineAndFromOtherThreads) {
   EXPECT_EQ(r.status(), hpb::HealthCheckResponse::SERVING);
   ASSERT_TRUE(Check("later", &r).ok());
   EXPECT_EQ(r.status(), hpb::HealthCheckResponse::NOT_SERVING);
+}
+
+// A Redis reply answers a batch of calls at once, on the I/O thread: given
+// within a core::CompletionBatch (as redis::Connection gives them), the
+// answers of one connection leave in one write; given one by one, one each.
+TEST_F(H2ServerTest, AnswersGivenInOneCompletionBatchLeaveInOneWrite) {
+  constexpr size_t kCalls = 8;
+  std::mutex mu;
+  std::vector<GrpcCall> held;
+  std::condition_variable all_held;
+  handlers_.emplace_back(kCheck, [&](GrpcCall call) {
+    std::lock_guard lock(mu);
+    held.push_back(std::move(call));
+    all_held.notify_all();
+  });
+  Start({}, /*threads=*/1);  // the batch's thread is the connection's
+  for (const bool batched : {true, false}) {
+    SCOPED_TRACE(batched ? "in one batch" : "one by one");
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < kCalls; ++i) {
+      clients.emplace_back([&] {
+        hpb::HealthCheckResponse r;
+        EXPECT_TRUE(Check("", &r).ok());
+        EXPECT_EQ(r.status(), hpb::HealthCheckResponse::SERVING);
+      });
+    }
+    std::vector<GrpcCall> calls;
+    {
+      std::unique_lock lock(mu);
+      ASSERT_TRUE(all_held.wait_for(lock, 5s, [&] { return held.size() == kCalls; }));
+      calls = std::exchange(held, {});
+    }
+    // Counted on the I/O thread, around the answers alone: nothing else of
+    // the connection (a ping's ack) runs in between.
+    std::promise<uint64_t> answered;
+    net::post(ioc_, [&] {
+      const uint64_t before = server_->socket_writes();
+      std::optional<core::CompletionBatch> batch;
+      if (batched) batch.emplace();
+      for (const GrpcCall& c : calls) c.Reply(Answer(hpb::HealthCheckResponse::SERVING));
+      batch.reset();
+      answered.set_value(server_->socket_writes() - before);
+    });
+    const uint64_t writes = answered.get_future().get();
+    for (auto& c : clients) c.join();
+    if (batched) {
+      EXPECT_EQ(writes, 1u);
+    } else {
+      EXPECT_EQ(writes, kCalls);
+    }
+  }
 }
 
 TEST_F(H2ServerTest, ManyConcurrentCallsOnOneConnectionAllGetTheirOwnAnswer) {

@@ -14,6 +14,7 @@
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
 
+#include "core/completion_batch.h"
 #include "redis/command.h"
 
 namespace ratelimit::redis {
@@ -370,7 +371,12 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
   const bool got_replies = !replies_.empty();
   replies_.clear();
   for (size_t i = 0; i < completions_.size(); ++i) budget_->Release();
-  RunCompletions();
+  {
+    // The replies of one read complete their calls together: whoever answers
+    // them may write its answers once, at the end (core/completion_batch.h).
+    core::CompletionBatch batch;
+    RunCompletions();
+  }
   for (Reply& push : pushes_) (*on_push)(std::move(push));
   pushes_.clear();
 
@@ -500,7 +506,12 @@ void Connection::OnDeadlineTimer() {
     timer_at_ = next;
   }
   for (size_t i = 0; i < completions_.size(); ++i) budget_->Release();
-  RunCompletions();
+  {
+    // The replies of one read complete their calls together: whoever answers
+    // them may write its answers once, at the end (core/completion_batch.h).
+    core::CompletionBatch batch;
+    RunCompletions();
+  }
 
   if (handshake_timed_out) {
     FailConnection(Unavailable(describe_ + ": AUTH/SELECT got no reply in time"));

@@ -93,12 +93,17 @@ struct Server::Impl {
   net::steady_timer drain_timer;
   std::chrono::steady_clock::time_point drain_deadline;
   bool draining = false;
+  std::vector<DrainHooks> other_faces;  // AddDrainHooks
 };
 
 Server::Server(std::shared_ptr<const policy::Policy> policy, ServerOptions options)
     : impl_(std::make_unique<Impl>(std::move(policy), std::move(options))) {}
 
 net::io_context* Server::SharedContext() { return impl_->OneThread() ? &impl_->ioc : nullptr; }
+
+net::io_context& Server::Context() { return impl_->ioc; }
+
+void Server::AddDrainHooks(DrainHooks hooks) { impl_->other_faces.push_back(std::move(hooks)); }
 
 Server::~Server() = default;
 
@@ -250,20 +255,24 @@ void Server::Impl::Drain() {
   signals.cancel(ignored);
   sweep_timer.cancel();
   for (const auto& session : registry.Snapshot()) session->Shutdown();
+  for (const DrainHooks& face : other_faces) face.begin();
   drain_deadline = std::chrono::steady_clock::now() + options.drain_timeout;
   PollDrain();
 }
 
 void Server::Impl::PollDrain() {
-  const size_t left = registry.size();
+  size_t left = registry.size();
+  for (const DrainHooks& face : other_faces) left += face.open();
   if (left == 0 || std::chrono::steady_clock::now() >= drain_deadline) {
     if (left > 0) Log(Level::kWarn, "drain timeout: closing", {{"connections", left}});
+    for (const DrainHooks& face : other_faces) face.close();
     FlushSuppressed();
     if (admin_listener) admin_listener->Stop();
     Log(Level::kInfo, "stopped");
-    // A Redis client on this io_context (SharedContext) closes first: its
-    // calls in flight fail (and answer their sessions) while it still runs.
-    if (store != nullptr && OneThread()) {
+    // The store closes while the io_context still runs: a Redis client's
+    // calls in flight fail and answer their callers (sessions, the gRPC
+    // face's calls) while those exist; `done` may run on the store's thread.
+    if (store != nullptr) {
       store->Shutdown([this] { ioc.stop(); });
     } else {
       ioc.stop();

@@ -4,7 +4,9 @@
 //   SIGTERM / SIGINT  stop accepting, let in-flight requests finish (at most
 //                     drain_timeout), close idle connections, return 0. The
 //                     admin listener serves on until the drain ends, /readyz
-//                     answering 503 "draining"
+//                     answering 503 "draining". A face added with
+//                     AddDrainHooks drains alongside. Then the store closes
+//                     (Store::Shutdown: its calls in flight are answered)
 //   SIGHUP            reload the config file: a new Policy is built fully and
 //                     swapped in; a bad file is logged and the old policy keeps
 //                     serving; changes that need a restart (store, listeners,
@@ -47,6 +49,16 @@ struct ServerOptions {
   std::chrono::milliseconds sweep_interval{5'000};
 };
 
+// A face of the daemon on the server's io_context beside the HTTP ones (the
+// gRPC face): the drain starts its own (begin), waits for its connections as
+// for the HTTP faces' (until open() is 0), and at drain_timeout closes what
+// is left (close). Each is called on an io_context thread.
+struct DrainHooks {
+  std::function<void()> begin;
+  std::function<size_t()> open;
+  std::function<void()> close;
+};
+
 class Server {
  public:
   Server(std::shared_ptr<const policy::Policy> policy, ServerOptions options);
@@ -57,6 +69,12 @@ class Server {
   // sparing a hand-off between threads each way per batch. The server then
   // shuts that store down before it stops. nullptr with more threads.
   boost::asio::io_context* SharedContext();
+  // The io_context the server's threads run (server.threads of them): another
+  // face may serve on it (grpcface::GrpcFace), drained with the server's
+  // (AddDrainHooks).
+  boost::asio::io_context& Context();
+  // Before Run.
+  void AddDrainHooks(DrainHooks hooks);
 
   // Binds the listener and prepares the faces, deciding with `store`. Logs
   // "listening".

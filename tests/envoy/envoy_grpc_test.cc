@@ -124,6 +124,38 @@ TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnRedis) {
   EXPECT_NE(redis.Cli("KEYS", "rl:{envoy:another}*"), "");
 }
 
+// The threads of a running process.
+size_t ThreadsOf(pid_t pid) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e :
+       fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+    ++n;
+  }
+  return n;
+}
+
+// The face serves on the server's threads (with one, also the Redis
+// client's: a call, its batch and its answer stay on one thread), so it adds
+// no thread, whatever server.threads says; and the server's drain ends it.
+TEST(EnvoyGrpc, TheFaceRunsOnTheServersThreads) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  const std::string dir = MakeTempDir();
+  for (const int threads : {1, 2}) {
+    SCOPED_TRACE("server.threads " + std::to_string(threads));
+    ratelimit::testing::RedisServer redis;
+    const std::string config = dir + "/threads" + std::to_string(threads) + ".yaml";
+    WriteFile(config, "server:\n  threads: " + std::to_string(threads) +
+                          "\nstore:\n  type: redis\n  url: " + redis.url() + "\n");
+    Daemon without({"--config", config});
+    ASSERT_TRUE(without.started()) << without.Log();
+    GrpcDaemon with({"--config", config});
+    RunScenario(with);  // decided on Redis
+    EXPECT_EQ(ThreadsOf(with.daemon->pid()), ThreadsOf(without.pid()));
+    with.daemon->Signal(SIGTERM);
+    EXPECT_EQ(with.daemon->Wait(10s), 0) << with.daemon->Log();
+  }
+}
+
 TEST(EnvoyGrpc, RequestErrorsAreInvalidArgument) {
   ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
   GrpcDaemon d({});
