@@ -78,6 +78,18 @@ TEST_F(EnvoyPlan, UnknownDomainAndNoMatchAreOkWithoutLimit) {
   EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
 }
 
+// A limit's name is part of its counters' keys (in Redis too): the same
+// request must name the same counter in every version, or an upgrade would
+// start every client's count again. "e" and 16 hex digits of a hash of the
+// domain, the descriptor's entries, the rule's algorithm, period and place.
+TEST_F(EnvoyPlan, LimitNamesStayTheSameAcrossVersions) {
+  Request req = One({{"key2", "v"}});
+  StatusOr<RequestPlan> plan = MakePlan(config_, req);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->limits.size(), 1u);
+  EXPECT_EQ(plan->limits[0].name(), "ee1a390bace1fae3a");
+}
+
 TEST_F(EnvoyPlan, FixedMinuteWindowCountsDownThenOverLimit) {
   for (int i = 0; i < 25; ++i) {
     Response r = Ask(One({{"key2", "v"}}));

@@ -59,6 +59,8 @@ struct Server::Impl {
   void Reload();
   void Drain();
   void PollDrain();
+  // The public faces' (HTTP and those added with AddDrainHooks).
+  size_t OpenConnections() const;
   void ScheduleSweep();
 
   ServerOptions options;
@@ -203,7 +205,7 @@ void Server::Impl::WaitForSignal() {
       return;
     }
     Log(Level::kInfo, "draining",
-        {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"connections", registry.size()}});
+        {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"connections", OpenConnections()}});
     Drain();
   });
 }
@@ -260,9 +262,14 @@ void Server::Impl::Drain() {
   PollDrain();
 }
 
+size_t Server::Impl::OpenConnections() const {
+  size_t open = registry.size();
+  for (const DrainHooks& face : other_faces) open += face.open();
+  return open;
+}
+
 void Server::Impl::PollDrain() {
-  size_t left = registry.size();
-  for (const DrainHooks& face : other_faces) left += face.open();
+  const size_t left = OpenConnections();
   if (left == 0 || std::chrono::steady_clock::now() >= drain_deadline) {
     if (left > 0) Log(Level::kWarn, "drain timeout: closing", {{"connections", left}});
     for (const DrainHooks& face : other_faces) face.close();
