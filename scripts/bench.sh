@@ -799,7 +799,9 @@ fi
 
 # ---------------------------------------------------------------- table
 rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git status --porcelain 2>/dev/null | grep -q . && echo "+uncommitted" || true)
+# The tables this script writes do not count: a second run would say the
+# code differs from its commit when only the last table does.
+dirty=$(git status --porcelain -- . ':!bench/results' 2>/dev/null | grep -q . && echo "+uncommitted" || true)
 {
   echo "## Benchmarks ($MODE, $(date -u +%Y-%m-%dT%H:%MZ))"
   echo
