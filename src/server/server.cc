@@ -129,12 +129,15 @@ Status Server::Start(std::shared_ptr<Store> store) {
     token = std::move(*t);
   }
   const bool have_token = !token.empty();
-  StatusOr<std::unique_ptr<ConcurrencyStore>> cs = MakeConcurrencyStore(s.start_config.store);
+  // With one thread, every Redis client of the daemon runs on it (SharedContext).
+  boost::asio::io_context* const shared = s.OneThread() ? &s.ioc : nullptr;
+  StatusOr<std::unique_ptr<ConcurrencyStore>> cs =
+      MakeConcurrencyStore(s.start_config.store, shared);
   if (!cs.ok()) return cs.status();
   s.concurrency_store = std::move(*cs);
   s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store,
                                                    s.start_config.store);
-  StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store);
+  StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store, shared);
   if (!os.ok()) return os.status();
   s.overrides = std::make_unique<Overrides>(*std::move(os), Clock::System());
   s.overrides->Start(s.ioc.get_executor());

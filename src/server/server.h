@@ -66,8 +66,9 @@ class Server {
 
   // With one I/O thread (server.threads: 1), the io_context it runs: a
   // RedisStore's client may run there too (RedisStore::Options::io_context),
-  // sparing a hand-off between threads each way per batch. The server then
-  // shuts that store down before it stops. nullptr with more threads.
+  // sparing a hand-off between threads each way per batch, as the server's
+  // own Redis clients (concurrency leases, overrides) then do. The server
+  // shuts the store down before it stops. nullptr with more threads.
   boost::asio::io_context* SharedContext();
   // The io_context the server's threads run (server.threads of them): another
   // face may serve on it (grpcface::GrpcFace), drained with the server's

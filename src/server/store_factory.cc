@@ -64,7 +64,7 @@ FailureObserver ConcurrencyFailureReporter() {
 }
 
 StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
-    const policy::StoreConfig& config) {
+    const policy::StoreConfig& config, boost::asio::io_context* io_context) {
   if (config.type == policy::StoreConfig::Type::kMemory) {
     return std::unique_ptr<ConcurrencyStore>(
         std::make_unique<MemoryConcurrencyStore>(MemoryConcurrencyStore::Options{
@@ -73,16 +73,19 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
   RedisConcurrencyStore::Options o;
   FillRedisOptions(config, o);
   o.connections = 1;  // acquire/release are rare next to checks
+  o.io_context = io_context;
   LogBreakerChanges(o.breaker, "redis circuit breaker (concurrency)");
   StatusOr<std::unique_ptr<RedisConcurrencyStore>> s = RedisConcurrencyStore::Create(std::move(o));
   if (!s.ok()) return s.status();
   return std::unique_ptr<ConcurrencyStore>(std::move(*s));
 }
 
-StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(const policy::StoreConfig& config) {
+StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(const policy::StoreConfig& config,
+                                                           boost::asio::io_context* io_context) {
   if (config.type == policy::StoreConfig::Type::kMemory) return MakeMemoryOverrideStore();
   RedisConnectionOptions o;
   FillRedisOptions(config, o);
+  o.io_context = io_context;
   LogBreakerChanges(o.breaker, "redis circuit breaker (overrides)");
   return MakeRedisOverrideStore(std::move(o));
 }

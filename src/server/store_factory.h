@@ -41,11 +41,15 @@ FailureObserver ConcurrencyFailureReporter();  // "concurrency store error: fail
 // The store of concurrency leases, from the same settings: memory ->
 // MemoryConcurrencyStore; redis -> RedisConcurrencyStore (one connection of
 // its own, its own breaker with the same settings, state changes logged).
-StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(const policy::StoreConfig& config);
+// `io_context` as for MakeStore.
+StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
+    const policy::StoreConfig& config, boost::asio::io_context* io_context = nullptr);
 
 // Where the per-client overrides live (server/overrides.h), from the same
 // settings: memory -> this process only; redis -> the same Redis (one
-// connection of its own, a deadline of at least 1 s).
-StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(const policy::StoreConfig& config);
+// connection of its own, a deadline of at least 1 s). `io_context` as for
+// MakeStore.
+StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(
+    const policy::StoreConfig& config, boost::asio::io_context* io_context = nullptr);
 
 }  // namespace ratelimit::server

@@ -135,7 +135,7 @@ size_t ThreadsOf(pid_t pid) {
 }
 
 // The face serves on the server's threads (with one, also the Redis
-// client's: a call, its batch and its answer stay on one thread), so it adds
+// clients': a call, its batch and its answer stay on one thread), so it adds
 // no thread, whatever server.threads says; and the server's drain ends it.
 TEST(EnvoyGrpc, TheFaceRunsOnTheServersThreads) {
   ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
@@ -151,6 +151,11 @@ TEST(EnvoyGrpc, TheFaceRunsOnTheServersThreads) {
     GrpcDaemon with({"--config", config});
     RunScenario(with);  // decided on Redis
     EXPECT_EQ(ThreadsOf(with.daemon->pid()), ThreadsOf(without.pid()));
+    // With one, every Redis client (checks, concurrency leases, overrides)
+    // shares it too: the whole daemon is that one thread.
+    if (threads == 1) {
+      EXPECT_EQ(ThreadsOf(with.daemon->pid()), 1u);
+    }
     with.daemon->Signal(SIGTERM);
     EXPECT_EQ(with.daemon->Wait(10s), 0) << with.daemon->Log();
   }
