@@ -144,7 +144,6 @@ struct GrpcFace::Impl {
   std::unique_ptr<net::posix::stream_descriptor> watch;
   net::steady_timer debounce;
   char watch_buf[4096];
-  bool stopped = false;  // Shutdown ran
 
   std::shared_ptr<const envoy::Config> Config() const {
     LockGuard lock(config_mu);
@@ -402,9 +401,8 @@ void GrpcFace::Drain() { impl_->BeginShutdown(); }
 size_t GrpcFace::connections() const { return impl_->server->connections(); }
 
 void GrpcFace::Shutdown() {
-  if (!impl_ || impl_->stopped) return;
-  impl_->stopped = true;
-  impl_->BeginShutdown();
+  if (!impl_) return;
+  impl_->BeginShutdown();  // both idempotent
   impl_->server->Stop();
 }
 

@@ -31,8 +31,9 @@
 // Envoy's client does not compress), client streaming.
 //
 // Thread-safety: Handle before Listen; Listen, Shutdown and the destructor
-// from one thread, not one of the io_context's (unless Stop came first). GrpcCall is a handle that
-// any thread may use, once per answer (Finish/Reply at most once).
+// from one thread, not one of the io_context's (unless Stop came first).
+// GrpcCall is a handle that any thread may use, once per answer
+// (Finish/Reply at most once).
 #pragma once
 
 #include <chrono>

@@ -371,12 +371,7 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
   const bool got_replies = !replies_.empty();
   replies_.clear();
   for (size_t i = 0; i < completions_.size(); ++i) budget_->Release();
-  {
-    // The replies of one read complete their calls together: whoever answers
-    // them may write its answers once, at the end (core/completion_batch.h).
-    core::CompletionBatch batch;
-    RunCompletions();
-  }
+  RunCompletions();
   for (Reply& push : pushes_) (*on_push)(std::move(push));
   pushes_.clear();
 
@@ -506,12 +501,7 @@ void Connection::OnDeadlineTimer() {
     timer_at_ = next;
   }
   for (size_t i = 0; i < completions_.size(); ++i) budget_->Release();
-  {
-    // The replies of one read complete their calls together: whoever answers
-    // them may write its answers once, at the end (core/completion_batch.h).
-    core::CompletionBatch batch;
-    RunCompletions();
-  }
+  RunCompletions();
 
   if (handshake_timed_out) {
     FailConnection(Unavailable(describe_ + ": AUTH/SELECT got no reply in time"));
@@ -581,6 +571,10 @@ void Connection::ScheduleReconnect() {
 }
 
 void Connection::RunCompletions() {
+  // These calls complete together (the replies of one read, the calls a
+  // deadline or a failure ends): whoever answers them may write its answers
+  // once, as the batch ends (core/completion_batch.h).
+  core::CompletionBatch batch;
   for (auto& [cb, result] : completions_) cb(std::move(result));
   completions_.clear();
 }

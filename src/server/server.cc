@@ -129,8 +129,8 @@ Status Server::Start(std::shared_ptr<Store> store) {
     token = std::move(*t);
   }
   const bool have_token = !token.empty();
-  // With one thread, every Redis client of the daemon runs on it (SharedContext).
-  boost::asio::io_context* const shared = s.OneThread() ? &s.ioc : nullptr;
+  // With one thread, every Redis client of the daemon runs on it.
+  boost::asio::io_context* const shared = SharedContext();
   StatusOr<std::unique_ptr<ConcurrencyStore>> cs =
       MakeConcurrencyStore(s.start_config.store, shared);
   if (!cs.ok()) return cs.status();
