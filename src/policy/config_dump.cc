@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "core/hex.h"
 #include "core/percent.h"
 #include "policy/config.h"
 
@@ -73,14 +74,12 @@ void EmitRules(YAML::Emitter& out, const std::vector<RuleLimit>& rules) {
 // A value inside a comment line: a line break in it (a `user` of "a\nb")
 // would end the comment and put the rest in the YAML.
 std::string CommentText(std::string_view v) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (char c : v) {
     const auto b = static_cast<unsigned char>(c);
     if (b < 0x20 || b == 0x7f) {
       out += "\\x";
-      out += kHex[b >> 4];
-      out += kHex[b & 0xf];
+      core::AppendHexByte(out, b);
     } else {
       out += c;
     }

@@ -8,6 +8,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/ssl/context.hpp>
 
+#include "core/hex.h"
 #include "redis/command.h"
 
 namespace ratelimit::redis {
@@ -111,14 +112,7 @@ std::string Sha1Hex(std::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(data.data(), data.size(), digest, &len, EVP_sha1(), nullptr);
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(size_t{len} * 2);
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 0xF]);
-  }
-  return out;
+  return core::Hex(std::span<const unsigned char>(digest, len));
 }
 
 Script Script::Create(std::string source) {

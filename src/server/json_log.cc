@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/hex.h"
+
 namespace ratelimit::server {
 namespace {
 
@@ -197,13 +199,9 @@ std::string RedactKey(std::string_view key) {
     // "demo-internal-0001"), and reveal no more of it than they do.
     unsigned char digest[SHA256_DIGEST_LENGTH];
     SHA256(reinterpret_cast<const unsigned char*>(key.data() + 2), key.size() - 2, digest);
-    static constexpr char kHex[] = "0123456789abcdef";
     std::string out(key.substr(0, std::min<size_t>(key.size(), 6)));
     out += "***";
-    for (int i = 0; i < 4; ++i) {
-      out.push_back(kHex[digest[i] >> 4]);
-      out.push_back(kHex[digest[i] & 15]);
-    }
+    core::AppendHex(out, std::span<const unsigned char>(digest, 4));
     return out;
   }
   return std::string(key);

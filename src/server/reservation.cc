@@ -7,6 +7,8 @@
 
 #include <array>
 
+#include "core/hex.h"
+
 namespace ratelimit::server {
 namespace {
 
@@ -69,12 +71,7 @@ Status Invalid() {
 std::string NewReservationNonce() {
   std::array<unsigned char, 16> bytes{};
   if (RAND_bytes(bytes.data(), static_cast<int>(bytes.size())) != 1) std::abort();
-  std::string out;
-  for (unsigned char b : bytes) {
-    out.push_back("0123456789abcdef"[b >> 4]);
-    out.push_back("0123456789abcdef"[b & 15]);
-  }
-  return out;
+  return core::Hex(bytes);
 }
 
 std::string SignReservation(const Reservation& r, std::string_view secret) {

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/hex.h"
 #include "ratelimit/concurrency.h"
 #include "ratelimit/limit.h"
 #include "ratelimit/thread_annotations.h"
@@ -67,13 +68,7 @@ std::string NewLeaseId() {
       bytes[8 + i] = static_cast<unsigned char>(b >> (8 * i));
     }
   }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string id(32, '0');
-  for (size_t i = 0; i < sizeof bytes; ++i) {
-    id[2 * i] = kHex[bytes[i] >> 4];
-    id[2 * i + 1] = kHex[bytes[i] & 15];
-  }
-  return id;
+  return core::Hex(bytes);
 }
 
 struct MemoryConcurrencyStore::Impl {

@@ -2,12 +2,12 @@
 
 #include <openssl/sha.h>
 
+#include "core/hex.h"
 #include "ratelimit/redis_store.h"
 
 namespace ratelimit {
 
 std::string EncodeClientKey(std::string_view key) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   out.reserve(key.size());
   for (unsigned char c : key) {
@@ -15,8 +15,7 @@ std::string EncodeClientKey(std::string_view key) {
       out.push_back(static_cast<char>(c));
     } else {
       out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
+      core::AppendHexByte(out, c);
     }
   }
   if (out.size() <= kMaxPlainClientKey) return out;
