@@ -14,9 +14,11 @@
 // Invariants:
 //   - each request is answered exactly once, within a few seconds;
 //   - the forwarded request parses, keeps method, target and body, carries
-//     no hop-by-hop header and ends X-Forwarded-For with the peer's address;
+//     no hop-by-hop header nor Expect and ends X-Forwarded-For with the
+//     peer's address;
 //   - if the upstream's bytes are a complete response (parsed here with the
-//     gateway's limits), the reply has its status and (but for HEAD) body,
+//     gateway's limits) after at most 16 interim (1xx but 101) ones, the
+//     reply has its status and (but for HEAD) body,
 //     the body streamed whole, and no header with CR, LF or NUL; otherwise
 //     either the head was good and the streamed body fails midway, or the
 //     reply is the gateway's own (502, CheckReply's invariants), as is every
@@ -107,6 +109,9 @@ void CheckForwarded(const server::Request& up, const Exchange& ex) {
     // Transfer-Encoding never: the gateway sends the whole body with a Content-Length.
     RL_FUZZ_CHECK(!IsHopByHop(f.name_string()),
                   what + ": forwarded " + std::string(f.name_string()));
+    // The session answered 100-continue and holds the body.
+    RL_FUZZ_CHECK(!server::EqualsIgnoreCase(f.name_string(), "expect"),
+                  what + ": forwarded Expect");
   }
   const std::string_view xff = up["X-Forwarded-For"];
   RL_FUZZ_CHECK(
@@ -162,16 +167,22 @@ struct Upstream {
   }
 };
 
-// The response the gateway should have read from `answer` (nullopt: it must fail).
+// The response the gateway should have read from `answer` (nullopt: it must
+// fail): the first final one, after interim (1xx) ones; a 101, or a 17th
+// interim one, fails.
 std::optional<http::response<http::string_body>> Expected(std::string_view answer, bool head) {
-  http::response_parser<http::string_body> p;
-  p.header_limit(64 * 1024);
-  p.body_limit(8 * 1024 * 1024);  // the gateway streams any size; inputs are far smaller
-  if (head) p.skip(true);
-  p.eager(true);
-  const beast::error_code ec = FeedAndClose(p, answer);  // the upstream closes after answering
-  if (ec || !p.is_done()) return std::nullopt;
-  return p.release();
+  for (int interim = 0;; ++interim) {
+    http::response_parser<http::string_body> p;
+    p.header_limit(64 * 1024);
+    p.body_limit(8 * 1024 * 1024);  // the gateway streams any size; inputs are far smaller
+    if (head) p.skip(true);
+    p.eager(true);
+    const beast::error_code ec = FeedAndClose(p, answer);  // the upstream closes after answering
+    if (ec || !p.is_done()) return std::nullopt;
+    const unsigned status = p.get().result_int();
+    if (status / 100 != 1) return p.release();
+    if (status == 101 || interim == 16) return std::nullopt;
+  }
 }
 
 }  // namespace

@@ -235,12 +235,14 @@ void UpstreamConnection::ExpiresAfter(std::chrono::milliseconds d) {
 struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   static constexpr size_t kPiece = 64 * 1024;
   static constexpr size_t kMaxFieldBytes = 64 * 1024;  // head and trailer
+  static constexpr int kMaxInterim = 16;               // 1xx responses before the final one
 
   Gateway& gw;
   std::function<void(Reply&&)> done;
   std::unique_ptr<UpstreamConnection> stream;
   bool reused = false;
   bool retried = false;
+  int interim = 0;  // 1xx responses dropped so far
   bool head = false;
   bool keep = false;  // the upstream connection can be reused after the body
   beast::flat_buffer buffer;
@@ -297,6 +299,12 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   void ReadHeader() {
     buffer.clear();
+    ReadHead();
+  }
+
+  // One response head, into a new parser: after an interim (1xx) response
+  // the buffer may already hold the next one.
+  void ReadHead() {
     parser.emplace(kMaxFieldBytes);
     // Streamed: no size limit, constant memory. (Not boost::none: Boost 1.74
     // compares a Content-Length against an empty optional as "over the limit".)
@@ -305,7 +313,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     if (head) parser->skip(true);
     http::async_read_header(stream->socket(), buffer, *parser,
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
-                              if (!ec) return self->Respond();
+                              if (!ec) return self->OnHead();
                               if (self->stream->timed_out())
                                 return self->Fail(504, "upstream did not answer in time");
                               if (n == 0)
@@ -313,6 +321,24 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                                     502, "upstream closed the connection: " + ec.message(), ec);
                               self->Fail(502, "bad upstream response: " + ec.message());
                             });
+  }
+
+  // Beast takes a 1xx head for a whole message: answering it as final would
+  // leave the real response unread on a connection that goes back to the
+  // pool, to be read as the answer to the next request. An interim answer
+  // (100 Continue, 103 Early Hints) is dropped, and the response read on,
+  // within the same deadline; a protocol switch (101) cannot be relayed.
+  void OnHead() {
+    const int status = parser->status();
+    if (status / 100 != 1) return Respond();
+    // The upstream has the request: it must not be sent again.
+    retried = true;
+    if (status == 101 || ++interim > kMaxInterim) {
+      stream.reset();  // never pooled: what follows is another protocol, or unread
+      return Fail(502, status == 101 ? "upstream switched protocols"
+                                     : "upstream sent too many interim (1xx) responses");
+    }
+    ReadHead();
   }
 
   void RetryOr(unsigned status, std::string detail, beast::error_code) {
@@ -465,7 +491,10 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
     for (const auto& f : request.base()) {
       const std::string_view name = f.name_string();
       if (f.name() == http::field::content_length || dropped(f.name(), name)) continue;  // below
-      if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;                           // below
+      // The session has answered 100-continue and holds the whole body: an
+      // upstream asked to would only send a 100 of its own.
+      if (f.name() == http::field::expect) continue;
+      if (EqualsIgnoreCase(name, "X-Forwarded-For")) continue;  // below
       PutField(put, name, f.value());
     }
     // X-Forwarded-For: the client's entries (every such field, in order), then the peer.

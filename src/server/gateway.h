@@ -11,8 +11,10 @@
 // client). Request bodies are forwarded whole, within the server's body limit
 // (like nginx's default proxy_request_buffering). Hop-by-hop headers
 // (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade
-// and every header named in Connection) are removed both ways; the peer's
-// address is appended to X-Forwarded-For; Host is passed unchanged.
+// and every header named in Connection) are removed both ways, and Expect
+// is not forwarded (the session has answered 100-continue and holds the
+// body); the peer's address is appended to X-Forwarded-For; Host is passed
+// unchanged. Interim (1xx) responses are dropped; a 101 is a 502.
 // Upstream refused/reset/garbled -> 502; no answer within `timeout` -> 504.
 // A request that fails on a reused idle connection before any byte of the
 // answer arrived is retried once on a new connection (the upstream closed the

@@ -37,6 +37,8 @@ class FakeUpstream {
     kSlow,             // keep-alive; answers each request 100 ms after it arrived
     kStallBody,        // announces 100 bytes of body, sends 10, then nothing
     kTrickledHead,     // a head of `fields` 200-byte fields and one more, 1 ms apart
+    kInterim,          // kEcho, after a 100 Continue and a 103 Early Hints
+    kSwitch,           // answers 101 Switching Protocols, then keeps the connection
   };
 
   explicit FakeUpstream(Mode mode, int fields = 0)
@@ -128,9 +130,24 @@ class FakeUpstream {
         net::write(s, net::buffer(std::string("-Last: 1\r\nContent-Length: 2\r\n\r\nok")), ec);
         continue;
       }
-      const std::string body = mode_ == Mode::kEcho || mode_ == Mode::kEchoLate
-                                   ? ShowRequest(req)
-                                   : std::string(req.target());
+      if (mode_ == Mode::kSwitch) {
+        net::write(s,
+                   net::buffer(std::string("HTTP/1.1 101 Switching Protocols\r\n"
+                                           "Connection: upgrade\r\nUpgrade: x\r\n\r\n")),
+                   ec);
+        continue;
+      }
+      if (mode_ == Mode::kInterim) {  // the final answer follows in a write of its own
+        net::write(s,
+                   net::buffer(std::string("HTTP/1.1 100 Continue\r\n\r\n"
+                                           "HTTP/1.1 103 Early Hints\r\n"
+                                           "Link: </s.css>; rel=preload\r\n\r\n")),
+                   ec);
+      }
+      const std::string body =
+          mode_ == Mode::kEcho || mode_ == Mode::kEchoLate || mode_ == Mode::kInterim
+              ? ShowRequest(req)
+              : std::string(req.target());
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
                         body;
@@ -293,6 +310,39 @@ TEST_F(GatewayTest, TheUpstreamGetsTheClientsEndToEndFieldsInOrder) {
   del.body() = "x";
   EXPECT_EQ(Forward(del).body, "DELETE /d\nX-Forwarded-For: 192.0.2.1\nContent-Length: 1\n\nx");
   EXPECT_EQ(up.connections(), 1);
+}
+
+// Beast takes a 1xx head for a whole response. Relayed as the answer, it
+// left the final response unread on a pooled connection, where the next
+// request read it as its own. The interim answers are dropped; the client
+// gets the final one, and the next request on the connection its own.
+// Expect is not forwarded: the session answered it and holds the body.
+TEST_F(GatewayTest, UpstreamInterimAnswersAreSkipped) {
+  FakeUpstream up(FakeUpstream::Mode::kInterim);
+  Open(up, {});
+  Request post{http::verb::post, "/a", 11};
+  post.insert("Expect", "100-continue");
+  post.body() = "data";
+  Got a = Forward(post);
+  EXPECT_EQ(a.status, 200u);
+  EXPECT_EQ(a.body, "POST /a\nX-Forwarded-For: 192.0.2.1\nContent-Length: 4\n\ndata");
+  Got b = Forward("/b");
+  EXPECT_EQ(b.status, 200u);
+  EXPECT_EQ(b.body, "GET /b\nHost: upstream.test\nX-Forwarded-For: 192.0.2.1\n\n");
+  EXPECT_EQ(up.connections(), 1);
+}
+
+// After a 101 the connection no longer carries HTTP/1.1 answers to our
+// requests: a 502, and the next request gets a new connection.
+TEST_F(GatewayTest, AnUpstreamProtocolSwitchIs502AndItsConnectionIsNotReused) {
+  FakeUpstream up(FakeUpstream::Mode::kSwitch);
+  Open(up, {});
+  Got a = Forward("/a");
+  EXPECT_EQ(a.status, 502u);
+  EXPECT_NE(a.body.find("switched protocols"), std::string::npos) << a.body;
+  Sync();
+  EXPECT_EQ(Forward("/b").status, 502u);
+  EXPECT_EQ(up.connections(), 2);
 }
 
 // An upstream request larger than one send: 16 MB to an upstream that
