@@ -162,6 +162,13 @@ void Session::ReadHead() {
 
 void Session::OnHeader(beast::error_code ec) {
   if (ec) return FailRequest(ec);
+  // RFC 9112 6.3: a request's Transfer-Encoding must end in chunked, else its
+  // length cannot be known. Beast reads such a request as bodyless, so its
+  // body would be parsed as the next request (smuggled past whatever sits in
+  // front of ratelimitd): refused, and the connection closed.
+  if (!parser_->chunked() && parser_->get().count(http::field::transfer_encoding) > 0) {
+    return Refuse(400, "malformed HTTP request: Transfer-Encoding does not end in chunked");
+  }
   if (parser_->is_done()) return Handle();
   const auto expect = parser_->get()[http::field::expect];
   if (beast::iequals(expect, "100-continue")) {
@@ -200,6 +207,21 @@ void Session::OnBody(beast::error_code ec) {
 }
 
 void Session::FailRequest(beast::error_code ec) {
+  if (ec == http::error::header_limit) {
+    return Refuse(431,
+                  "request headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes");
+  }
+  if (ec == http::error::body_limit) {
+    return Refuse(413, "request body exceeds " + std::to_string(limits_.max_body_bytes) + " bytes");
+  }
+  if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message) {
+    return Refuse(400, "malformed HTTP request: " + ec.message());
+  }
+  Close();  // timeout, reset, end of stream: nobody to answer
+}
+
+void Session::Refuse(unsigned status, std::string_view detail) {
   // The request target, once the request line has been parsed (Beast parses
   // it before the header fields): a 431 for a long field still names it.
   std::string_view instance;
@@ -207,26 +229,9 @@ void Session::FailRequest(beast::error_code ec) {
     instance = parser_->get().target();
     instance = instance.substr(0, instance.find('?'));
   }
-  if (ec == http::error::header_limit) {
-    Reply r = ProblemReply(
-        431, "request headers exceed " + std::to_string(limits_.max_header_bytes) + " bytes",
-        instance);
-    r.close = true;
-    return Write(std::move(r));
-  }
-  if (ec == http::error::body_limit) {
-    Reply r = ProblemReply(
-        413, "request body exceeds " + std::to_string(limits_.max_body_bytes) + " bytes", instance);
-    r.close = true;
-    return Write(std::move(r));
-  }
-  if (ec.category() == http::make_error_code(http::error::bad_target).category() &&
-      ec != http::error::end_of_stream && ec != http::error::partial_message) {
-    Reply r = ProblemReply(400, "malformed HTTP request: " + ec.message(), instance);
-    r.close = true;
-    return Write(std::move(r));
-  }
-  Close();  // timeout, reset, end of stream: nobody to answer
+  Reply r = ProblemReply(status, detail, instance);
+  r.close = true;
+  Write(std::move(r));
 }
 
 void Session::Handle() {

@@ -116,6 +116,8 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   void EndStreamed(bool close, beast::error_code ec);
   void OnWrite(bool close, beast::error_code ec);
   void FailRequest(beast::error_code ec);
+  // Answers `status` with a problem naming the request's path, then closes.
+  void Refuse(unsigned status, std::string_view detail);
   void Close();
   void WatchPeer(uint64_t hold);
   void EndHold(uint64_t hold, bool client_alive);

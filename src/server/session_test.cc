@@ -382,6 +382,21 @@ TEST_F(SessionTest, ChunkedBodyOverTheLimitAnswers413) {
   ExpectRefused(*c, 413);
 }
 
+// RFC 9112 6.3: a request whose Transfer-Encoding does not end in chunked
+// has no knowable length. Beast reads it as bodyless, and its "body" (here a
+// whole request) would be served as the next request: one 400 instead, and
+// the connection closed, so the smuggled request is never read.
+TEST_F(SessionTest, ATransferEncodingNotEndingInChunkedIsRefusedAndNothingIsSmuggled) {
+  for (std::string_view te : {"chunked, identity", "gzip", "gzip\r\nContent-Length: 0"}) {
+    SCOPED_TRACE(te);
+    auto c = Connect();
+    c->Send("POST /front HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: " + std::string(te) +
+            "\r\n\r\n" + Get("/smuggled"));
+    const std::string body = ExpectRefused(*c, 400);
+    EXPECT_NE(body.find("Transfer-Encoding"), std::string::npos) << body;
+  }
+}
+
 TEST_F(SessionTest, BodyAtTheLimitIsServed) {
   auto c = Connect({.max_body_bytes = 16});
   c->Send(Post("/upload", std::string(16, 'b')));
