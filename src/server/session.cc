@@ -3,7 +3,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <iterator>
 
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
 
@@ -170,6 +172,9 @@ void Session::OnHeader(beast::error_code ec) {
     return Refuse(400, "malformed HTTP request: Transfer-Encoding does not end in chunked");
   }
   if (parser_->is_done()) return Handle();
+  body_bytes_ = 0;
+  if (parser_->chunked()) head_fields_ = FieldCount();
+  parser_->eager(true);  // the whole body in one put() where it has arrived
   const auto expect = parser_->get()[http::field::expect];
   if (beast::iequals(expect, "100-continue")) {
     http::async_write(socket_, continue_,
@@ -179,30 +184,58 @@ void Session::OnHeader(beast::error_code ec) {
                       });
     return;
   }
-  // A small body usually arrives with its head: hand the parser what is
-  // already buffered before reading (Beast's async_read would take it too, but
-  // through a composed operation and one more trip through the scheduler).
-  while (buffer_.size() > 0 && !parser_->is_done()) {
-    const size_t used = parser_->put(buffer_.data(), ec);
-    buffer_.consume(used);
-    if (ec == http::error::need_more) {
-      ec = {};
-      break;
-    }
-    if (ec) return FailRequest(ec);
-    if (used == 0) break;
-  }
-  if (parser_->is_done()) return Handle();
   ReadBody();
 }
 
+// Beast's body limit counts chunk data only, and a chunk line (an endless
+// chunk extension) or a trailer section stays in the buffer, unparsed, until
+// its end arrives: left to http::async_read, a client could grow the buffer
+// for the whole read_timeout. So, as for the head, the session feeds the
+// parser itself and bounds the body's bytes on the wire, framing included:
+// those the parser took and those it holds back (all of this request's: the
+// parser stops short of the next one only once this one is done). Framing
+// and trailer get a head's allowance on top of the body limit. A small body
+// usually arrives with its head and is taken from the buffer at once.
 void Session::ReadBody() {
-  http::async_read(socket_, buffer_, *parser_,
-                   [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+  const size_t max = limits_.max_body_bytes + limits_.max_header_bytes;
+  while (buffer_.size() > 0 && !parser_->is_done()) {
+    beast::error_code ec;
+    const size_t used = parser_->put(buffer_.data(), ec);
+    buffer_.consume(used);
+    body_bytes_ += used;
+    if (ec && ec != http::error::need_more) return FailRequest(ec);
+    if (ec || used == 0) break;
+  }
+  if (parser_->is_done()) return OnBody();
+  const size_t held = body_bytes_ + buffer_.size();
+  if (held > max) {
+    return Refuse(
+        413, "request body with its chunked framing exceeds " + std::to_string(max) + " bytes");
+  }
+  // At most one byte past the bound: the buffer never grows beyond it.
+  const size_t want = std::min(beast::read_size(buffer_, 64 * 1024), max + 1 - held);
+  socket_.async_read_some(buffer_.prepare(want),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            if (ec) return self->FailRequest(ec);
+                            self->buffer_.commit(n);
+                            self->ReadBody();
+                          });
 }
 
-void Session::OnBody(beast::error_code ec) {
-  if (ec) return FailRequest(ec);
+size_t Session::FieldCount() const {
+  const auto& fields = parser_->get().base();
+  return static_cast<size_t>(std::distance(fields.begin(), fields.end()));
+}
+
+void Session::OnBody() {
+  // Beast adds a chunked body's trailer fields to the request's header
+  // fields, where they would pass for headers: an API key or user header the
+  // rules read, a field forwarded upstream. No route expects a trailer.
+  if (parser_->chunked() && FieldCount() != head_fields_) {
+    return Refuse(400,
+                  "malformed HTTP request: trailer fields in a chunked request are not "
+                  "accepted");
+  }
   Handle();
 }
 

@@ -4,7 +4,8 @@
 //
 //   WaitForRequest (idle_timeout) -> ReadHeader (read_timeout) -> ReadHead
 //   (piece by piece, max_header_bytes in all) -> [100 Continue]
-//   -> ReadBody (same deadline, body limit) -> Handle
+//   -> ReadBody (same deadline, piece by piece, body limit; framing and
+//   trailer within max_header_bytes more) -> Handle
 //   -> Write -> WaitForRequest ...
 //
 // A reply with a body_stream (the gateway's) is written as its header, then
@@ -12,7 +13,9 @@
 // source knows it, else chunked (HTTP/1.1) or ended by closing (HTTP/1.0).
 //
 // Every read is bounded: too-large headers answer 431, a too-large body 413,
-// any other parse error 400; each of these then closes the connection. A
+// any other parse error 400 (also a Transfer-Encoding not ending in chunked,
+// and trailer fields, which Beast would merge into the header fields); each
+// of these then closes the connection. A
 // client silent for idle_timeout between requests, or slower than
 // read_timeout for one request, is disconnected (the read_timeout deadline is
 // set once per request: trickled bytes do not extend it). With
@@ -107,7 +110,8 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   void ReadHead();
   void OnHeader(beast::error_code ec);
   void ReadBody();
-  void OnBody(beast::error_code ec);
+  void OnBody();
+  size_t FieldCount() const;  // the request's header fields (and trailer, once read)
   void Handle();
   void Write(Reply&& reply);
   // Writes a reply whose body comes from reply.body_stream, piece by piece.
@@ -140,7 +144,9 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   SessionRegistry& registry_;
   policy::IpAddress peer_;
   std::string peer_text_;
-  size_t head_bytes_ = 0;  // bytes of the current head the parser has taken
+  size_t head_bytes_ = 0;   // bytes of the current head the parser has taken
+  size_t body_bytes_ = 0;   // and of its body, framing included
+  size_t head_fields_ = 0;  // a chunked request's header fields, before its trailer
   std::chrono::steady_clock::time_point request_started_{};  // its first bytes read (stage timing)
   std::shared_ptr<void> slot_;
   net::steady_timer pace_timer_;

@@ -397,6 +397,50 @@ TEST_F(SessionTest, ATransferEncodingNotEndingInChunkedIsRefusedAndNothingIsSmug
   }
 }
 
+TEST_F(SessionTest, AChunkedBodyWithExtensionsIsServedAndThePipelinedNextRequestToo) {
+  auto c = Connect();
+  c->Send(
+      "POST /chunks HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\n\r\n" +
+      Get("/next"));
+  EXPECT_EQ(c->Next().body(), "POST /chunks abcde");
+  EXPECT_EQ(c->Next().body(), "GET /next ");
+}
+
+// Beast holds a chunk line, or a chunked body's trailer, unparsed until its
+// end arrives, and its body limit counts chunk data only: an endless chunk
+// extension or trailer grew the session's buffer for the whole
+// read_timeout. The body's bytes on the wire, framing included, are bounded
+// by max_body_bytes + max_header_bytes: a prompt 413, well before the read
+// timeout (which would close without an answer).
+TEST_F(SessionTest, EndlessChunkExtensionsOrTrailersAnswer413) {
+  const SessionLimits limits{.max_header_bytes = 256,
+                             .max_body_bytes = 256,
+                             .read_timeout = std::chrono::milliseconds(3000)};
+  const std::string head =
+      "POST /endless HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  std::string trailer;
+  for (int i = 0; i < 100; ++i) trailer += "X-T" + std::to_string(i) + ": " + "vvvv\r\n";
+  for (const std::string& body : {"1;" + std::string(2000, 'e'), "1\r\nx\r\n0\r\n" + trailer}) {
+    auto c = Connect(limits);
+    c->Send(head + body);
+    const std::string problem = ExpectRefused(*c, 413);
+    EXPECT_NE(problem.find("512 bytes"), std::string::npos) << problem;
+  }
+}
+
+// Beast adds a chunked body's trailer fields to the request's header fields:
+// a trailer could supply an API key or user header, or be forwarded upstream
+// as a header. Refused.
+TEST_F(SessionTest, AChunkedRequestWithTrailerFieldsIsRefused) {
+  auto c = Connect();
+  c->Send(
+      "POST /t HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "1\r\nx\r\n0\r\nX-Api-Key: forged\r\n\r\n");
+  const std::string problem = ExpectRefused(*c, 400);
+  EXPECT_NE(problem.find("trailer fields"), std::string::npos) << problem;
+}
+
 TEST_F(SessionTest, BodyAtTheLimitIsServed) {
   auto c = Connect({.max_body_bytes = 16});
   c->Send(Post("/upload", std::string(16, 'b')));
