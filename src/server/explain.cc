@@ -199,8 +199,8 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
     out["face"] = "auth_request";
     out["original"] = {{"method", method}, {"target", target}};
   }
-  std::string xff;
-  const policy::RequestView view = MakeView(http_req, method, target, *peer, xff);
+  JoinedFields joined;
+  const policy::RequestView view = MakeView(http_req, method, target, *peer, joined);
   StatusOr<policy::RequestPlan> plan = policy.Resolve(view);
   if (!plan.ok()) return InvalidArgument(plan.status().message() + " (the request would be a 400)");
   const policy::Config& c = policy.config();

@@ -57,24 +57,38 @@ bool IsOwnPath(std::string_view canonical) {
   return false;
 }
 
+namespace {
+
+// Every `name` field's value, joined with ", " in order into `joined` when
+// there is more than one; the one value itself otherwise.
+std::optional<std::string_view> JoinedField(const Request& req, std::string_view name,
+                                            std::string& joined) {
+  auto range = req.equal_range(name);
+  if (range.first == range.second) return std::nullopt;
+  auto next = range.first;
+  if (++next == range.second) return range.first->value();
+  joined.clear();
+  for (auto it = range.first; it != range.second; ++it) {
+    if (!joined.empty()) joined += ", ";
+    joined.append(it->value());
+  }
+  return std::string_view(joined);
+}
+
+}  // namespace
+
 policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
-                             const policy::IpAddress& peer, std::string& xff) {
+                             const policy::IpAddress& peer, JoinedFields& joined) {
   return policy::RequestView{
       .method = method,
       .target = target,
       .peer = peer,
-      .header = [&req, &xff](std::string_view name) -> std::optional<std::string_view> {
+      .header = [&req, &joined](std::string_view name) -> std::optional<std::string_view> {
         if (EqualsIgnoreCase(name, "X-Forwarded-For")) {
-          auto range = req.equal_range("X-Forwarded-For");
-          if (range.first == range.second) return std::nullopt;
-          auto next = range.first;
-          if (++next == range.second) return range.first->value();
-          xff.clear();
-          for (auto it = range.first; it != range.second; ++it) {
-            if (!xff.empty()) xff += ", ";
-            xff.append(it->value());
-          }
-          return std::string_view(xff);
+          return JoinedField(req, "X-Forwarded-For", joined.x_forwarded_for);
+        }
+        if (EqualsIgnoreCase(name, "Forwarded")) {
+          return JoinedField(req, "Forwarded", joined.forwarded);
         }
         auto it = req.find(name);
         if (it == req.end()) return std::nullopt;
@@ -151,9 +165,9 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
       return done(std::move(r));
     }
     // The caller's own identity, formed exactly as for its /api/ping requests.
-    std::string xff;
+    JoinedFields joined;
     const policy::Identity who =
-        policy->Identify(MakeView(req, req.method_string(), req.target(), peer, xff));
+        policy->Identify(MakeView(req, req.method_string(), req.target(), peer, joined));
     return admin_->DemoState(std::move(policy), who, std::move(done));
   }
   Rules(req, peer, peer_text, std::move(policy), false, std::move(done), holder);
@@ -184,8 +198,8 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
     if (!s.ok()) return done(ProblemReply(400, s.status().message(), "/v1/auth"));
     deny_status = *s;
   }
-  std::string xff;  // repeated X-Forwarded-For headers, joined
-  const policy::RequestView view = MakeView(req, method, target, peer, xff);
+  JoinedFields joined;
+  const policy::RequestView view = MakeView(req, method, target, peer, joined);
   const std::string path(target.substr(0, target.find('?')));
   StatusOr<policy::RequestPlan> plan = policy->Resolve(view);
   if (!plan.ok()) return done(ProblemReply(400, plan.status().message(), path));

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "policy/ip.h"
@@ -57,11 +58,19 @@ class Gateway;
 // (docs/http-api.md). Segment-aware: /v1/checkout is not ours.
 bool IsOwnPath(std::string_view canonical_path);
 
+// Where a view's header lookup joins repeated lines (policy.h: a proxy may
+// add its own line): one string per name, as the policy holds both values
+// at once.
+struct JoinedFields {
+  std::string x_forwarded_for;
+  std::string forwarded;
+};
+
 // How the policy sees a request (the gateway, /v1/auth, the demo and
-// explain): the header lookup joins repeated X-Forwarded-For lines into
-// `xff`, which must outlive the view, as must `req`.
+// explain): the header lookup joins repeated X-Forwarded-For and Forwarded
+// lines into `joined`, which must outlive the view, as must `req`.
 policy::RequestView MakeView(const Request& req, std::string_view method, std::string_view target,
-                             const policy::IpAddress& peer, std::string& xff);
+                             const policy::IpAddress& peer, JoinedFields& joined);
 
 class Router final : public RequestHandler {
  public:

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "policy/config.h"
 #include "policy/policy.h"
@@ -73,6 +74,30 @@ class RouterTest : public ::testing::Test {
   Router public_;
   std::unique_ptr<Router> admin_router_;
 };
+
+// A proxy may add its own Forwarded line rather than append to the
+// client's: the view joins the lines in order, as for X-Forwarded-For, so
+// the client's own first line cannot name its address. The policy reads
+// both names at once (two views held together).
+TEST(MakeViewTest, RepeatedForwardedAndXForwardedForLinesAreJoined) {
+  Request req{http::verb::get, "/api", 11};
+  req.insert("Forwarded", "for=203.0.113.9");   // the client's forgery
+  req.insert("Forwarded", "for=198.51.100.4");  // the trusted proxy's line
+  req.insert("X-Forwarded-For", "203.0.113.9");
+  req.insert("X-Forwarded-For", "198.51.100.4");
+  req.insert("X-Other", "first");
+  req.insert("X-Other", "second");
+  const policy::IpAddress proxy = *policy::IpAddress::Parse("10.0.0.1");
+  JoinedFields joined;
+  const policy::RequestView view = MakeView(req, "GET", "/api", proxy, joined);
+  const std::optional<std::string_view> xff = view.header("x-forwarded-for");
+  const std::optional<std::string_view> fwd = view.header("forwarded");
+  EXPECT_EQ(fwd, "for=203.0.113.9, for=198.51.100.4");
+  EXPECT_EQ(xff, "203.0.113.9, 198.51.100.4");
+  EXPECT_EQ(view.header("X-Other"), "first");  // other names: the first line
+  const std::vector<policy::Cidr> trusted = {*policy::Cidr::Parse("10.0.0.0/8")};
+  EXPECT_EQ(policy::ClientIp(proxy, xff, fwd, trusted).ToString(), "198.51.100.4");
+}
 
 TEST_F(RouterTest, DecisionApiTakesOnlyPost) {
   Reply r = Send(public_, http::verb::get, "/v1/check");
