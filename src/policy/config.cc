@@ -491,8 +491,8 @@ Status Loader::Envoy(const YAML::Node& n, EnvoySection* e) {
 
 Status Loader::Clients(const YAML::Node& n, ClientConfig* s) {
   RL_RETURN_IF_ERROR(CheckMap(n, "clients",
-                              {"api_key_header", "user_header", "trusted_proxies", "ipv6_prefix",
-                               "accept_unknown_api_keys"}));
+                              {"api_key_header", "user_header", "trusted_proxies",
+                               "client_ip_header", "ipv6_prefix", "accept_unknown_api_keys"}));
   for (const char* key : {"api_key_header", "user_header"}) {
     std::string* out =
         key == std::string_view("api_key_header") ? &s->api_key_header : &s->user_header;
@@ -511,6 +511,12 @@ Status Loader::Clients(const YAML::Node& n, ClientConfig* s) {
       s->trusted_proxies.push_back(*c);
     }
   }
+  RL_RETURN_IF_ERROR(Enum<ClientIpHeader>(
+      n, "client_ip_header",
+      {{ClientIpHeaderName(ClientIpHeader::kAny), ClientIpHeader::kAny},
+       {ClientIpHeaderName(ClientIpHeader::kForwarded), ClientIpHeader::kForwarded},
+       {ClientIpHeaderName(ClientIpHeader::kXForwardedFor), ClientIpHeader::kXForwardedFor}},
+      &s->client_ip_header));
   RL_RETURN_IF_ERROR(IntIn(n, "ipv6_prefix", 0, 128, &s->ipv6_prefix));
   RL_RETURN_IF_ERROR(Bool(n, "accept_unknown_api_keys", &s->accept_unknown_api_keys));
   return Status::Ok();
@@ -1128,6 +1134,15 @@ std::string_view HeaderDialectName(HeaderDialect d) {
     case HeaderDialect::kNone: return "none";
   }
   return "draft06";
+}
+
+std::string_view ClientIpHeaderName(ClientIpHeader h) {
+  switch (h) {
+    case ClientIpHeader::kAny: return "any";
+    case ClientIpHeader::kForwarded: return "Forwarded";
+    case ClientIpHeader::kXForwardedFor: return "X-Forwarded-For";
+  }
+  return "any";
 }
 
 StatusOr<Config> ParseConfig(std::string_view yaml, std::string_view source_name,

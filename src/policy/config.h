@@ -68,11 +68,22 @@ struct StoreConfig {
   size_t local_max_keys = 100'000;  // the `local` failure mode's in-memory bound
 };
 
+// Which header from a trusted proxy names the client (clients.client_ip_header).
+enum class ClientIpHeader {
+  kAny,            // Forwarded if present and usable, else X-Forwarded-For (default)
+  kForwarded,      // Forwarded only
+  kXForwardedFor,  // X-Forwarded-For only
+};
+
 struct ClientConfig {
   std::string api_key_header = "X-API-Key";  // "" disables
   std::string user_header;                   // set by a trusted auth layer; "" disables
   std::vector<Cidr> trusted_proxies;         // XFF / Forwarded are read only from these peers
-  int ipv6_prefix = 64;                      // IPv6 clients are keyed by this prefix
+  // The header the trusted proxies set. A proxy passes the other one through
+  // from the client unless told to strip it: naming the one it sets keeps a
+  // client from choosing its address through the other.
+  ClientIpHeader client_ip_header = ClientIpHeader::kAny;
+  int ipv6_prefix = 64;  // IPv6 clients are keyed by this prefix
   // An API key that is not in `api_keys`: true -> it still names the client
   // ("k:<key>", on default_plan); false -> ignored (user header, then IP).
   // true lets any client mint identities: for demos and trusted networks only.
@@ -245,7 +256,8 @@ std::string FolderOf(const std::string& path);
 void KeepRestartBound(const Config& running, Config* loaded);
 
 // The YAML spellings, shared with the server's admin API and logs.
-std::string_view HeaderDialectName(HeaderDialect d);  // "draft06", "structured", "legacy", "none"
+std::string_view HeaderDialectName(HeaderDialect d);    // "draft06", "structured", "legacy", "none"
+std::string_view ClientIpHeaderName(ClientIpHeader h);  // "any", "Forwarded", "X-Forwarded-For"
 
 // No config file: memory store, demo page, /api/ping limited per client
 // (X-API-Key if present, else client IP) with burst 5 and 1 per second.

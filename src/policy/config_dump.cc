@@ -185,6 +185,8 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "trusted_proxies" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const Cidr& cidr : cl.trusted_proxies) out << cidr.ToString();
   out << YAML::EndSeq;
+  out << YAML::Key << "client_ip_header" << YAML::Value
+      << std::string(ClientIpHeaderName(cl.client_ip_header));
   out << YAML::Key << "ipv6_prefix" << YAML::Value << cl.ipv6_prefix;
   out << YAML::Key << "accept_unknown_api_keys" << YAML::Value << cl.accept_unknown_api_keys;
   out << YAML::EndMap;

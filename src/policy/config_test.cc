@@ -105,6 +105,7 @@ TEST(ParseConfig, MinimalConfigHasDocumentedDefaults) {
   EXPECT_EQ(c->clients.api_key_header, "X-API-Key");
   EXPECT_EQ(c->clients.ipv6_prefix, 64);
   EXPECT_FALSE(c->clients.accept_unknown_api_keys);
+  EXPECT_EQ(c->clients.client_ip_header, ClientIpHeader::kAny);
   EXPECT_TRUE(c->routes.empty());
 }
 
@@ -181,7 +182,7 @@ server: {listen: "0.0.0.0:8080", admin_listen: "", headers: structured, threads:
 store: {type: redis, url: "redis://:pw@localhost:6379", deadline: 50ms, failure_mode: local,
         expected_instances: 3, time_source: local}
 clients: {api_key_header: X-Key, user_header: X-User-Id, trusted_proxies: ["10.0.0.0/8", "::1"],
-          ipv6_prefix: 56, accept_unknown_api_keys: true}
+          client_ip_header: X-Forwarded-For, ipv6_prefix: 56, accept_unknown_api_keys: true}
 limits:
   burst: {algorithm: token_bucket, capacity: 10, refill_per_second: 0.5}
   daily: {algorithm: fixed_window, limit: 1000, window: 1d}
@@ -205,6 +206,7 @@ routes:
   EXPECT_EQ(c->store.failure_mode, FailureMode::kLocal);
   EXPECT_EQ(c->store.time_source, StoreConfig::TimeSource::kLocal);
   EXPECT_EQ(c->clients.trusted_proxies.size(), 2u);
+  EXPECT_EQ(c->clients.client_ip_header, ClientIpHeader::kXForwardedFor);
   EXPECT_EQ(c->clients.ipv6_prefix, 56);
   EXPECT_EQ(c->plans.at("pro").limits.at(0).limit.algorithm(), Algorithm::kSlidingWindow);
   EXPECT_TRUE(c->plans.at("pro").limits.at(0).shadow);

@@ -187,9 +187,18 @@ Identity Policy::IdentifyImpl(const RequestView& request, int* plan_index) const
       break;
     }
   }
-  id.client_ip = peer_trusted ? ClientIp(request.peer, header("X-Forwarded-For"),
-                                         header("Forwarded"), cc.trusted_proxies)
-                              : request.peer;
+  if (peer_trusted) {
+    // Only the header the proxies set: a client's own copy of the other one
+    // would pass through them.
+    const std::optional<std::string_view> xff = cc.client_ip_header != ClientIpHeader::kForwarded
+                                                    ? header("X-Forwarded-For")
+                                                    : std::nullopt;
+    const std::optional<std::string_view> forwarded =
+        cc.client_ip_header != ClientIpHeader::kXForwardedFor ? header("Forwarded") : std::nullopt;
+    id.client_ip = ClientIp(request.peer, xff, forwarded, cc.trusted_proxies);
+  } else {
+    id.client_ip = request.peer;
+  }
   id.ip_key = "ip:" + id.client_ip.KeyString(cc.ipv6_prefix);
   *plan_index = default_plan_;
 

@@ -147,6 +147,29 @@ TEST_F(PolicyTest, ForwardedHeadersOnlyFromTrustedProxies) {
   EXPECT_EQ(Resolve("GET", "/x", "10.1.2.3")->identity.key, "ip:198.51.100.8");
 }
 
+// A proxy that sets X-Forwarded-For passes the client's own Forwarded through
+// unless told to strip it, and by default Forwarded is preferred: naming the
+// header the proxies set leaves the client no other to pick its address with.
+TEST_F(PolicyTest, ClientIpHeaderReadsOnlyTheHeaderTheProxiesSet) {
+  headers_["X-Forwarded-For"] = "198.51.100.7";
+  headers_["Forwarded"] = "for=203.0.113.66";  // the client's forgery, passed through
+  const auto key_with = [&](std::string_view setting) {
+    StatusOr<Config> c = ParseConfig(
+        "clients: {trusted_proxies: [10.0.0.0/8], client_ip_header: " + std::string(setting) + "}",
+        "t.yaml");
+    EXPECT_TRUE(c.ok()) << c.status().message();
+    StatusOr<std::shared_ptr<const Policy>> p = Policy::Create(*std::move(c));
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    policy_ = *p;
+    return Resolve("GET", "/x", "10.1.2.3")->identity.key;
+  };
+  EXPECT_EQ(key_with("X-Forwarded-For"), "ip:198.51.100.7");
+  EXPECT_EQ(key_with("Forwarded"), "ip:203.0.113.66");
+  EXPECT_EQ(key_with("any"), "ip:203.0.113.66");  // the default: Forwarded first
+  headers_.erase("X-Forwarded-For");
+  EXPECT_EQ(key_with("X-Forwarded-For"), "ip:10.1.2.3");  // none set: the peer
+}
+
 TEST_F(PolicyTest, LoginSpellingsAllHitTheLoginRoute) {
   for (std::string_view t : {"/login", "/Login", "//login", "/login/", "/./login", "/a/../login",
                              "/%6Cogin", "/LOGIN?next=/", "http://h/login"}) {

@@ -120,6 +120,11 @@ TEST(NginxAuthRequest, LimitsThroughNginx) {
   // replaces the header with the real peer.
   Curl spoof = RunCurl(url, "127.0.0.2", {"X-Forwarded-For: 198.51.100.77"});
   EXPECT_EQ(spoof.status, 429);
+  // Nor one that forges Forwarded: nginx passes the client's other headers
+  // through, and from a trusted proxy ratelimitd reads Forwarded first (this
+  // yaml leaves clients.client_ip_header at any), so the example conf clears it.
+  Curl forged = RunCurl(url, "127.0.0.2", {"Forwarded: for=198.51.100.78"});
+  EXPECT_EQ(forged.status, 429) << forged.response.raw_head;
   // Another client (another source address, the same nginx peer) has its own
   // bucket: ratelimitd used the X-Forwarded-For of its trusted proxy.
   Curl other = RunCurl(url, "127.0.0.3");
