@@ -153,6 +153,10 @@ TEST(NginxAuthRequest, TheExampleFilesTogetherShowTheRateLimitHeaders) {
       << denied.response.raw_head;
   EXPECT_GE(std::atoi(denied.response.Header("Retry-After").c_str()), 1)
       << denied.response.raw_head;
+  // The yaml keys users by X-User-Id, which only nginx may set: a client
+  // that sends its own is still the anonymous client it was.
+  Curl forged = RunCurl(url, "127.0.0.2", {"X-User-Id: mallory"}, "POST");
+  EXPECT_EQ(forged.status, 429) << forged.response.raw_head;
   EXPECT_EQ(stack.upstream().requests(), 1);
 }
 
