@@ -1,8 +1,11 @@
 #include "server/gateway.h"
 
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <boost/container/small_vector.hpp>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -242,6 +245,10 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   std::unique_ptr<UpstreamConnection> stream;
   bool reused = false;
   bool retried = false;
+  // The request may be sent twice (RFC 9110 9.2.2's idempotent methods, or an
+  // Idempotency-Key): an upstream that took it and closed without a word
+  // may have acted on it, so only such a request is sent again then.
+  bool replayable = true;
   int interim = 0;  // 1xx responses dropped so far
   bool head = false;
   bool keep = false;  // the upstream connection can be reused after the body
@@ -288,11 +295,22 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   }
 
   void Send() {
+    // A request that must not be sent twice is not sent on a pooled
+    // connection the upstream has already closed (its idle timeout): that
+    // close is only learnt after the write, when the request can no longer be
+    // retried. One peek at the socket, for those requests only; the race of
+    // a close arriving after it is left (then 502), as for nginx and Go.
+    if (reused && !replayable && !PooledStillOpen()) {
+      reused = false;
+      beast::error_code ignored;
+      stream->socket().close(ignored);
+      return Connect();
+    }
     stream->ExpiresAfter(gw.options_.timeout);
     net::async_write(stream->socket(), net::buffer(wire),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec)
-                         return self->RetryOr(502, "upstream write failed: " + ec.message(), ec);
+                         return self->RetryOr(502, "upstream write failed: " + ec.message(), false);
                        self->ReadHeader();
                      });
   }
@@ -318,7 +336,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                                 return self->Fail(504, "upstream did not answer in time");
                               if (n == 0)
                                 return self->RetryOr(
-                                    502, "upstream closed the connection: " + ec.message(), ec);
+                                    502, "upstream closed the connection: " + ec.message(), true);
                               self->Fail(502, "bad upstream response: " + ec.message());
                             });
   }
@@ -341,8 +359,17 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     ReadHead();
   }
 
-  void RetryOr(unsigned status, std::string detail, beast::error_code) {
-    if (reused && !retried) {
+  // An idle pooled connection has nothing to read: end of stream, an error
+  // or stray bytes all say it cannot carry a request.
+  bool PooledStillOpen() {
+    char byte = 0;
+    const ssize_t n = ::recv(stream->socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+
+  // `sent`: the whole request reached the upstream's socket.
+  void RetryOr(unsigned status, std::string detail, bool sent) {
+    if (reused && !retried && (replayable || !sent)) {
       retried = true;
       reused = false;
       beast::error_code ignored;
@@ -513,6 +540,10 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
 
   auto op = std::make_shared<Op>(*this, std::move(wire), std::move(done));
   op->head = method == http::verb::head;
+  op->replayable = method == http::verb::get || method == http::verb::head ||
+                   method == http::verb::options || method == http::verb::trace ||
+                   method == http::verb::put || method == http::verb::delete_ ||
+                   request.count("Idempotency-Key") > 0;
   op->Start();
 }
 

@@ -39,6 +39,7 @@ class FakeUpstream {
     kTrickledHead,     // a head of `fields` 200-byte fields and one more, 1 ms apart
     kInterim,          // kEcho, after a 100 Continue and a 103 Early Hints
     kSwitch,           // answers 101 Switching Protocols, then keeps the connection
+    kDropSecond,       // answers a connection's first request; reads the second, closes
   };
 
   explicit FakeUpstream(Mode mode, int fields = 0)
@@ -67,6 +68,8 @@ class FakeUpstream {
   }
   int connections() const { return connections_.load(); }
   int closed_by_client() const { return closed_by_client_.load(); }
+  int closed_by_server() const { return closed_by_server_.load(); }
+  int requests() const { return requests_.load(); }
 
  private:
   void AcceptLoop() {
@@ -96,7 +99,7 @@ class FakeUpstream {
   void Serve(tcp::socket& s) {
     beast::flat_buffer buf;
     if (mode_ == Mode::kEchoLate) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    for (;;) {
+    for (int n = 1;; ++n) {
       http::request_parser<http::string_body> parser;
       parser.body_limit(64 * 1024 * 1024);  // the big request's test sends 16 MB
       beast::error_code ec;
@@ -104,6 +107,12 @@ class FakeUpstream {
       const Request req = parser.release();
       if (ec) {
         if (!stopping_ && ec == http::error::end_of_stream) closed_by_client_.fetch_add(1);
+        return;
+      }
+      requests_.fetch_add(1);
+      if (mode_ == Mode::kDropSecond && n == 2) {  // took the request, then went away
+        s.shutdown(tcp::socket::shutdown_both, ec);
+        closed_by_server_.fetch_add(1);
         return;
       }
       if (mode_ == Mode::kHang) continue;  // the next read blocks until the end
@@ -154,6 +163,7 @@ class FakeUpstream {
       net::write(s, net::buffer(out), ec);
       if (ec || mode_ == Mode::kClose || mode_ == Mode::kDropAfterAnswer) {
         s.shutdown(tcp::socket::shutdown_both, ec);
+        closed_by_server_.fetch_add(1);
         return;
       }
     }
@@ -166,6 +176,8 @@ class FakeUpstream {
   std::atomic<bool> stopping_{false};
   std::atomic<int> connections_{0};
   std::atomic<int> closed_by_client_{0};
+  std::atomic<int> closed_by_server_{0};
+  std::atomic<int> requests_{0};
   std::thread accept_thread_;
   std::vector<std::thread> conn_threads_;  // the accept thread's; joined after it
   Mutex mu_;
@@ -222,6 +234,15 @@ class GatewayTest : public ::testing::Test {
     StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(ioc_, upstream.url(), options);
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     gateway_ = *std::move(g);
+  }
+
+  // Polls `done` (a fake upstream's counter) for up to 5 s.
+  template <typename Done>
+  void WaitFor(Done done) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < end)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_TRUE(done());
   }
 
   // Forwards GET `target`; the future is ready once the answer has ended.
@@ -387,6 +408,55 @@ TEST_F(GatewayTest, AStalePooledConnectionIsRetriedOnANewOne) {
   EXPECT_EQ(g.status, 200u) << g.body;
   EXPECT_EQ(g.body, "/b");
   EXPECT_EQ(up.connections(), 2);
+}
+
+// The same for a request that must not be sent twice (a POST): the closed
+// idle connection is seen before the request is written to it.
+TEST_F(GatewayTest, APostDoesNotTakeAPooledConnectionTheUpstreamClosed) {
+  FakeUpstream up(FakeUpstream::Mode::kDropAfterAnswer);
+  Open(up, {});
+  EXPECT_EQ(Forward("/a").status, 200u);
+  WaitFor([&] { return up.closed_by_server() == 1; });
+  Request post{http::verb::post, "/b", 11};
+  post.set(http::field::host, "upstream.test");
+  post.body() = "x";
+  post.prepare_payload();
+  const Got g = Forward(post);
+  EXPECT_EQ(g.status, 200u) << g.body;
+  EXPECT_EQ(g.body, "/b");
+  EXPECT_EQ(up.requests(), 2);
+  EXPECT_EQ(up.connections(), 2);
+}
+
+// An upstream that read the request and closed without answering may have
+// acted on it: a POST is not sent again (502), a GET, idempotent, is, and
+// a POST with an Idempotency-Key too.
+TEST_F(GatewayTest, ARequestTheUpstreamTookIsSentAgainOnlyIfIdempotent) {
+  struct Case {
+    http::verb method;
+    bool key;
+    unsigned status;
+    int requests;
+  };
+  for (const Case c :
+       {Case{http::verb::post, false, 502u, 2}, Case{http::verb::patch, false, 502u, 2},
+        Case{http::verb::get, false, 200u, 3}, Case{http::verb::delete_, false, 200u, 3},
+        Case{http::verb::post, true, 200u, 3}}) {
+    SCOPED_TRACE(std::string(http::to_string(c.method)) + (c.key ? " with Idempotency-Key" : ""));
+    FakeUpstream up(FakeUpstream::Mode::kDropSecond);
+    Open(up, {});
+    EXPECT_EQ(Forward("/a").status, 200u);
+    Request req{c.method, "/b", 11};
+    req.set(http::field::host, "upstream.test");
+    if (c.key) req.set("Idempotency-Key", "k1");
+    const Got g = Forward(req);
+    EXPECT_EQ(g.status, c.status) << g.body;
+    EXPECT_EQ(up.requests(), c.requests);  // /a, /b, and /b again if retried
+    Sync();
+    gateway_->CloseIdle();
+    Sync();
+    gateway_.reset();
+  }
 }
 
 TEST_F(GatewayTest, CloseIdleClosesThePooledConnections) {
