@@ -264,6 +264,7 @@ void Session::Refuse(unsigned status, std::string_view detail) {
   }
   Reply r = ProblemReply(status, detail, instance);
   r.close = true;
+  linger_ = true;
   Write(std::move(r));
 }
 
@@ -450,9 +451,41 @@ void Session::EndStreamed(bool close, beast::error_code ec) {
 
 void Session::OnWrite(bool close, beast::error_code ec) {
   busy_ = false;
-  if (ec || close) return Close();
+  if (ec) return Close();
+  if (close) return linger_ ? Linger() : Close();
   parser_.reset();
   WaitForRequest();
+}
+
+// A refused request may not have been read to its end (a 413 upload the
+// client is still sending). Closing a socket with unread bytes makes the
+// kernel send a reset instead of a FIN, and a reset can destroy the answer
+// before the client has read it (RFC 9112 9.6). So the session closes its
+// sending side (the client sees the answer end), then reads and drops what
+// still comes, up to kLingerBytes or for kLingerTime, and only then closes,
+// as nginx's lingering_close does.
+namespace {
+constexpr std::chrono::milliseconds kLingerTime{2000};
+constexpr size_t kLingerBytes = 1 << 20;
+}  // namespace
+
+void Session::Linger() {
+  if (closed_) return;
+  beast::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) return Close();
+  buffer_.clear();
+  SetDeadline(kLingerTime);  // then Close
+  LingerRead();
+}
+
+void Session::LingerRead() {
+  socket_.async_read_some(buffer_.prepare(16 << 10),
+                          [self = shared_from_this()](beast::error_code ec, size_t n) {
+                            self->lingered_ += n;
+                            if (ec || self->lingered_ > kLingerBytes) return self->Close();
+                            self->LingerRead();  // what came is dropped: never committed
+                          });
 }
 
 void Session::Close() {

@@ -122,6 +122,10 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   void FailRequest(beast::error_code ec);
   // Answers `status` with a problem naming the request's path, then closes.
   void Refuse(unsigned status, std::string_view detail);
+  // After a refusal: the sending side closed, what the client still sends
+  // read and dropped for a while, then Close (see session.cc).
+  void Linger();
+  void LingerRead();
   void Close();
   void WatchPeer(uint64_t hold);
   void EndHold(uint64_t hold, bool client_alive);
@@ -147,6 +151,8 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   size_t head_bytes_ = 0;   // bytes of the current head the parser has taken
   size_t body_bytes_ = 0;   // and of its body, framing included
   size_t head_fields_ = 0;  // a chunked request's header fields, before its trailer
+  bool linger_ = false;     // the answer is a refusal: Linger before closing
+  size_t lingered_ = 0;     // bytes dropped while lingering
   std::chrono::steady_clock::time_point request_started_{};  // its first bytes read (stage timing)
   std::shared_ptr<void> slot_;
   net::steady_timer pace_timer_;

@@ -89,12 +89,14 @@ class Client {
 
   bool connected() const { return connected_; }
 
-  void Send(std::string_view bytes) {
+  // False if the connection failed (reset by the server) before all was sent.
+  bool Send(std::string_view bytes) {
     while (!bytes.empty()) {
       const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
-      if (n <= 0) return;
+      if (n <= 0) return false;
       bytes.remove_prefix(static_cast<size_t>(n));
     }
+    return true;
   }
 
   // The next answer (an interim 100 Continue counts as one), or nullopt when
@@ -372,6 +374,24 @@ TEST_F(SessionTest, BodyOverTheLimitAnswers413AndCloses) {
   c->Send(Post("/upload", std::string(100, 'b')));
   const std::string body = ExpectRefused(*c, 413);
   EXPECT_NE(body.find("16 bytes"), std::string::npos) << body;
+}
+
+// An upload refused while the client still sends it: the session reads on
+// and drops the rest for a while instead of closing with bytes unread, which
+// makes the kernel answer with a reset that can destroy the 413 before the
+// client reads it. Here the client's bytes keep being taken after the answer
+// and its end (the server's FIN): no reset comes.
+TEST_F(SessionTest, ARefusedUploadIsReadOnAndDroppedNotAnsweredWithAReset) {
+  auto c = Connect({.max_body_bytes = 16});
+  // More than the session's first read takes: some stays unread in the kernel.
+  ASSERT_TRUE(c->Send("POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: 4000000\r\n\r\n" +
+                      std::string(200'000, 'b')));
+  ExpectRefused(*c, 413);
+  EXPECT_TRUE(c->eof()) << "the connection was reset, not closed";
+  // Still taken after the answer and its end: read and dropped, not reset.
+  for (int i = 0; i < 8; ++i) {
+    ASSERT_TRUE(c->Send(std::string(64 << 10, 'b'))) << "reset after " << i << " pieces";
+  }
 }
 
 TEST_F(SessionTest, ChunkedBodyOverTheLimitAnswers413) {
