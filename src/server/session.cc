@@ -176,7 +176,9 @@ void Session::OnHeader(beast::error_code ec) {
   if (parser_->chunked()) head_fields_ = FieldCount();
   parser_->eager(true);  // the whole body in one put() where it has arrived
   const auto expect = parser_->get()[http::field::expect];
-  if (beast::iequals(expect, "100-continue")) {
+  // RFC 9110 10.1.1: an HTTP/1.0 client knows no interim answers; its
+  // expectation is ignored.
+  if (parser_->get().version() >= 11 && beast::iequals(expect, "100-continue")) {
     http::async_write(socket_, continue_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) return self->Close();

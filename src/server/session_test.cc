@@ -280,6 +280,14 @@ TEST_F(SessionTest, ExpectContinueGetsAnInterimAnswerBeforeTheBody) {
   EXPECT_EQ(a.body(), "PUT /up hello");
 }
 
+TEST_F(SessionTest, AnHttp10ClientsExpectContinueIsIgnored) {
+  auto c = Connect();
+  c->Send("PUT /up HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello");
+  Answer a = c->Next();
+  EXPECT_EQ(a.result_int(), 200);  // not a 100 first
+  EXPECT_EQ(a.body(), "PUT /up hello");
+}
+
 TEST_F(SessionTest, Http10ClosesAfterTheAnswerUnlessAskedToKeepAlive) {
   auto c = Connect();
   c->Send("GET /old HTTP/1.0\r\n\r\n");
