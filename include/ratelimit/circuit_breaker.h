@@ -5,11 +5,16 @@
 // made by the failure mode in microseconds instead of waiting on a dead or
 // frozen Redis. After `open_for` it lets exactly one probe through
 // (half-open); the probe's success closes it, its failure opens it again for
-// twice as long (up to `max_open_for`).
+// twice as long (up to `max_open_for`). A probe that gets no verdict (never
+// sent, refused by our own bounds) must be given back; one that is neither
+// reported nor given back within `probe_timeout` lapses, so that a lost
+// probe cannot keep the breaker open for good.
 //
 //   CircuitBreaker breaker({.failure_threshold = 5});
-//   if (!breaker.Allow()) return Unavailable("circuit breaker open");
+//   uint64_t probe = 0;
+//   if (!breaker.Allow(&probe)) return Unavailable("circuit breaker open");
 //   ... call ...; ok ? breaker.OnSuccess() : breaker.OnFailure();
+//   ... or, not sent after all: breaker.GiveBack(probe);
 //
 // Thread-safety: all methods are thread-safe; Allow() on the closed path is
 // one atomic load. `on_change` runs under the breaker's lock: keep it short.
@@ -17,6 +22,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string_view>
 
@@ -34,6 +40,9 @@ class CircuitBreaker {
     int failure_threshold = 5;
     std::chrono::milliseconds open_for{100};
     std::chrono::milliseconds max_open_for{500};
+    // A probe out longer than this lapses: the next caller probes. Longer than
+    // any call may take (its own timeout answers it first).
+    std::chrono::milliseconds probe_timeout{1000};
     const Clock* clock = nullptr;  // nullptr: Clock::System()
     std::function<void(State from, State to)> on_change;
   };
@@ -42,10 +51,15 @@ class CircuitBreaker {
   explicit CircuitBreaker(Options options);
 
   // True if a call may go out now. In half-open, true for exactly one caller
-  // (the probe), who must then report OnSuccess or OnFailure.
-  bool Allow();
+  // (the probe: *probe, if given, is set non-zero for it and zero for anyone
+  // else), who must then report OnSuccess or OnFailure, or GiveBack.
+  bool Allow(uint64_t* probe = nullptr);
   void OnSuccess();
   void OnFailure();
+  // The probe `probe` (from Allow) got no verdict from the node (not sent,
+  // or refused by a bound of ours): the next caller may probe at once. A
+  // no-op for 0 and for a probe that lapsed or was answered already.
+  void GiveBack(uint64_t probe);
 
   State state() const { return state_.load(std::memory_order_acquire); }
 
@@ -60,6 +74,8 @@ class CircuitBreaker {
   int64_t open_until_ RL_GUARDED_BY(mu_) = 0;
   std::chrono::milliseconds backoff_ RL_GUARDED_BY(mu_){0};
   bool probe_out_ RL_GUARDED_BY(mu_) = false;
+  uint64_t probe_id_ RL_GUARDED_BY(mu_) = 0;        // the newest probe's
+  int64_t probe_lapses_at_ RL_GUARDED_BY(mu_) = 0;  // clock micros
 };
 
 std::string_view BreakerStateName(CircuitBreaker::State s);

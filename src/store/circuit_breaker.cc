@@ -20,22 +20,37 @@ CircuitBreaker::CircuitBreaker(Options options)
       clock_(opts_.clock != nullptr ? opts_.clock : &Clock::System()),
       backoff_(opts_.open_for) {}
 
-bool CircuitBreaker::Allow() {
+bool CircuitBreaker::Allow(uint64_t* probe) {
+  if (probe != nullptr) *probe = 0;
   if (state_.load(std::memory_order_acquire) == State::kClosed) return true;
   LockGuard lock(mu_);
+  const int64_t now = clock_->NowMicros();
   switch (state_.load(std::memory_order_relaxed)) {
     case State::kClosed: return true;
     case State::kOpen:
-      if (clock_->NowMicros() < open_until_) return false;
+      if (now < open_until_) return false;
       MoveTo(State::kHalfOpen);
-      probe_out_ = true;
-      return true;
+      break;
     case State::kHalfOpen:
-      if (probe_out_) return false;
-      probe_out_ = true;
-      return true;
+      // A probe nobody reported (a path that lost it) must not keep every
+      // later call out for good: past probe_timeout it lapses.
+      if (probe_out_ && now < probe_lapses_at_) return false;
+      break;
   }
-  return false;
+  probe_out_ = true;
+  probe_lapses_at_ = now + std::chrono::microseconds(opts_.probe_timeout).count();
+  if (probe != nullptr) *probe = ++probe_id_;
+  return true;
+}
+
+void CircuitBreaker::GiveBack(uint64_t probe) {
+  if (probe == 0) return;
+  LockGuard lock(mu_);
+  // Only the probe still out: an older one's holder must not free a newer one.
+  if (state_.load(std::memory_order_relaxed) == State::kHalfOpen && probe_out_ &&
+      probe == probe_id_) {
+    probe_out_ = false;
+  }
 }
 
 void CircuitBreaker::OnSuccess() {

@@ -55,6 +55,44 @@ TEST(CircuitBreaker, OpensAfterConsecutiveFailuresAndProbesAfterBackoff) {
   EXPECT_TRUE(b.Allow());
 }
 
+// A probe that gets no verdict (never sent, refused by a bound of ours, lost
+// on some path) must not leave the breaker half-open with its one probe out
+// for good: given back, the next caller probes; forgotten, it lapses.
+TEST(CircuitBreaker, ProbeWithoutVerdictDoesNotWedgeTheBreaker) {
+  ManualClock clock;
+  CircuitBreaker b({.failure_threshold = 1,
+                    .open_for = milliseconds(100),
+                    .probe_timeout = milliseconds(500),
+                    .clock = &clock});
+  b.OnFailure();
+  clock.Advance(milliseconds(100));
+  uint64_t first = 0;
+  ASSERT_TRUE(b.Allow(&first));
+  EXPECT_NE(first, 0u);
+  uint64_t other = 7;
+  EXPECT_FALSE(b.Allow(&other));
+  EXPECT_EQ(other, 0u);
+  b.GiveBack(first);  // not sent after all
+  EXPECT_EQ(b.state(), State::kHalfOpen);
+  uint64_t second = 0;
+  ASSERT_TRUE(b.Allow(&second));  // at once: no wait for a lapse
+  EXPECT_NE(second, first);
+  b.GiveBack(first);  // a stale holder cannot free the probe out now
+  EXPECT_FALSE(b.Allow());
+  // `second` is never reported nor given back: it lapses after probe_timeout.
+  clock.Advance(milliseconds(499));
+  EXPECT_FALSE(b.Allow());
+  clock.Advance(milliseconds(1));
+  uint64_t third = 0;
+  ASSERT_TRUE(b.Allow(&third));
+  EXPECT_FALSE(b.Allow());
+  b.OnSuccess();
+  EXPECT_EQ(b.state(), State::kClosed);
+  b.GiveBack(third);  // answered already: nothing to give back
+  EXPECT_EQ(b.state(), State::kClosed);
+  EXPECT_TRUE(b.Allow());
+}
+
 TEST(CircuitBreaker, ExactlyOneProbeUnderConcurrency) {
   ManualClock clock;
   CircuitBreaker b({.failure_threshold = 1, .open_for = milliseconds(10), .clock = &clock});

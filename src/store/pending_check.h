@@ -36,6 +36,7 @@ struct PendingCheck {
   // node calls, RedisStore), or -1: its call holds its slot's checks only.
   int node = -1;
   CircuitBreaker* breaker = nullptr;  // the breaker that let it through
+  uint64_t probe = 0;                 // that breaker's probe it carries, or 0
   lua::CheckCall call;
   CheckCallback done;
 };

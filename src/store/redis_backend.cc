@@ -1,5 +1,6 @@
 #include "store/redis_backend.h"
 
+#include <algorithm>
 #include <thread>
 
 #include <boost/asio/io_context.hpp>
@@ -10,8 +11,21 @@
 
 namespace ratelimit::store {
 
+namespace {
+
+// A probe lapses (CircuitBreaker::Options::probe_timeout) only once its call
+// has surely ended: a call fails by its deadline, and the executor may run
+// its callback a little late.
+RedisConnectionOptions WithProbeTimeout(RedisConnectionOptions o) {
+  o.breaker.probe_timeout = std::max(o.breaker.probe_timeout, 2 * o.deadline);
+  return o;
+}
+
+}  // namespace
+
 RedisBackend::RedisBackend(const RedisConnectionOptions& options)
-    : opts_(options), unknown_node_breaker_(std::make_unique<CircuitBreaker>(options.breaker)) {}
+    : opts_(WithProbeTimeout(options)),
+      unknown_node_breaker_(std::make_unique<CircuitBreaker>(opts_.breaker)) {}
 
 StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnectionOptions& options,
                                                              std::string_view script_source) {
@@ -63,19 +77,21 @@ CircuitBreaker* RedisBackend::BreakerFor(uint16_t slot) {
   return b.get();
 }
 
-StatusOr<CircuitBreaker*> RedisBackend::Admit(uint16_t slot) {
-  CircuitBreaker* b = BreakerFor(slot);
-  if (b->Allow()) return b;
+StatusOr<RedisBackend::Pass> RedisBackend::Admit(uint16_t slot) {
+  Pass pass{.breaker = BreakerFor(slot)};
+  if (pass.breaker->Allow(&pass.probe)) return pass;
   // The node may be gone for good (failover): look for a new owner meanwhile.
   endpoint_->RequestRefresh();
   return BreakerOpenStatus(endpoint_->Describe(endpoint_->NodeForSlot(slot)));
 }
 
-void RedisBackend::Report(CircuitBreaker* breaker, const StatusOr<redis::Reply>& reply) {
+void RedisBackend::Report(const Pass& pass, const StatusOr<redis::Reply>& reply) {
   if (reply.ok()) {
-    breaker->OnSuccess();
+    pass.breaker->OnSuccess();
   } else if (reply.status().code() != StatusCode::kResourceExhausted) {
-    breaker->OnFailure();
+    pass.breaker->OnFailure();
+  } else {
+    GiveBack(pass);  // no verdict on the node: a probe kept would wedge the breaker
   }
 }
 
@@ -104,7 +120,7 @@ void RedisBackend::Execute(std::span<const std::string_view> args, redis::Callba
 
 void RedisBackend::GuardedEval(std::span<const std::string_view> keys,
                                std::span<const std::string_view> args, redis::Callback done) {
-  StatusOr<CircuitBreaker*> b = Admit(SlotOf(keys[0]));
+  StatusOr<Pass> b = Admit(SlotOf(keys[0]));
   if (!b.ok()) return done(b.status());
   Eval(
       keys, args,
@@ -116,7 +132,7 @@ void RedisBackend::GuardedEval(std::span<const std::string_view> keys,
 }
 
 void RedisBackend::GuardedExecute(std::span<const std::string_view> args, redis::Callback done) {
-  StatusOr<CircuitBreaker*> b = Admit(SlotOf(args[1]));
+  StatusOr<Pass> b = Admit(SlotOf(args[1]));
   if (!b.ok()) return done(b.status());
   Execute(args, [b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
     Report(b, r);

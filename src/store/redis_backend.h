@@ -11,9 +11,10 @@
 //
 //   auto b = *RedisBackend::Create(options, store::kCheckScript);
 //   uint16_t slot = b->SlotOf(key);
-//   StatusOr<CircuitBreaker*> breaker = b->Admit(slot);      // open: the status
-//   b->Eval(keys, args, [..](StatusOr<redis::Reply> r) { RedisBackend::Report(*breaker, r); .. },
+//   StatusOr<RedisBackend::Pass> pass = b->Admit(slot);      // open: the status
+//   b->Eval(keys, args, [..](StatusOr<redis::Reply> r) { RedisBackend::Report(*pass, r); .. },
 //           timeout);
+//   ... or, if the call is not sent after all: RedisBackend::GiveBack(*pass);
 //
 // A call whose outcome is unknown is failed, never replayed (the endpoints'
 // rule); only NOSCRIPT loads the script and retries.
@@ -62,14 +63,27 @@ class RedisBackend {
   // script calls must then be split by slot.
   bool sharded() const { return endpoint_->sharded(); }
 
+  // What a breaker let through: whom to tell how the call ended, and whether
+  // it carries the half-open probe (CircuitBreaker::Allow).
+  struct Pass {
+    CircuitBreaker* breaker = nullptr;
+    uint64_t probe = 0;
+  };
   // The breaker of the node serving `slot` (one more stands in while that node
-  // is unknown): it, or the failed status when it is open (and then the
+  // is unknown): its pass, or the failed status when it is open (and then the
   // endpoint is asked to look for a new owner, in case the node is gone).
-  StatusOr<CircuitBreaker*> Admit(uint16_t slot);
-  // Tells `breaker` how a call it let through ended: any reply shows the node
-  // alive; a failed call counts towards opening it, except kResourceExhausted
-  // (our own bound, not the node's fault).
-  static void Report(CircuitBreaker* breaker, const StatusOr<redis::Reply>& reply);
+  // Every pass must end in Report or GiveBack: a probe that ends in neither
+  // keeps the breaker half-open until it lapses (probe_timeout).
+  StatusOr<Pass> Admit(uint16_t slot);
+  // Tells the breaker how a call it let through ended: any reply shows the
+  // node alive; a failed call counts towards opening it, except
+  // kResourceExhausted (our own bound, not the node's fault: a probe is
+  // given back).
+  static void Report(const Pass& pass, const StatusOr<redis::Reply>& reply);
+  // The call was never sent: a probe goes back for the next caller.
+  static void GiveBack(const Pass& pass) {
+    if (pass.probe != 0) pass.breaker->GiveBack(pass.probe);
+  }
 
   // The script (given to Create) on keys' node, within `timeout`.
   void Eval(std::span<const std::string_view> keys, std::span<const std::string_view> args,

@@ -7,6 +7,7 @@
 
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "redis/slot.h"
@@ -65,11 +66,51 @@ TEST(RedisBackend, ADeadNodeOpensItsBreakerAndTheStatusNamesIt) {
   server.Kill();
   for (int i = 0; i < 2; ++i) EXPECT_FALSE(GuardedExecuteSync(*b, {"GET", "k"}).ok());
   EXPECT_EQ(b->breaker_state(), CircuitBreaker::State::kOpen);
-  StatusOr<CircuitBreaker*> refused = b->Admit(0);
+  StatusOr<RedisBackend::Pass> refused = b->Admit(0);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("redis " + b->url_for_logs()), std::string::npos)
       << refused.status().ToString();
+}
+
+// A half-open breaker's probe that our own max_pending refuses (the node
+// gave no verdict) goes back: the next call probes, instead of every later
+// call being refused as if the probe were still out. The breaker's clock is
+// manual, so no lapse (probe_timeout) can hide a lost probe.
+TEST(RedisBackend, AProbeRefusedByMaxPendingIsGivenBack) {
+  testing::RedisServer server;
+  ManualClock clock;
+  auto b = MustCreate(
+      {.url = server.url(),
+       .deadline = milliseconds(100),
+       .max_pending = 1,
+       .breaker = {.failure_threshold = 1, .open_for = milliseconds(10), .clock = &clock}});
+  ASSERT_TRUE(GuardedExecuteSync(*b, {"SET", "k", "1"}).ok());
+  server.Pause();
+  EXPECT_FALSE(GuardedExecuteSync(*b, {"GET", "k"}).ok());  // times out: open
+  ASSERT_EQ(b->breaker_state(), CircuitBreaker::State::kOpen);
+  // An unguarded command fills max_pending; then the probe is refused.
+  std::promise<void> filler;
+  const std::string_view get[] = {"GET", "k"};
+  b->Execute(get, [&filler](StatusOr<redis::Reply>) { filler.set_value(); });
+  clock.Advance(milliseconds(10));
+  StatusOr<redis::Reply> probe = GuardedExecuteSync(*b, {"GET", "k"});
+  ASSERT_FALSE(probe.ok());
+  EXPECT_EQ(probe.status().code(), StatusCode::kResourceExhausted) << probe.status().ToString();
+  server.Resume();
+  filler.get_future().wait();
+  // Whatever the filler did to the connection, wait until it serves again
+  // without going through the breaker.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (std::chrono::steady_clock::now() < give_up) {
+    std::promise<bool> ok;
+    b->Execute(get, [&ok](StatusOr<redis::Reply> r) { ok.set_value(r.ok()); });
+    if (ok.get_future().get()) break;
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  StatusOr<redis::Reply> next = GuardedExecuteSync(*b, {"GET", "k"});
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(b->breaker_state(), CircuitBreaker::State::kClosed);
 }
 
 TEST(RedisBackend, TheUrlForLogsHasNoPassword) {

@@ -138,7 +138,9 @@ struct RedisStore::Impl {
   }
 
   // A check that will not be sent: it fails, and so do its waiters' hopes.
+  // The node gave no verdict on it: a probe it carries goes back.
   void Fail(PendingCheck& p, const Status& why) {
+    store::RedisBackend::GiveBack({p.breaker, p.probe});
     bound.Sub(1);
     stat_failures.fetch_add(1, std::memory_order_relaxed);
     admission.Release(p, nullptr, dispatch);
@@ -147,15 +149,19 @@ struct RedisStore::Impl {
 
   // Through the slot's breaker and the pending bound into the batcher.
   void Dispatch(PendingCheck p) {
-    StatusOr<CircuitBreaker*> breaker = backend->Admit(p.slot);
-    Status refused = breaker.status();
-    if (breaker.ok() && !bound.TryAdd()) refused = bound.Overloaded();
+    StatusOr<store::RedisBackend::Pass> pass = backend->Admit(p.slot);
+    Status refused = pass.status();
+    if (pass.ok() && !bound.TryAdd()) {
+      refused = bound.Overloaded();
+      store::RedisBackend::GiveBack(*pass);  // never sent: no verdict on the node
+    }
     if (!refused.ok()) {
       stat_failures.fetch_add(1, std::memory_order_relaxed);
       admission.Release(p, nullptr, dispatch);
       return p.done(refused);
     }
-    p.breaker = *breaker;
+    p.breaker = pass->breaker;
+    p.probe = pass->probe;
     p.node = NodeCallable(p) ? backend->NodeOf(p.slot) : -1;
     batcher->Add(std::move(p));
   }
@@ -233,12 +239,17 @@ struct RedisStore::Impl {
 
   void Complete(std::vector<PendingCheck>& group, const StatusOr<redis::Reply>& reply) {
     bound.Sub(group.size());
-    // Each breaker that let a check of this call through hears the outcome once.
+    // Each breaker that let a check of this call through hears the outcome
+    // once (one call is one failure), and by the probe's check if it carries
+    // one: a probe's breaker must hear, or get it back.
     CircuitBreaker* reported[4] = {};
     size_t n_reported = 0;
     for (const PendingCheck& p : group) {
-      if (std::find(reported, reported + n_reported, p.breaker) != reported + n_reported) continue;
-      store::RedisBackend::Report(p.breaker, reply);
+      if (p.probe == 0 &&
+          std::find(reported, reported + n_reported, p.breaker) != reported + n_reported) {
+        continue;
+      }
+      store::RedisBackend::Report({p.breaker, p.probe}, reply);
       if (n_reported < std::size(reported)) reported[n_reported++] = p.breaker;
     }
     std::vector<const store::lua::CheckCall*> calls;

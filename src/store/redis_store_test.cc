@@ -813,6 +813,46 @@ TEST(RedisStoreFailure, BreakerOpensOnADeadRedisAndClosesWhenItReturns) {
   EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);
 }
 
+// The half-open breaker's probe is a check that Redis never judged (the
+// connection's max_pending, filled by an unguarded Reset, refuses its call):
+// it is given back and the next check probes. Without that, every later
+// check is refused as breaker-open for good. The breaker's clock is manual:
+// no lapse of the probe can stand in for the giving back.
+TEST(RedisStoreFailure, AProbeWithoutAVerdictIsGivenBack) {
+  RedisServer server;
+  ManualClock breaker_clock;
+  auto store = MustCreate(
+      {.url = server.url(),
+       .deadline = milliseconds(100),
+       .max_pending = 1,
+       .breaker = {.failure_threshold = 1, .open_for = milliseconds(10), .clock = &breaker_clock}});
+  Limit l = *Limit::TokenBucket("b", 100, 1);
+  const Limit* limits[] = {&l};
+  LimitCheck c[] = {{&l, 1}};
+  ASSERT_TRUE(store->CheckSync({"k", c}).ok());
+  server.Pause();
+  ASSERT_FALSE(store->CheckSync({"k", c}).ok());  // times out: open
+  ASSERT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
+  auto reset = [&] {
+    auto p = std::make_shared<std::promise<Status>>();
+    store->Reset("other", limits, [p](Status s) { p->set_value(std::move(s)); });
+    return p->get_future();
+  };
+  std::future<Status> filler = reset();  // out on the frozen Redis: max_pending is full
+  breaker_clock.Advance(milliseconds(10));
+  StatusOr<CheckResult> probe = store->CheckSync({"k", c});
+  ASSERT_FALSE(probe.ok());
+  EXPECT_EQ(probe.status().code(), StatusCode::kResourceExhausted) << probe.status().ToString();
+  server.Resume();
+  filler.wait();
+  // Until the connection serves again (Reset does not go through the breaker).
+  for (int i = 0; i < 250 && !reset().get().ok(); ++i)
+    std::this_thread::sleep_for(milliseconds(20));
+  StatusOr<CheckResult> next = store->CheckSync({"k", c});
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);
+}
+
 TEST(RedisStoreFailure, ClosedPortIsAnErrorNotADecision) {
   auto store = MustCreate({.url = "redis://127.0.0.1:1", .deadline = milliseconds(100)});
   Limit l = *Limit::TokenBucket("b", 10, 5);
