@@ -1,6 +1,8 @@
 #include "store/check_batcher.h"
 
 #include <algorithm>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include <boost/asio/post.hpp>
@@ -28,8 +30,16 @@ bool CheckBatcher::ReadyToSend(std::chrono::steady_clock::time_point now) const 
   return queue_.size() >= opts_.max_batch || PartialMayLeave(now);
 }
 
+bool CheckBatcher::TakeHoldTimer(std::chrono::steady_clock::time_point now) {
+  if (queue_.empty() || flush_scheduled_ || hold_armed_) return false;
+  if (calls_in_flight_ >= opts_.max_calls_in_flight || ReadyToSend(now)) return false;
+  hold_armed_ = true;
+  return true;
+}
+
 void CheckBatcher::Add(PendingCheck check) {
-  bool schedule = false;
+  bool schedule = false, hold = false;
+  std::chrono::steady_clock::time_point hold_until;
   {
     const auto now = core::SteadyClock::now();
     check.queued_at = now;
@@ -37,9 +47,45 @@ void CheckBatcher::Add(PendingCheck check) {
     queue_.push_back(std::move(check));
     if (!flush_scheduled_ && ReadyToSend(now)) {
       schedule = flush_scheduled_ = true;
+    } else if (TakeHoldTimer(now)) {
+      hold = true;
+      hold_until = last_send_ + opts_.hold_back;
     }
   }
-  if (schedule) boost::asio::post(exec_, [this] { Flush(); });
+  if (schedule) {
+    boost::asio::post(exec_, [this] { Flush(); });
+  } else if (hold) {
+    boost::asio::post(exec_, [this, hold_until] { ArmHold(hold_until); });
+  }
+}
+
+void CheckBatcher::ArmHold(std::chrono::steady_clock::time_point at) {
+  {
+    LockGuard lock(mu_);
+    // A reply took the queue meanwhile (only the executor empties it): a
+    // timer now would only keep the batcher from being idle.
+    if (queue_.empty()) {
+      hold_armed_ = false;
+      return;
+    }
+  }
+  auto timer = std::make_shared<boost::asio::steady_timer>(exec_, at);
+  hold_timer_ = timer.get();
+  timer->async_wait([this, timer](boost::system::error_code) { OnHoldTimer(); });
+}
+
+// Fired, or cancelled because the queue emptied: either way what is queued
+// now is looked at again (a check added since must not be stranded).
+void CheckBatcher::OnHoldTimer() {
+  hold_timer_ = nullptr;
+  bool flush;
+  {
+    LockGuard lock(mu_);
+    hold_armed_ = false;
+    flush = !queue_.empty() && !flush_scheduled_;
+    if (flush) flush_scheduled_ = true;
+  }
+  if (flush) Flush();
 }
 
 void CheckBatcher::Returned() {
@@ -55,7 +101,7 @@ void CheckBatcher::Returned() {
 
 bool CheckBatcher::Idle() const {
   LockGuard lock(mu_);
-  return !flush_scheduled_ && queue_.empty();
+  return !flush_scheduled_ && queue_.empty() && !hold_armed_;
 }
 
 // On the executor. While a young call is out only whole batches leave
@@ -64,11 +110,13 @@ void CheckBatcher::Flush() {
   std::vector<PendingCheck> batch;
   const size_t per_call = opts_.max_batch;
   const auto now = core::SteadyClock::now();
+  std::optional<std::chrono::steady_clock::time_point> hold;
   {
     LockGuard lock(mu_);
     flush_scheduled_ = false;
-    if (!ReadyToSend(now)) return;
-    if (PartialMayLeave(now)) {
+    if (!ReadyToSend(now)) {
+      if (TakeHoldTimer(now)) hold = last_send_ + opts_.hold_back;
+    } else if (PartialMayLeave(now)) {
       batch.swap(queue_);
     } else {  // whole batches only; the remainder waits for a reply
       const auto whole = static_cast<ptrdiff_t>(queue_.size() / per_call * per_call);
@@ -76,6 +124,10 @@ void CheckBatcher::Flush() {
                    std::make_move_iterator(queue_.begin() + whole));
       queue_.erase(queue_.begin(), queue_.begin() + whole);
     }
+  }
+  if (batch.empty()) {
+    if (hold) ArmHold(*hold);
+    return;
   }
   // A call holds the checks of one node (PendingCheck::node >= 0: check.lua's
   // node mode) or else of one slot (a script's keys share a slot).
@@ -113,6 +165,19 @@ void CheckBatcher::Flush() {
     if (group.size() == per_call) send();
   }
   if (!group.empty()) send();
+  // What stayed (a remainder held back by the call just sent, or checks
+  // added meanwhile) needs the hold timer; an empty queue needs none.
+  bool cancel = false;
+  {
+    LockGuard lock(mu_);
+    if (queue_.empty()) {
+      cancel = hold_timer_ != nullptr;
+    } else if (TakeHoldTimer(now)) {
+      hold = last_send_ + opts_.hold_back;
+    }
+  }
+  if (cancel) hold_timer_->cancel();  // its handler marks the batcher idle soon
+  if (hold) ArmHold(*hold);
 }
 
 }  // namespace ratelimit::store

@@ -15,7 +15,11 @@
 // batch) sends every check at once instead of holding it back.
 // At low load every check goes out at once (a batch of one); nothing waits on
 // a timer. Invariant: a non-empty queue has a Flush scheduled on the executor
-// or a call out whose reply (Returned) will flush it.
+// or a call out whose reply (Returned) will flush it; and if only hold_back
+// keeps it (a young call out), also the batcher's one hold timer, set for
+// when that call turns hold_back old: then its checks leave without waiting
+// for a reply that may take a whole deadline. The timer is set once per
+// call at most (not per check), and only while something is held back.
 //
 //   CheckBatcher b(opts, executor, send, expire);
 //   b.Add(std::move(check));       // any thread
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "ratelimit/thread_annotations.h"
 #include "store/pending_check.h"
@@ -66,7 +71,13 @@ class CheckBatcher {
  private:
   bool PartialMayLeave(std::chrono::steady_clock::time_point now) const RL_REQUIRES(mu_);
   bool ReadyToSend(std::chrono::steady_clock::time_point now) const RL_REQUIRES(mu_);
+  // Whether the queue is held back by hold_back alone with no hold timer set
+  // or about to be; if so, marks it about to be (hold_armed_).
+  bool TakeHoldTimer(std::chrono::steady_clock::time_point now) RL_REQUIRES(mu_);
   void Flush();
+  // On the executor: the hold timer, to fire at `at` (TakeHoldTimer said so).
+  void ArmHold(std::chrono::steady_clock::time_point at);
+  void OnHoldTimer();
 
   const Options opts_;
   const boost::asio::any_io_executor exec_;
@@ -76,6 +87,12 @@ class CheckBatcher {
   std::vector<PendingCheck> queue_ RL_GUARDED_BY(mu_);
   bool flush_scheduled_ RL_GUARDED_BY(mu_) = false;
   size_t calls_in_flight_ RL_GUARDED_BY(mu_) = 0;
+  // The hold timer is set, or an ArmHold is posted: until its handler has
+  // run, the batcher is not idle (the handler uses it).
+  bool hold_armed_ RL_GUARDED_BY(mu_) = false;
+  // Executor only: the hold timer while set (its handler owns it: a timer
+  // must not outlive the io_context, which may go before the batcher).
+  boost::asio::steady_timer* hold_timer_ = nullptr;
   std::chrono::steady_clock::time_point last_send_ RL_GUARDED_BY(mu_);  // the newest call's
   StageRecorder queued_;
 };

@@ -487,6 +487,38 @@ TEST(RedisStoreBatching, AnOldCallHoldsNothingBack) {
   EXPECT_EQ(done.load(), 3);
 }
 
+// A check added while a young call is out waits for it only until that call
+// is hold_back old, not for its reply: Redis is frozen here, and nothing else
+// arrives to flush the queue, so without a timer it would wait the whole
+// deadline (10 s).
+TEST(RedisStoreBatching, ACheckAddedWhileACallIsYoungLeavesOnceItIsOld) {
+  RedisServer server;
+  auto store =
+      MustCreate({.url = server.url(), .deadline = seconds(10), .hold_back = milliseconds(200)});
+  Limit l = *Limit::TokenBucket("b", 10, 5);
+  ASSERT_TRUE(Check(*store, "warm", l).allowed);
+  server.Pause();
+  std::atomic<int> done{0};
+  auto submit = [&](std::string key) {
+    LimitCheck c[] = {{&l, 1}};
+    store->Check({key, c}, [&](StatusOr<CheckResult>) { done.fetch_add(1); });
+  };
+  submit("first");
+  PollUntil([&] { return store->stats().script_calls >= 2; }, milliseconds(1));
+  ASSERT_EQ(store->stats().script_calls, 2u);
+  const auto added = std::chrono::steady_clock::now();
+  submit("second");
+  std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(store->stats().script_calls, 2u);  // held back: the call out is young
+  PollUntil([&] { return store->stats().script_calls >= 3; }, milliseconds(5));
+  const auto left = std::chrono::steady_clock::now() - added;
+  EXPECT_EQ(store->stats().script_calls, 3u);
+  EXPECT_LT(left, seconds(1)) << std::chrono::duration_cast<milliseconds>(left).count() << " ms";
+  server.Resume();
+  PollUntil([&] { return done.load() >= 2; });
+  EXPECT_EQ(done.load(), 2);
+}
+
 // On a caller's io_context (one thread of the caller's): decisions as with a
 // thread of its own; Shutdown() fails what is in flight (Redis frozen here)
 // and calls back promptly, after which the caller stops its io_context and
