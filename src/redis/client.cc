@@ -9,6 +9,7 @@
 #include <boost/asio/ssl/context.hpp>
 
 #include "core/hex.h"
+#include "core/steady_clock.h"
 #include "redis/command.h"
 
 namespace ratelimit::redis {
@@ -90,16 +91,38 @@ Status ValidateOptions(const Options& o) {
 struct EvalCall {
   const Script* script;
   std::string evalsha;  // the encoded EVALSHA command
+  // The caller's deadline for the whole call: the SCRIPT LOAD and the retry
+  // after a NOSCRIPT share it (each with a fresh timeout, a call could take
+  // three times as long as asked).
+  core::SteadyClock::time_point deadline;
   std::chrono::milliseconds timeout;
   std::weak_ptr<Connection> connection;  // weak: the call sits in that connection's FIFO
   Callback cb;
   bool asking;  // send ASKING first (cluster -ASK redirection)
 
-  void Send(Connection& c, Callback done) {
+  // Before the next step (`step`, for the status): the connection and what is
+  // left of the deadline, or the call fails (closed, or no time left).
+  std::shared_ptr<Connection> Next(std::string_view step, std::chrono::milliseconds* left) {
+    std::shared_ptr<Connection> conn = connection.lock();
+    if (!conn) {
+      cb(Unavailable("redis client closed"));
+      return nullptr;
+    }
+    const auto rest = deadline - core::SteadyClock::now();
+    if (rest <= core::SteadyClock::duration::zero()) {
+      cb(DeadlineExceeded("redis call timed out after " + std::to_string(timeout.count()) +
+                          " ms (" + std::string(step) + ")"));
+      return nullptr;
+    }
+    *left = std::chrono::ceil<std::chrono::milliseconds>(rest);
+    return conn;
+  }
+
+  void Send(Connection& c, Callback done, std::chrono::milliseconds within) {
     if (asking) {
-      c.ExecuteAsking(evalsha, std::move(done), timeout);
+      c.ExecuteAsking(evalsha, std::move(done), within);
     } else {
-      c.ExecuteEncoded(evalsha, std::move(done), timeout);
+      c.ExecuteEncoded(evalsha, std::move(done), within);
     }
   }
 };
@@ -244,40 +267,39 @@ void Client::Eval(const Script& script, std::span<const std::string_view> keys,
   for (std::string_view a : args) views[n++] = a;
 
   Connection& connection = Pick();
-  auto call =
-      std::make_unique<EvalCall>(EvalCall{&script, EncodeCommand(views.span()), timeout,
-                                          connection.shared_from_this(), std::move(cb), asking});
+  auto call = std::make_unique<EvalCall>(
+      EvalCall{&script, EncodeCommand(views.span()), core::SteadyClock::now() + timeout, timeout,
+               connection.shared_from_this(), std::move(cb), asking});
   EvalCall& first = *call;
-  first.Send(connection, [call = std::move(call)](StatusOr<Reply> r) mutable {
-    if (!r.ok() || !r->IsErrorWithPrefix("NOSCRIPT")) {
-      call->cb(std::move(r));
-      return;
-    }
-    // The script cache was emptied (restart, failover, SCRIPT FLUSH): load, retry once.
-    std::shared_ptr<Connection> conn = call->connection.lock();
-    if (!conn) {
-      call->cb(Unavailable("redis client closed"));
-      return;
-    }
-    std::string_view load[] = {"SCRIPT", "LOAD", call->script->source};
-    const std::chrono::milliseconds timeout = call->timeout;
-    conn->Execute(
-        load,
-        [call = std::move(call)](StatusOr<Reply> loaded) mutable {
-          if (!loaded.ok() || loaded->IsError()) {
-            call->cb(std::move(loaded));  // e.g. a Lua compile error reply
-            return;
-          }
-          std::shared_ptr<Connection> conn = call->connection.lock();
-          if (!conn) {
-            call->cb(Unavailable("redis client closed"));
-            return;
-          }
-          Callback done = std::move(call->cb);
-          call->Send(*conn, std::move(done));
-        },
-        timeout);
-  });
+  first.Send(
+      connection,
+      [call = std::move(call)](StatusOr<Reply> r) mutable {
+        if (!r.ok() || !r->IsErrorWithPrefix("NOSCRIPT")) {
+          call->cb(std::move(r));
+          return;
+        }
+        // The script cache was emptied (restart, failover, SCRIPT FLUSH): load, retry once.
+        std::chrono::milliseconds left{};
+        std::shared_ptr<Connection> conn = call->Next("NOSCRIPT, no time left to load it", &left);
+        if (!conn) return;
+        std::string_view load[] = {"SCRIPT", "LOAD", call->script->source};
+        conn->Execute(
+            load,
+            [call = std::move(call)](StatusOr<Reply> loaded) mutable {
+              if (!loaded.ok() || loaded->IsError()) {
+                call->cb(std::move(loaded));  // e.g. a Lua compile error reply
+                return;
+              }
+              std::chrono::milliseconds left{};
+              std::shared_ptr<Connection> conn =
+                  call->Next("the script loaded, no time left to run it", &left);
+              if (!conn) return;
+              Callback done = std::move(call->cb);
+              call->Send(*conn, std::move(done), left);
+            },
+            left);
+      },
+      timeout);
 }
 
 }  // namespace ratelimit::redis

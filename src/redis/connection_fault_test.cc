@@ -2,6 +2,7 @@
 // connections closed mid-reply, servers that never or slowly answer.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 #include <thread>
 
@@ -152,6 +153,46 @@ TEST(ConnectionFaultTest, LateReplyOfTimedOutCallIsDiscarded) {
   ASSERT_TRUE(second.ok()) << second.status().message();
   EXPECT_EQ(*second, Reply::Integer(2));
   EXPECT_EQ(fake.accepted(), 1);
+}
+
+// After a NOSCRIPT, the SCRIPT LOAD and the retried EVALSHA get what is left
+// of the call's timeout, not a fresh one each: a server that answers each
+// step in 150 ms (under the 200 ms asked for) must not make the call take
+// 450 ms. It fails at its deadline instead.
+TEST(ConnectionFaultTest, NoScriptRetryKeepsTheCallsDeadline) {
+  std::atomic<int> evalshas{0}, loads{0};
+  FakeTcpServer fake([&](int fd) {
+    for (;;) {
+      const std::string got = FakeTcpServer::ReadSome(fd, milliseconds(2000));
+      if (got.empty()) return;
+      if (got.find("LOAD") != std::string::npos) loads++;
+      std::this_thread::sleep_for(milliseconds(150));
+      if (got.find("EVALSHA") != std::string::npos) {
+        FakeTcpServer::WriteAll(fd,
+                                evalshas++ == 0 ? "-NOSCRIPT No matching script.\r\n" : ":1\r\n");
+      } else if (got.find("LOAD") != std::string::npos) {
+        FakeTcpServer::WriteAll(fd, "$3\r\nsha\r\n");
+      } else {
+        FakeTcpServer::WriteAll(fd, "+OK\r\n");
+      }
+    }
+  });
+  IoThread io;
+  Client client(io.executor(), LocalOptions(fake.port()));
+  const Script script = Script::Create("return 1");
+  std::promise<StatusOr<Reply>> done;
+  const auto start = Clock::now();
+  const std::string_view keys[] = {"k"};
+  client.EvalScript(
+      script, keys, {}, [&done](StatusOr<Reply> r) { done.set_value(std::move(r)); },
+      milliseconds(200));
+  StatusOr<Reply> r = done.get_future().get();
+  const milliseconds took = Since(start);
+  ASSERT_FALSE(r.ok()) << "answered after " << took.count() << " ms";
+  EXPECT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().message();
+  EXPECT_GE(took, milliseconds(190));
+  EXPECT_LT(took, milliseconds(280)) << r.status().message();
+  EXPECT_EQ(loads.load(), 1);  // the load was sent, with the 50 ms left
 }
 
 // Calls queued during the first connect that expire before it completes are
