@@ -39,7 +39,8 @@ class RedisKeys {
                 std::string(limit_name) + "@" + std::to_string(start_us / 1'000'000));
   }
   // A block period's key (Limit::block_for): the limit's key and "!b", a
-  // character no limit name has; check.lua derives it the same way.
+  // character no limit name has (a calendar quota's: across its windows).
+  // check.lua gets it in KEYS, after the limit's own (lua::KeysPerLimit).
   std::string Block(std::string_view client_key, std::string_view limit_name) const {
     return Rate(client_key, limit_name) + "!b";
   }

@@ -101,10 +101,15 @@ struct RedisStore::Impl {
     for (const LimitCheck& c : req.checks) {
       if (c.limit->calendar() != nullptr) {
         AddCalendar(p.call, req.key, *c.limit, c.cost, now_local);
-        continue;
+      } else {
+        p.call.keys.push_back(keys.Rate(req.key, c.limit->name()));
+        p.call.limits.push_back({.spec = store::lua::WireOf(*c.limit), .cost = c.cost});
       }
-      p.call.keys.push_back(keys.Rate(req.key, c.limit->name()));
-      p.call.limits.push_back({.spec = store::lua::WireOf(*c.limit), .cost = c.cost});
+      // Declared like the state's key: check.lua touches no other key
+      // (store::lua::KeysPerLimit).
+      if (c.limit->block_for().count() > 0) {
+        p.call.keys.push_back(keys.Block(req.key, c.limit->name()));
+      }
     }
     if (p.want > 1) p.call.SetPrefetch(p.want);
     p.slot = backend->SlotOf(p.call.keys.front());
@@ -162,19 +167,10 @@ struct RedisStore::Impl {
     }
     p.breaker = pass->breaker;
     p.probe = pass->probe;
-    p.node = NodeCallable(p) ? backend->NodeOf(p.slot) : -1;
+    // Node calls (check.lua's node mode) read every key, block keys too,
+    // before they write: any check may share one.
+    p.node = node_calls.load(std::memory_order_relaxed) ? backend->NodeOf(p.slot) : -1;
     batcher->Add(std::move(p));
-  }
-
-  // Whether `p` may share a call with checks of other slots on its node. Not
-  // with a block period: its block key is not read before the script writes
-  // (check.lua, node mode), so a stale map could stop the call half done.
-  bool NodeCallable(const PendingCheck& p) const {
-    if (!node_calls.load(std::memory_order_relaxed)) return false;
-    for (const store::lua::LimitCall& l : p.call.limits) {
-      if (l.spec.block != 0) return false;
-    }
-    return true;
   }
 
   // On the executor: one script call for a group of one slot, or (a node

@@ -215,6 +215,26 @@ TEST_F(RedisStoreTest, CalendarQuotaWindowIsPickedByRedisClock) {
   EXPECT_EQ(server_.Cli("GET", tomorrow_key), "1");
 }
 
+// A calendar quota's block is the limit's ("<limit key>!b", across windows),
+// sent as the limit's third key after its two windows' keys: the denial that
+// starts it writes that key, and it denies a check beside it too.
+TEST_F(RedisStoreTest, CalendarQuotaBlockIsTheLimitsAcrossWindows) {
+  const Limit daily = *(*Limit::CalendarQuota("daily", 1, CalendarUnit::kDay, "UTC"))
+                           .WithBlockFor(std::chrono::hours(2));
+  EXPECT_TRUE(Check(*store_, "cal-block", daily).allowed);
+  Decision d = Check(*store_, "cal-block", daily);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, std::chrono::hours(2));
+  const std::string ends = server_.Cli("GET", "rl:{cal-block}daily!b");
+  EXPECT_FALSE(ends.empty());
+  LimitCheck both[] = {{&burst_, 1}, {&daily, 1}};
+  StatusOr<CheckResult> r = store_->CheckSync({"cal-block", both});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->overall.allowed);
+  EXPECT_GT(r->decisions[1].retry_after.count(), 7'000'000'000);
+  EXPECT_EQ(server_.Cli("GET", "rl:{cal-block}daily!b"), ends);  // not moved by a blocked check
+}
+
 TEST_F(RedisStoreTest, RecoversFromScriptFlush) {
   EXPECT_TRUE(Check(*store_, "nos", burst_).allowed);
   EXPECT_EQ(server_.Cli("SCRIPT", "FLUSH"), "OK");

@@ -22,7 +22,12 @@
 --              its index among the S and its cost.
 --            (A limit shared by many checks of a batch is sent and parsed once.)
 -- KEYS     one per limit of each check, in the same order; two for a calendar
---          quota ("c"): its current window's key, then the next one's.
+--          quota ("c"): its current window's key, then the next one's; and
+--          after those, for a limit with a block period ("t/<us>"), its block
+--          key (below). Every key the script touches is in KEYS, so that
+--          Redis Cluster routes the call by all of them (ASK, TRYAGAIN while
+--          a slot migrates) before anything runs, instead of the script
+--          failing halfway on a key the node no longer serves.
 -- Returns  for each limit: allowed (0/1), remaining, retry_after_us, reset_after_us.
 --          The leaky bucket is the token bucket's GCRA (tau = depth x interval);
 --          the caller derives an allowed request's delay, reset_after - cost x
@@ -45,8 +50,7 @@ local rcall, rpcall = redis.call, redis.pcall  -- locals: no global lookup per c
 -- command must stay in one slot), so a key this node does not serve stops
 -- the call with the error "RLNOTLOCAL ..." before it changed anything, and
 -- the caller sends those checks again one slot per call, where MOVED and ASK
--- are followed. (A block key, "<key>!b", is not read first: the caller never
--- puts a limit with a block period in a node call.)
+-- are followed. (Block keys, "<key>!b", are among the keys: read first too.)
 local KEYS, ARGV = KEYS, ARGV
 local node_mode = ARGV[1] == 'N'
 if node_mode then
@@ -325,22 +329,22 @@ local function general()
   -- Block periods (issue 21; Limit::block_for): a limit's code followed by
   -- "/<us>" ("f/600000000") blocks the client on it for that long once it
   -- denies (not on a peek). The block is the key <limit's key>!b (the same hash
-  -- tag, so the same Cluster slot) holding when it ends; while it stands every
-  -- check of the limit is denied: remaining 0, retry_after until its end,
-  -- reset_after at least that. (src/store/redis_keys.h names the key too.)
-  local function blocking(evaluate, block_us)
+  -- tag, so the same Cluster slot; a calendar quota's is the limit's, across
+  -- windows) holding when it ends; while it stands every check of the limit
+  -- is denied: remaining 0, retry_after until its end, reset_after at least
+  -- that. The caller names it (src/store/redis_keys.h) as the limit's last
+  -- key, `nkeys` - 1 after its first: read with the others (MGET above).
+  local function blocking(evaluate, block_us, nkeys)
     return function(key, a, b, c, cost, write_now, ki)
-      -- A calendar quota's keys end in '@<window start>': its block is the
-      -- limit's, across windows.
-      local bkey = string.gsub(key, '@%d+$', '') .. '!b'
-      local ends = tonumber(rcall('GET', bkey))
+      local bkey = KEYS[ki + nkeys - 1]
+      local ends = tonumber(values[bkey])
       if ends and ends > now then
         local _, _, _, reset = evaluate(key, a, b, c, 0, false, ki)
         return 0, 0, ends - now, math.max(reset, ends - now), nil
       end
       local allowed, rem, retry, reset, writer = evaluate(key, a, b, c, cost, write_now, ki)
       if allowed > 0 or peek then return allowed, rem, retry, reset, writer end
-      rcall('SET', bkey, str(now + block_us), 'PX', ttl_ms(now + block_us))
+      set(bkey, str(now + block_us), ttl_ms(now + block_us))
       return 0, 0, block_us, math.max(reset, block_us), nil
     end
   end
@@ -352,7 +356,7 @@ local function general()
     local code = spec[1]
     local block = tonumber(string.sub(code, 3))
     ev = evaluators[code]
-    if block then ev = blocking(evaluators[string.sub(code, 1, 1)], block) end
+    if block then ev = blocking(evaluators[string.sub(code, 1, 1)], block, spec[5]) end
     spec[7] = ev
     return ev
   end
@@ -482,14 +486,17 @@ end
 if ARGV[2] == 'S' then return general().settle() end
 
 -- The limits: {code, limit, window, interval, keys per limit (a calendar
--- quota's two), whether it is a plain token bucket (decided inline below),
--- its evaluator once made}.
+-- quota's two; one more with a block period: a code longer than a letter),
+-- whether it is a plain token bucket (decided inline below), its evaluator
+-- once made}.
 local specs = {}
 local nspecs = tonumber(ARGV[2])
 for s = 1, nspecs do
   local code = ARGV[argi]
+  local nkeys = string.byte(code, 1) == 99 and 2 or 1
+  if #code > 1 then nkeys = nkeys + 1 end
   specs[s] = {code, tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2]), tonumber(ARGV[argi + 3]),
-              string.byte(code, 1) == 99 and 2 or 1, code == 't' or code == 'k'}
+              nkeys, code == 't' or code == 'k'}
   argi = argi + 4
 end
 local checks = tonumber(ARGV[argi])

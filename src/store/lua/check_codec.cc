@@ -67,7 +67,9 @@ WireLimit WireOf(const Limit& limit) {
           .block = limit.block_for().count()};
 }
 
-size_t KeysPerLimit(char code) { return code == 'c' ? 2 : 1; }
+size_t KeysPerLimit(const WireLimit& spec) {
+  return (spec.code == 'c' ? 2 : 1) + (spec.block > 0 ? 1 : 0);
+}
 
 CalendarCall CalendarCallOf(const Limit& limit, int64_t now_us, int64_t cost) {
   const Calendar& cal = *limit.calendar();

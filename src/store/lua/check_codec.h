@@ -10,6 +10,7 @@
 // call for every malformed or error reply.
 //
 //   CheckCall call = {.keys = {"rl:{ip:1.2.3.4}burst"}, .limits = {{WireOf(burst), 1}}};
+//   (with burst.block_for(): .keys = {"rl:{ip:1.2.3.4}burst", "rl:{ip:1.2.3.4}burst!b"})
 //   EncodedCall e = Encode(std::nullopt, {{&call, 1}});   // e.keys, e.args -> EVALSHA
 //   StatusOr<std::vector<CheckAnswer>> a = Decode(reply, {{&call, 1}});
 //
@@ -52,9 +53,11 @@ struct WireLimit {
 // REQUIRES: not a calendar quota (CalendarCallOf).
 WireLimit WireOf(const Limit& limit);
 
-// The keys check.lua reads for a limit of `code`: two for a calendar quota
-// (its current window's, then the next one's), one for the others.
-size_t KeysPerLimit(char code);
+// The keys check.lua reads for a limit: two for a calendar quota (its current
+// window's, then the next one's), one for the others; then, with a block
+// period, one more: its block key (RedisKeys::Block). check.lua touches no
+// key but these, so that Redis Cluster routes the call by all of them.
+size_t KeysPerLimit(const WireLimit& spec);
 
 struct LimitCall {
   WireLimit spec;
@@ -73,7 +76,7 @@ struct CalendarCall {
 CalendarCall CalendarCallOf(const Limit& limit, int64_t now_us, int64_t cost);
 
 // One check of a batch. REQUIRES: limits.size() >= 1, and keys holds
-// KeysPerLimit keys for each limit, in order.
+// KeysPerLimit keys for each limit, in order (its state's, then its block's).
 struct CheckCall {
   bool peek = false;  // never writes; costs are sent as 0
   std::vector<std::string> keys;

@@ -36,8 +36,11 @@ Read ReadArgs(const EncodedCall& e) {
   std::vector<WireLimit> specs;
   size_t i = 2;
   for (size_t s = 0; s < nspecs; ++s, i += 4) {
-    EXPECT_EQ(a[i].size(), 1u);
-    specs.push_back({a[i][0], Num(a[i + 1]), Num(a[i + 2]), Num(a[i + 3])});
+    // A letter, then "/<us>" with a block period.
+    const std::string_view code = a[i];
+    EXPECT_TRUE(code.size() == 1 || code[1] == '/') << code;
+    const int64_t block = code.size() > 1 ? Num(code.substr(2)) : 0;
+    specs.push_back({code[0], Num(a[i + 1]), Num(a[i + 2]), Num(a[i + 3]), block});
   }
   const int64_t checks = Num(a[i++]);
   size_t key = 0;
@@ -55,7 +58,7 @@ Read ReadArgs(const EncodedCall& e) {
       }
     }
     for (const LimitCall& l : call.limits) {
-      for (size_t k = 0; k < KeysPerLimit(l.spec.code); ++k) call.keys.emplace_back(e.keys[key++]);
+      for (size_t k = 0; k < KeysPerLimit(l.spec); ++k) call.keys.emplace_back(e.keys[key++]);
     }
     out.checks.push_back(std::move(call));
   }
@@ -77,6 +80,17 @@ EncodedCall EncodeAll(std::optional<int64_t> now, const std::vector<CheckCall>& 
   return Encode(now, p);
 }
 
+// What check.lua reads back from `e` is `checks`, key for key.
+void ExpectReadsBack(const EncodedCall& e, const std::vector<CheckCall>& checks) {
+  const Read back = ReadArgs(e);
+  ASSERT_EQ(back.checks.size(), checks.size());
+  for (size_t i = 0; i < checks.size(); ++i) {
+    EXPECT_EQ(back.checks[i].peek, checks[i].peek) << i;
+    EXPECT_EQ(back.checks[i].keys, checks[i].keys) << i;
+    EXPECT_EQ(back.checks[i].limits, checks[i].limits) << i;
+  }
+}
+
 std::vector<CheckCall> Sample() {
   CheckCall one{.keys = {"rl:{a}burst"}, .limits = {{Spec(kBurst), 1}}};
   CheckCall three{.keys = {"rl:{b}burst"}, .limits = {{Spec(kBurst), 3}}};
@@ -93,14 +107,8 @@ TEST(CheckCodec, RoundTrip) {
   for (std::optional<int64_t> now :
        {std::optional<int64_t>(), std::optional<int64_t>(1'700'000'000'123'456)}) {
     const EncodedCall e = EncodeAll(now, checks);
-    const Read back = ReadArgs(e);
-    EXPECT_EQ(back.now, now);
-    ASSERT_EQ(back.checks.size(), checks.size());
-    for (size_t i = 0; i < checks.size(); ++i) {
-      EXPECT_EQ(back.checks[i].peek, checks[i].peek) << i;
-      EXPECT_EQ(back.checks[i].keys, checks[i].keys) << i;
-      EXPECT_EQ(back.checks[i].limits, checks[i].limits) << i;
-    }
+    EXPECT_EQ(ReadArgs(e).now, now);
+    ExpectReadsBack(e, checks);
   }
 }
 
@@ -204,8 +212,8 @@ TEST(CheckCodec, ACalendarQuotaSendsBothWindowsAndTheirTwoKeys) {
   EXPECT_EQ(cal.call.cost, 3);
   EXPECT_EQ(cal.start, Utc(2026, 2, 28, 23));
   EXPECT_EQ(cal.next_start, Utc(2026, 3, 31, 22));
-  EXPECT_EQ(KeysPerLimit('c'), 2u);
-  EXPECT_EQ(KeysPerLimit('f'), 1u);
+  EXPECT_EQ(KeysPerLimit(cal.call.spec), 2u);
+  EXPECT_EQ(KeysPerLimit(Spec(kDaily)), 1u);
 
   // Alone (packed), beside another limit, and peeked: the two keys follow
   // each other where the limit stands, and everything reads back.
@@ -223,13 +231,7 @@ TEST(CheckCodec, ACalendarQuotaSendsBothWindowsAndTheirTwoKeys) {
   EXPECT_EQ(e.args[3], "100");
   EXPECT_EQ(e.args[4], std::to_string(Utc(2026, 3, 31, 22)));
   EXPECT_EQ(e.args[5], std::to_string(Utc(2026, 4, 30, 22)));
-  const Read back = ReadArgs(e);
-  ASSERT_EQ(back.checks.size(), checks.size());
-  for (size_t i = 0; i < checks.size(); ++i) {
-    EXPECT_EQ(back.checks[i].peek, checks[i].peek) << i;
-    EXPECT_EQ(back.checks[i].keys, checks[i].keys) << i;
-    EXPECT_EQ(back.checks[i].limits, checks[i].limits) << i;
-  }
+  ExpectReadsBack(e, checks);
   // The reply is 4 integers per limit, whatever its keys.
   StatusOr<std::vector<CheckAnswer>> a =
       Decode(Ints({1,     97,    0, 3'600'000'000, 1, 9, 0, 200'000, 0, 0,
@@ -239,6 +241,32 @@ TEST(CheckCodec, ACalendarQuotaSendsBothWindowsAndTheirTwoKeys) {
   EXPECT_EQ((*a)[0].result.overall.reset_after, microseconds(3'600'000'000));
   EXPECT_EQ((*a)[0].result.overall.limit, 100);
   EXPECT_FALSE((*a)[1].result.overall.allowed);
+}
+
+// A limit with a block period sends its block key ("<key>!b") in KEYS right
+// after the limit's own key or keys: check.lua touches no undeclared key
+// (in a Cluster, one the node may not serve while its slot migrates).
+TEST(CheckCodec, ABlockPeriodSendsItsBlockKeyAfterTheLimitsKeys) {
+  const Limit login = *Limit::FixedWindow("login", 5, std::chrono::minutes(1))
+                           ->WithBlockFor(std::chrono::minutes(10));
+  const Limit monthly = *(*Limit::CalendarQuota("monthly", 100, CalendarUnit::kMonth, "UTC"))
+                             .WithBlockFor(std::chrono::hours(1));
+  const CalendarCall cal = CalendarCallOf(monthly, Utc(2026, 3, 31, 21), 1);
+  EXPECT_EQ(KeysPerLimit(Spec(login)), 2u);
+  EXPECT_EQ(KeysPerLimit(cal.call.spec), 3u);
+  const std::vector<CheckCall> checks = {
+      CheckCall{.keys = {"rl:{a}login", "rl:{a}login!b"}, .limits = {{Spec(login), 1}}},
+      CheckCall{.keys = {"rl:{b}burst", "rl:{b}monthly@1", "rl:{b}monthly@2", "rl:{b}monthly!b",
+                         "rl:{b}login", "rl:{b}login!b"},
+                .limits = {{Spec(kBurst), 1}, cal.call, {Spec(login), 2}}},
+      CheckCall{
+          .peek = true, .keys = {"rl:{c}login", "rl:{c}login!b"}, .limits = {{Spec(login), 0}}},
+  };
+  const EncodedCall e = EncodeAll(std::nullopt, checks);
+  EXPECT_EQ(e.keys.size(), 10u);
+  EXPECT_EQ(e.keys[1], "rl:{a}login!b");
+  EXPECT_EQ(e.args[2], "f/600000000");
+  ExpectReadsBack(e, checks);
 }
 
 TEST(CheckCodec, EveryErrorReply) {
