@@ -171,10 +171,6 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       if (ec || self->closed) return self->Close();
       const ssize_t rv = nghttp2_session_mem_recv(self->session, self->in.data(), n);
       if (rv < 0) return self->Close();
-      if (!self->greeted) {
-        self->greeted = true;
-        self->handshake.cancel();
-      }
       ++self->batch;
       for (std::shared_ptr<Stream>& s : std::exchange(self->ready, {})) self->Dispatch(s);
       --self->batch;
@@ -435,6 +431,17 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   }
 
   static int OnFrame(nghttp2_session* session, const nghttp2_frame* frame, void* p) {
+    // The handshake is over at the client's SETTINGS (which follows the
+    // preface), not at its first bytes: a client that sent part of the
+    // preface and stopped would otherwise hold its connection forever.
+    if (frame->hd.type == NGHTTP2_SETTINGS && (frame->hd.flags & NGHTTP2_FLAG_ACK) == 0) {
+      Conn& c = Self(p);
+      if (!c.greeted) {
+        c.greeted = true;
+        c.handshake.cancel();
+      }
+      return 0;
+    }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
     const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
     Stream* s = Find(session, frame->hd.stream_id);

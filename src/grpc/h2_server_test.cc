@@ -388,6 +388,25 @@ TEST_F(H2ServerTest, NotHttp2IsClosedAndOthersAreServed) {
   EXPECT_TRUE(Check("", &r).ok());
 }
 
+// The handshake timeout runs until the client's SETTINGS: a client that sends
+// part of the preface (or all of it and no SETTINGS) and then nothing is
+// closed by it.
+TEST_F(H2ServerTest, APartialHandshakeIsClosedAfterTheHandshakeTimeout) {
+  Start({.handshake_timeout = 200ms});
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  for (const size_t sent : {size_t{1}, preface.size() / 2, preface.size()}) {
+    SCOPED_TRACE(sent);
+    const int fd = Connect(server_->port());
+    ASSERT_EQ(send(fd, preface.data(), sent, 0), static_cast<ssize_t>(sent));
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(ClosedByServer(fd));
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+    close(fd);
+  }
+  hpb::HealthCheckResponse r;  // a real client completes it
+  EXPECT_EQ(Check("", &r).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
 // An HTTP/2 frame: 9-byte header (length, type, flags, stream), then payload.
 std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
   std::string f;
