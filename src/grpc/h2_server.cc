@@ -4,6 +4,7 @@
 #include <netinet/tcp.h>
 #include <nghttp2/nghttp2.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
@@ -77,6 +78,10 @@ struct GrpcCall::Stream {
   size_t header_bytes = 0;
   std::string body;  // gRPC-framed
   bool too_big = false;
+  bool crowded = false;  // refused: max_pending_request_bytes
+  bool expired = false;  // reset: incomplete after request_timeout
+  size_t pending = 0;    // body bytes counted in Conn::pending_bytes
+  SteadyClock::time_point began;
   SteadyClock::time_point deadline = SteadyClock::time_point::max();
   // The answer.
   bool dispatched = false;  // handed to a handler (or answered by the server)
@@ -105,7 +110,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       : socket(std::move(s)),
         shared(std::move(sh)),
         handshake(socket.get_executor()),
-        write_timer(socket.get_executor()) {}
+        write_timer(socket.get_executor()),
+        request_timer(socket.get_executor()) {}
 
   ~Conn() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -121,8 +127,11 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   tcp::socket socket;
   std::shared_ptr<Shared> shared;
   net::steady_timer handshake;
-  net::steady_timer write_timer;  // armed while an async_write waits (write_timeout)
-  uint64_t writes = 0;            // async_writes begun
+  net::steady_timer write_timer;    // armed while an async_write waits (write_timeout)
+  net::steady_timer request_timer;  // the oldest incomplete request's request_timeout
+  bool request_timer_armed = false;
+  size_t pending_bytes = 0;  // bodies of requests not yet complete
+  uint64_t writes = 0;       // async_writes begun
   nghttp2_session* session = nullptr;
   std::array<uint8_t, 16 << 10> in{};
   std::string out;  // being written
@@ -236,6 +245,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     closed = true;
     handshake.cancel();
     write_timer.cancel();
+    request_timer.cancel();
+    pending_bytes = 0;
     boost::system::error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
@@ -243,6 +254,50 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     streams.clear();
     ready.clear();
     Unregister();
+  }
+
+  // A request's bytes stop counting against max_pending_request_bytes: it is
+  // complete, refused, reset or closed.
+  void Release(Stream& s) {
+    pending_bytes -= s.pending;
+    s.pending = 0;
+  }
+  size_t PendingCap() const {
+    return std::max(shared->options.max_pending_request_bytes,
+                    kPrefix + shared->options.max_message_bytes);
+  }
+
+  // One timer per connection, at the oldest incomplete request's deadline.
+  void ArmRequestTimer(SteadyClock::time_point at) {
+    if (request_timer_armed || closed) return;
+    request_timer_armed = true;
+    request_timer.expires_at(at);
+    request_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      self->request_timer_armed = false;
+      if (!ec && !self->closed) self->ExpireRequests();
+    });
+  }
+  void ExpireRequests() {
+    const SteadyClock::time_point now = SteadyClock::now();
+    const auto timeout = shared->options.request_timeout;
+    SteadyClock::time_point next = SteadyClock::time_point::max();
+    std::vector<std::shared_ptr<Stream>> expired;
+    for (auto& [id, s] : streams) {
+      if (s->dispatched || s->expired || s->closed) continue;
+      if (s->began + timeout <= now) {
+        expired.push_back(s);
+      } else {
+        next = std::min(next, s->began + timeout);
+      }
+    }
+    for (const std::shared_ptr<Stream>& s : expired) {
+      s->expired = true;
+      Release(*s);
+      std::string().swap(s->body);
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
+    }
+    if (next != SteadyClock::time_point::max()) ArmRequestTimer(next);
+    if (!expired.empty()) Flush();
   }
 
   void GoAway() {
@@ -269,6 +324,11 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       return call.Finish(GrpcCode::kResourceExhausted,
                          "request message larger than " +
                              std::to_string(shared->options.max_message_bytes) + " bytes");
+    }
+    if (s->crowded) {
+      return call.Finish(GrpcCode::kResourceExhausted,
+                         "incomplete requests on this connection hold more than " +
+                             std::to_string(PendingCap()) + " bytes");
     }
     if (s->body.size() < kPrefix) return call.Finish(GrpcCode::kInternal, "no request message");
     const auto* b = reinterpret_cast<const unsigned char*>(s->body.data());
@@ -386,8 +446,11 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
     auto s = std::make_shared<Stream>();
     s->id = frame->hd.stream_id;
+    s->began = SteadyClock::now();
     nghttp2_session_set_stream_user_data(session, s->id, s.get());
-    Self(p).streams.emplace(s->id, std::move(s));
+    Conn& c = Self(p);
+    c.ArmRequestTimer(s->began + c.shared->options.request_timeout);
+    c.streams.emplace(s->id, std::move(s));
     return 0;
   }
 
@@ -419,14 +482,18 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   static int OnData(nghttp2_session* session, uint8_t, int32_t id, const uint8_t* data, size_t len,
                     void* p) {
     Stream* s = Find(session, id);
-    if (s == nullptr || s->too_big) return 0;
-    if (s->body.size() + len > kPrefix + Self(p).shared->options.max_message_bytes) {
-      s->too_big = true;
-      s->body.clear();
-      s->body.shrink_to_fit();
+    if (s == nullptr || s->too_big || s->crowded || s->expired) return 0;
+    Conn& c = Self(p);
+    const bool too_big = s->body.size() + len > kPrefix + c.shared->options.max_message_bytes;
+    if (too_big || c.pending_bytes + len > c.PendingCap()) {
+      (too_big ? s->too_big : s->crowded) = true;
+      c.Release(*s);
+      std::string().swap(s->body);
       return 0;
     }
     s->body.append(reinterpret_cast<const char*>(data), len);
+    s->pending += len;
+    c.pending_bytes += len;
     return 0;
   }
 
@@ -445,10 +512,11 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
     const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
     Stream* s = Find(session, frame->hd.stream_id);
-    if (s == nullptr) return 0;
+    if (s == nullptr || s->expired) return 0;
     // An oversized message is refused as soon as it is seen, not at its end.
-    if (end || s->too_big) {
+    if (end || s->too_big || s->crowded) {
       Conn& c = Self(p);
+      c.Release(*s);
       if (auto it = c.streams.find(s->id); it != c.streams.end()) c.ready.push_back(it->second);
     }
     return 0;
@@ -456,7 +524,10 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
 
   static int OnClose(nghttp2_session* session, int32_t id, uint32_t, void* p) {
     Conn& c = Self(p);
-    if (Stream* s = Find(session, id); s != nullptr) s->closed = true;
+    if (Stream* s = Find(session, id); s != nullptr) {
+      s->closed = true;
+      c.Release(*s);
+    }
     c.streams.erase(id);
     return 0;
   }

@@ -73,6 +73,16 @@ struct H2ServerOptions {
   size_t max_message_bytes = 4 << 20;
   // SETTINGS_MAX_CONCURRENT_STREAMS: calls one connection may have open.
   uint32_t max_concurrent_streams = 1024;
+  // Request bytes one connection may hold for requests not yet complete
+  // (never less than one message of max_message_bytes): the stream whose
+  // bytes would pass it is refused (RESOURCE_EXHAUSTED) and what it held is
+  // freed. Without it a client could pin max_concurrent_streams messages of
+  // max_message_bytes (4 GiB) per connection by never ending its requests.
+  size_t max_pending_request_bytes = 8 << 20;
+  // A request still incomplete this long after its headers arrived has its
+  // stream reset (RST_STREAM CANCEL) and its bytes freed: a request that
+  // stops half-way would otherwise hold them as long as its connection.
+  std::chrono::milliseconds request_timeout{10'000};
   // A request's headers larger than this reset its stream.
   size_t max_header_bytes = 16 << 10;
   // Connections past this many are closed as they are accepted.

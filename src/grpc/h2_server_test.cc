@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <nghttp2/nghttp2.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -425,6 +426,169 @@ std::string Be32(uint32_t v) {
           static_cast<char>(v)};
 }
 
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+// A request's HEADERS block (HPACK without its dynamic table): POST `path`,
+// content-type application/grpc.
+std::string RequestHeaders(const std::string& path) {
+  std::string headers = "\x83\x86";  // :method POST, :scheme http (HPACK static table)
+  headers += "\x01\x01x";            // :authority (index 1), literal value "x"
+  headers += '\x04';                 // :path, literal value, not indexed
+  headers += static_cast<char>(path.size());
+  headers += path;
+  headers += "\x0f\x10";  // content-type (static index 31), literal value
+  headers += static_cast<char>(16);
+  headers += "application/grpc";
+  return headers;
+}
+
+// A gRPC message of `n` bytes with its 5-byte prefix.
+std::string Framed(size_t n) {
+  return std::string(1, '\0') + Be32(static_cast<uint32_t>(n)) + std::string(n, 'x');
+}
+
+// The server's side of a raw connection, frame by frame, its header blocks
+// decoded (HPACK's dynamic table is the connection's: one inflater each).
+class ServerFrames {
+ public:
+  struct Frame {
+    uint8_t type = 0, flags = 0;
+    uint32_t stream = 0;
+    std::string payload;
+    std::vector<std::pair<std::string, std::string>> headers;  // HEADERS
+    std::string Header(const std::string& name) const {
+      for (const auto& [n, v] : headers)
+        if (n == name) return v;
+      return "";
+    }
+  };
+  explicit ServerFrames(int fd) : fd_(fd) { nghttp2_hd_inflate_new(&inflater_); }
+  ~ServerFrames() { nghttp2_hd_inflate_del(inflater_); }
+  ServerFrames(const ServerFrames&) = delete;
+  ServerFrames& operator=(const ServerFrames&) = delete;
+
+  // The next frame, or none when the connection ends or 5 s pass.
+  std::optional<Frame> Next() {
+    while (buf_.size() < 9 || buf_.size() < 9 + Length()) {
+      char chunk[16384];
+      const ssize_t n = recv(fd_, chunk, sizeof chunk, 0);
+      if (n <= 0) return std::nullopt;
+      buf_.append(chunk, static_cast<size_t>(n));
+    }
+    Frame f;
+    const auto* b = reinterpret_cast<const unsigned char*>(buf_.data());
+    f.type = b[3];
+    f.flags = b[4];
+    f.stream =
+        (uint32_t{b[5]} << 24 | uint32_t{b[6]} << 16 | uint32_t{b[7]} << 8 | b[8]) & 0x7fffffff;
+    f.payload = buf_.substr(9, Length());
+    buf_.erase(0, 9 + Length());
+    if (f.type == 0x1) {  // HEADERS; the server neither pads nor sends priorities
+      auto* in = reinterpret_cast<uint8_t*>(f.payload.data());
+      size_t left = f.payload.size();
+      for (;;) {
+        nghttp2_nv nv;
+        int flags = 0;
+        const ssize_t used = nghttp2_hd_inflate_hd2(inflater_, &nv, &flags, in, left, 1);
+        if (used < 0) return std::nullopt;
+        in += used;
+        left -= static_cast<size_t>(used);
+        if ((flags & NGHTTP2_HD_INFLATE_EMIT) != 0) {
+          f.headers.emplace_back(std::string(reinterpret_cast<char*>(nv.name), nv.namelen),
+                                 std::string(reinterpret_cast<char*>(nv.value), nv.valuelen));
+        }
+        if ((flags & NGHTTP2_HD_INFLATE_FINAL) != 0) break;
+        if (used == 0 && left == 0 && (flags & NGHTTP2_HD_INFLATE_EMIT) == 0) break;
+      }
+      nghttp2_hd_inflate_end_headers(inflater_);
+    }
+    return f;
+  }
+  // The first frame of `type` on `stream` (others are skipped), if it comes.
+  std::optional<Frame> Await(uint8_t type, uint32_t stream) {
+    while (std::optional<Frame> f = Next())
+      if (f->type == type && f->stream == stream) return f;
+    return std::nullopt;
+  }
+
+ private:
+  size_t Length() const {
+    const auto* b = reinterpret_cast<const unsigned char*>(buf_.data());
+    return size_t{b[0]} << 16 | size_t{b[1]} << 8 | b[2];
+  }
+  int fd_;
+  std::string buf_;
+  nghttp2_hd_inflater* inflater_ = nullptr;
+};
+
+bool SendAll(int fd, const std::string& bytes) {
+  return send(fd, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
+}
+
+// A client that starts requests and never ends them cannot make one
+// connection hold more than max_pending_request_bytes: the stream whose bytes
+// would pass it is refused, and the bytes of a stream that completes or is
+// reset stop counting.
+TEST_F(H2ServerTest, IncompleteRequestsOnAConnectionHoldABoundedNumberOfBytes) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) { call.Reply(""); });
+  Start({.max_message_bytes = 1000, .max_pending_request_bytes = 3000});
+  const int fd = Connect(server_->port());
+  ServerFrames frames(fd);
+  const std::string headers = RequestHeaders(kCheck);
+  std::string out = std::string(kPreface) + Frame(0x4, 0, 0, "");
+  // Streams 1, 3, 5: 900 bytes each of a 995-byte message that never ends.
+  for (uint32_t id : {1, 3, 5})
+    out += Frame(0x1, 0x4, id, headers) + Frame(0x0, 0, id, Framed(995).substr(0, 900));
+  out += Frame(0x1, 0x4, 7, headers) + Frame(0x0, 0, 7, Framed(995).substr(0, 900));
+  ASSERT_TRUE(SendAll(fd, out));
+  // 2,700 + 900 > 3,000: stream 7 is refused at once, before its end.
+  std::optional<ServerFrames::Frame> refused = frames.Await(0x1, 7);
+  ASSERT_TRUE(refused.has_value()) << "stream 7 was not refused";
+  EXPECT_EQ(refused->Header("grpc-status"), "8");
+  EXPECT_NE(refused->Header("grpc-message").find("3000"), std::string::npos);
+
+  // Stream 1 reset by the client: its 900 bytes are freed, so a whole
+  // 900-byte request on stream 9 fits (1,800 + 900), and once it completes
+  // its bytes are freed too (stream 11 fits as well).
+  ASSERT_TRUE(SendAll(fd, Frame(0x3, 0, 1, Be32(0x8))));
+  for (uint32_t id : {9, 11}) {
+    SCOPED_TRACE(id);
+    ASSERT_TRUE(SendAll(fd, Frame(0x1, 0x4, id, headers) + Frame(0x0, 0x1, id, Framed(895))));
+    std::optional<ServerFrames::Frame> trailers;
+    while ((trailers = frames.Await(0x1, id)) && trailers->Header("grpc-status").empty()) {
+    }
+    ASSERT_TRUE(trailers.has_value());
+    EXPECT_EQ(trailers->Header("grpc-status"), "0");
+  }
+  close(fd);
+}
+
+// A request that stops half-way is reset after request_timeout: its bytes
+// (and its stream) are not held for as long as the connection lives.
+TEST_F(H2ServerTest, ARequestStillIncompleteAfterTheRequestTimeoutIsReset) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) { call.Reply(""); });
+  Start({.request_timeout = 200ms});
+  const int fd = Connect(server_->port());
+  ServerFrames frames(fd);
+  const std::string headers = RequestHeaders(kCheck);
+  ASSERT_TRUE(SendAll(fd, std::string(kPreface) + Frame(0x4, 0, 0, "") +
+                              Frame(0x1, 0x4, 1, headers) +
+                              Frame(0x0, 0, 1, Framed(100).substr(0, 50))));
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<ServerFrames::Frame> reset = frames.Await(0x3, 1);
+  ASSERT_TRUE(reset.has_value()) << "stream 1 was not reset";
+  EXPECT_EQ(reset->payload, Be32(0x8));  // CANCEL
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 150ms);
+  // The connection serves on.
+  ASSERT_TRUE(SendAll(fd, Frame(0x1, 0x4, 3, headers) + Frame(0x0, 0x1, 3, Framed(0))));
+  std::optional<ServerFrames::Frame> answer;
+  while ((answer = frames.Await(0x1, 3)) && answer->Header("grpc-status").empty()) {
+  }
+  ASSERT_TRUE(answer.has_value());
+  EXPECT_EQ(answer->Header("grpc-status"), "0");
+  close(fd);
+}
+
 TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
   constexpr size_t kAnswer = 16 << 20;  // far more than the sockets' buffers hold
   handlers_.emplace_back(kCheck, [](GrpcCall call) {
@@ -435,16 +599,8 @@ TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
   // A client with a small receive buffer that grants the server a window of
   // 2 GiB, asks for the answer, and then reads nothing.
   const int fd = Connect(server_->port(), /*rcvbuf=*/4096);
-  const std::string path = kCheck;
-  std::string headers = "\x83\x86";  // :method POST, :scheme http (HPACK static table)
-  headers += "\x01\x01x";            // :authority (index 1), literal value "x"
-  headers += '\x04';                 // :path, literal value, not indexed
-  headers += static_cast<char>(path.size());
-  headers += path;
-  headers += "\x0f\x10";  // content-type (static index 31), literal value
-  headers += static_cast<char>(16);
-  headers += "application/grpc";
-  const std::string out = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
+  const std::string headers = RequestHeaders(kCheck);
+  const std::string out = std::string(kPreface) +
                           Frame(0x4, 0, 0, std::string("\x00\x04", 2) + Be32(0x7fffffff)) +
                           Frame(0x8, 0, 0, Be32(0x7fffffff - 65535)) + Frame(0x1, 0x4, 1, headers) +
                           Frame(0x0, 0x1, 1, std::string(5, '\0'));  // an empty request message
