@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "envoy/config.h"
@@ -133,9 +134,17 @@ struct GrpcFace::Impl {
   int64_t reload_error_at_ms RL_GUARDED_BY(config_mu) = 0;
 
   // Health: SERVING until the shutdown starts; Watch calls hear of the change.
-  Mutex health_mu;
-  bool serving RL_GUARDED_BY(health_mu) = true;
-  std::vector<GrpcCall> watchers RL_GUARDED_BY(health_mu);
+  // Shared with the Watch streams' OnClosed, which may run after the face
+  // is gone (a connection closed by the io_context's end).
+  struct Health {
+    Mutex mu;
+    bool serving RL_GUARDED_BY(mu) = true;
+    // The open Watch calls, until their stream closes (the client cancels or
+    // goes): each holds its connection.
+    std::unordered_map<uint64_t, GrpcCall> watchers RL_GUARDED_BY(mu);
+    uint64_t last_watcher RL_GUARDED_BY(mu) = 0;
+  };
+  std::shared_ptr<Health> health = std::make_shared<Health>();
 
   // The calls, SIGHUP and inotify, on the owner's io_context.
   net::io_context& ioc;
@@ -234,14 +243,15 @@ struct GrpcFace::Impl {
     r.set_status(status);
     return r.SerializeAsString();
   }
-  hpb::HealthCheckResponse::ServingStatus Serving() const RL_REQUIRES(health_mu) {
-    return serving ? hpb::HealthCheckResponse::SERVING : hpb::HealthCheckResponse::NOT_SERVING;
+  hpb::HealthCheckResponse::ServingStatus Serving() const RL_REQUIRES(health->mu) {
+    return health->serving ? hpb::HealthCheckResponse::SERVING
+                           : hpb::HealthCheckResponse::NOT_SERVING;
   }
   void Check(const GrpcCall& call) {
     hpb::HealthCheckRequest req;
     if (!ParseRequest(call, req)) return;
     if (!Known(req.service())) return call.Finish(GrpcCode::kNotFound, "unknown service");
-    LockGuard lock(health_mu);
+    LockGuard lock(health->mu);
     call.Reply(HealthAnswer(Serving()));
   }
   void Watch(GrpcCall call) {
@@ -249,11 +259,23 @@ struct GrpcFace::Impl {
     if (!ParseRequest(call, req)) return;
     // An unknown service is SERVICE_UNKNOWN and the stream stays open (the
     // protocol's rule: the service may appear later). Here it never does.
-    LockGuard lock(health_mu);
-    call.Write(
-        HealthAnswer(Known(req.service()) ? Serving() : hpb::HealthCheckResponse::SERVICE_UNKNOWN));
-    if (!serving) return call.Finish(GrpcCode::kOk);
-    watchers.push_back(std::move(call));
+    uint64_t id = 0;
+    {
+      LockGuard lock(health->mu);
+      call.Write(HealthAnswer(Known(req.service()) ? Serving()
+                                                   : hpb::HealthCheckResponse::SERVICE_UNKNOWN));
+      if (!health->serving) return call.Finish(GrpcCode::kOk);
+      id = ++health->last_watcher;
+      health->watchers.emplace(id, call);
+    }
+    // Outside the lock: it runs at once on a stream already closed.
+    call.OnClosed([weak = std::weak_ptr<Health>(health), id] {
+      const std::shared_ptr<Health> h = weak.lock();
+      if (!h) return;
+      decltype(h->watchers)::node_type gone;  // dropped after the lock
+      LockGuard lock(h->mu);
+      gone = h->watchers.extract(id);
+    });
   }
 
   // The headers of the enforcing limit closest to its limit (the Combine).
@@ -307,14 +329,14 @@ struct GrpcFace::Impl {
   // closes, and every connection gets GOAWAY: calls in flight finish.
   // Non-blocking; any thread; idempotent.
   void BeginShutdown() {
-    std::vector<GrpcCall> ending;
+    std::unordered_map<uint64_t, GrpcCall> ending;
     {
-      LockGuard lock(health_mu);
-      if (!serving) return;
-      serving = false;
-      ending.swap(watchers);
+      LockGuard lock(health->mu);
+      if (!health->serving) return;
+      health->serving = false;
+      ending.swap(health->watchers);
     }
-    for (const GrpcCall& w : ending) {
+    for (const auto& [id, w] : ending) {
       w.Write(HealthAnswer(hpb::HealthCheckResponse::NOT_SERVING));
       w.Finish(GrpcCode::kOk);
     }
@@ -399,6 +421,11 @@ nlohmann::json GrpcFace::Describe() const {
 void GrpcFace::Drain() { impl_->BeginShutdown(); }
 
 size_t GrpcFace::connections() const { return impl_->server->connections(); }
+
+size_t GrpcFace::watchers() const {
+  LockGuard lock(impl_->health->mu);
+  return impl_->health->watchers.size();
+}
 
 void GrpcFace::Shutdown() {
   if (!impl_) return;

@@ -77,6 +77,8 @@ class GrpcFace {
   void Drain();
   // Open connections (the drain is over at 0).
   size_t connections() const;
+  // Open health Watch calls (each is forgotten when its stream closes).
+  size_t watchers() const;
   // Drain, and close the connections left, without waiting (the io_context
   // closes them if it still runs, or as it is destroyed). Idempotent.
   void Shutdown();

@@ -90,7 +90,14 @@ struct GrpcCall::Stream {
   bool closed = false;      // nghttp2 closed the stream, or the connection went
   std::string out;          // framed messages not yet handed to nghttp2
   size_t out_off = 0;
-  std::string status, message;  // the trailers
+  std::string status, message;      // the trailers
+  std::function<void()> on_closed;  // GrpcCall::OnClosed
+
+  // The stream is over (runs on_closed once).
+  void Closed() {
+    closed = true;
+    if (on_closed) std::exchange(on_closed, nullptr)();
+  }
 };
 
 struct H2Server::Shared {
@@ -250,10 +257,13 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     boost::system::error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
-    for (auto& [id, s] : streams) s->closed = true;
-    streams.clear();
+    // on_closed runs with the connection's state settled: it may drop the
+    // last GrpcCall of a stream.
+    std::unordered_map<int32_t, std::shared_ptr<Stream>> gone;
+    gone.swap(streams);
     ready.clear();
     Unregister();
+    for (auto& [id, s] : gone) s->Closed();
   }
 
   // A request's bytes stop counting against max_pending_request_bytes: it is
@@ -524,11 +534,12 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
 
   static int OnClose(nghttp2_session* session, int32_t id, uint32_t, void* p) {
     Conn& c = Self(p);
-    if (Stream* s = Find(session, id); s != nullptr) {
-      s->closed = true;
-      c.Release(*s);
+    if (Stream* s = Find(session, id); s != nullptr) c.Release(*s);
+    if (auto it = c.streams.find(id); it != c.streams.end()) {
+      const std::shared_ptr<Stream> s = std::move(it->second);
+      c.streams.erase(it);
+      s->Closed();
     }
-    c.streams.erase(id);
     return 0;
   }
 };
@@ -565,6 +576,13 @@ void GrpcCall::Finish(GrpcCode code, std::string message) const {
                   c->Answer(*s, nullptr, true, code, std::move(m));
                   c->Answered();
                 });
+}
+
+void GrpcCall::OnClosed(std::function<void()> fn) const {
+  net::dispatch(conn_->socket.get_executor(), [c = conn_, s = stream_, fn = std::move(fn)] {
+    if (s->closed || c->closed) return fn();
+    s->on_closed = fn;
+  });
 }
 
 // The acceptor, on a strand of its own.

@@ -117,6 +117,11 @@ class GrpcCall {
   // after the deadline becomes DEADLINE_EXCEEDED; one to a call the client
   // has cancelled, or on a closed connection, is dropped.
   void Finish(GrpcCode code, std::string message = {}) const;
+  // `fn` runs once on the connection's strand when the stream closes: its
+  // answer has left, the client reset it, or the connection closed (at once
+  // if that happened already). An owner that keeps calls (health Watch)
+  // forgets them here; otherwise they would hold their connection.
+  void OnClosed(std::function<void()> fn) const;
 
   struct Stream;
   struct Conn;

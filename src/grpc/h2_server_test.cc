@@ -29,6 +29,7 @@
 #include "core/percent.h"
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/raw_h2_test_util.h"
 
 // ThreadSanitizer (make test's TSan run includes this test): gRPC C++'s and
 // Abseil's libraries are not built with it, so the client's own threads look
@@ -52,6 +53,7 @@ namespace {
 using namespace std::chrono_literals;
 namespace hpb = ::grpc::health::v1;
 namespace net = boost::asio;
+using namespace ::ratelimit::grpcface::rawh2;  // NOLINT(google-build-using-namespace)
 
 constexpr char kCheck[] = "/grpc.health.v1.Health/Check";
 constexpr char kWatch[] = "/grpc.health.v1.Health/Watch";
@@ -346,21 +348,6 @@ TEST_F(H2ServerTest, AnAnswerAfterTheDeadlineIsDeadlineExceeded) {
   EXPECT_LT(ParseGrpcTimeout("m").count(), 0);
 }
 
-// Raw TCP: what a non-gRPC client sends.
-// `rcvbuf` > 0: the receive buffer's size, set before connecting.
-int Connect(int port, int rcvbuf = 0) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  timeval tv{.tv_sec = 5, .tv_usec = 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  return fd;
-}
-
 // Reads until the server closes; false if it did not within 5 s. `received`
 // (if given) counts the bytes read before.
 bool ClosedByServer(int fd, size_t* received = nullptr) {
@@ -406,45 +393,6 @@ TEST_F(H2ServerTest, APartialHandshakeIsClosedAfterTheHandshakeTimeout) {
   }
   hpb::HealthCheckResponse r;  // a real client completes it
   EXPECT_EQ(Check("", &r).error_code(), grpc::StatusCode::UNIMPLEMENTED);
-}
-
-// An HTTP/2 frame: 9-byte header (length, type, flags, stream), then payload.
-std::string Frame(uint8_t type, uint8_t flags, uint32_t stream, const std::string& payload) {
-  std::string f;
-  const auto n = static_cast<uint32_t>(payload.size());
-  f += static_cast<char>(n >> 16);
-  f += static_cast<char>(n >> 8);
-  f += static_cast<char>(n);
-  f += static_cast<char>(type);
-  f += static_cast<char>(flags);
-  for (int shift = 24; shift >= 0; shift -= 8) f += static_cast<char>(stream >> shift);
-  return f + payload;
-}
-
-std::string Be32(uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8),
-          static_cast<char>(v)};
-}
-
-constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-// A request's HEADERS block (HPACK without its dynamic table): POST `path`,
-// content-type application/grpc.
-std::string RequestHeaders(const std::string& path) {
-  std::string headers = "\x83\x86";  // :method POST, :scheme http (HPACK static table)
-  headers += "\x01\x01x";            // :authority (index 1), literal value "x"
-  headers += '\x04';                 // :path, literal value, not indexed
-  headers += static_cast<char>(path.size());
-  headers += path;
-  headers += "\x0f\x10";  // content-type (static index 31), literal value
-  headers += static_cast<char>(16);
-  headers += "application/grpc";
-  return headers;
-}
-
-// A gRPC message of `n` bytes with its 5-byte prefix.
-std::string Framed(size_t n) {
-  return std::string(1, '\0') + Be32(static_cast<uint32_t>(n)) + std::string(n, 'x');
 }
 
 // The server's side of a raw connection, frame by frame, its header blocks
@@ -520,10 +468,6 @@ class ServerFrames {
   std::string buf_;
   nghttp2_hd_inflater* inflater_ = nullptr;
 };
-
-bool SendAll(int fd, const std::string& bytes) {
-  return send(fd, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
-}
 
 // A client that starts requests and never ends them cannot make one
 // connection hold more than max_pending_request_bytes: the stream whose bytes
