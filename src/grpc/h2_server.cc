@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/accept_retry.h"
 #include "core/completion_batch.h"
 #include "core/percent.h"
 #include "ratelimit/thread_annotations.h"
@@ -598,9 +599,18 @@ struct Acceptor : std::enable_shared_from_this<Acceptor> {
         net::make_strand(ioc),
         [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
           if (ec == net::error::operation_aborted || self->shared->stopping) return;
-          if (!ec) self->Serve(std::move(socket));
+          if (ec) return self->AcceptLater();  // EMFILE and friends
+          self->Serve(std::move(socket));
           self->Accept();
         });
+  }
+
+  void AcceptLater() {
+    auto timer =
+        std::make_shared<net::steady_timer>(acceptor.get_executor(), core::kAcceptRetryDelay);
+    timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
+      if (!self->shared->stopping) self->Accept();
+    });
   }
 
   void Serve(tcp::socket socket) {

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <nghttp2/nghttp2.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -560,6 +562,42 @@ TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
   EXPECT_LT(received, kAnswer);
   hpb::HealthCheckResponse r;  // the others are served
   EXPECT_TRUE(Check("other", &r).ok());
+}
+
+// Out of descriptors, the acceptor waits before accepting again instead of
+// spinning on the connection that waits in the backlog. In a child process
+// (its descriptor limit is its own), which measures its own CPU time.
+TEST(H2ServerAccept, AnAcceptErrorIsRetriedAfterAPauseNotAtOnce) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    net::io_context ioc;
+    H2Server server(ioc, {});
+    if (!server.Listen({net::ip::make_address("127.0.0.1"), 0}).ok()) _exit(2);
+    const int client = Connect(server.port());  // waits in the backlog
+    rlimit lim{.rlim_cur = 1024, .rlim_max = 1024};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = std::min<rlim_t>(lim.rlim_cur, 1024);
+    setrlimit(RLIMIT_NOFILE, &lim);
+    while (dup(client) >= 0) {
+    }
+    if (errno != EMFILE) _exit(3);
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    ioc.run_for(500ms);  // accept fails with EMFILE, again and again
+    getrusage(RUSAGE_SELF, &after);
+    auto cpu = [](const rusage& u) {
+      return std::chrono::seconds(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+             std::chrono::microseconds(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    };
+    // Spinning costs the whole 500 ms (most of it on a busy machine);
+    // retrying every 50 ms, a few milliseconds.
+    _exit(cpu(after) - cpu(before) < 150ms ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the acceptor spun; 2, 3: the setup failed";
 }
 
 TEST_F(H2ServerTest, ShutdownLetsCallsInFlightFinishAndRefusesNewOnes) {

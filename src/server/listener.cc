@@ -1,5 +1,6 @@
 #include "server/listener.h"
 
+#include "core/accept_retry.h"
 #include "server/json_log.h"
 
 namespace ratelimit::server {
@@ -117,8 +118,7 @@ void Listener::Accept() {
     if (ec) {
       // EMFILE and friends: log, back off a little, keep accepting.
       Log(Level::kWarn, "accept failed", {{"error", ec.message()}});
-      auto timer =
-          std::make_shared<net::steady_timer>(self->strand_, std::chrono::milliseconds(50));
+      auto timer = std::make_shared<net::steady_timer>(self->strand_, core::kAcceptRetryDelay);
       timer->async_wait([self, timer](beast::error_code) { self->Accept(); });
       return;
     }
