@@ -162,11 +162,12 @@ class Parser {
       }
     }
     if (!r->unlimited) {
-      // Built once here so that a limit the store would refuse fails the load.
-      const int64_t count = r->burst != 0 ? r->burst : r->requests_per_unit;
-      if (count < 1 || count > Limit::kMaxCount)
-        return Error(n,
-                     "'requests_per_unit' must be from 1 to " + std::to_string(Limit::kMaxCount));
+      // requests_per_unit 0 blocks (envoyproxy/ratelimit's "black list"
+      // example): every counted request is over it; the plan answers it
+      // without a store limit of 0. Above the store's largest count a limit
+      // counts to that (plan.cc), as envoyproxy/ratelimit takes any uint32.
+      if (r->requests_per_unit == 0 && burst != 0)
+        return Error(n["burst"], "'burst' needs 'requests_per_unit' above 0");
       if (r->period > std::chrono::microseconds(Limit::kMaxWindowMicros))
         return Error(n, "the period is longer than a year");
     }

@@ -73,21 +73,25 @@ struct Fnv {
   }
 };
 
+// The store's limit for `r`. requests_per_unit 0 (a block) is answered by the
+// plan, not the store, which has no limit of 0: the store is asked about a
+// limit of 1 without counting. Above Limit::kMaxCount the store counts to
+// kMaxCount (Respond reports the remainder on top).
 StatusOr<Limit> BuildLimit(const Rule& r, std::string name) {
-  const int64_t count = r.burst != 0 ? r.burst : r.requests_per_unit;
+  const int64_t rpu = std::clamp<int64_t>(r.requests_per_unit, 1, Limit::kMaxCount);
+  const int64_t count = r.burst != 0 ? r.burst : rpu;
   const double per_second =
-      static_cast<double>(r.requests_per_unit) * 1e6 / static_cast<double>(r.period.count());
+      static_cast<double>(r.requests_per_unit == 0 ? 1 : r.requests_per_unit) * 1e6 /
+      static_cast<double>(r.period.count());
   switch (r.algorithm) {
     case Algorithm::kTokenBucket: return Limit::TokenBucket(std::move(name), count, per_second);
     case Algorithm::kLeakyBucket: return Limit::LeakyBucket(std::move(name), count, per_second);
-    case Algorithm::kSlidingWindow:
-      return Limit::SlidingWindow(std::move(name), r.requests_per_unit, r.period);
-    case Algorithm::kSlidingLog:
-      return Limit::SlidingLog(std::move(name), r.requests_per_unit, r.period);
+    case Algorithm::kSlidingWindow: return Limit::SlidingWindow(std::move(name), rpu, r.period);
+    case Algorithm::kSlidingLog: return Limit::SlidingLog(std::move(name), rpu, r.period);
     case Algorithm::kFixedWindow: break;
   }
-  if (r.calendar) return Limit::CalendarQuota(std::move(name), r.requests_per_unit, r.calendar);
-  return Limit::FixedWindow(std::move(name), r.requests_per_unit, r.period);
+  if (r.calendar) return Limit::CalendarQuota(std::move(name), rpu, r.calendar);
+  return Limit::FixedWindow(std::move(name), rpu, r.period);
 }
 
 std::string MetricPath(const Node& node, const Descriptor& d) {
@@ -184,7 +188,8 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       for (uint64_t v = h.h, i = 16; i > 0; --i, v >>= 4) name[i] = "0123456789abcdef"[v & 15];
       StatusOr<Limit> limit = BuildLimit(rule, std::move(name));
       if (!limit.ok()) return limit.status();
-      if (cost > limit->limit()) {
+      if (cost > limit->limit() || (rule.requests_per_unit == 0 && cost > 0)) {
+        if (!p.too_big) p.too_big_rule = r;
         p.too_big = true;
         too_big = too_big || !p.shadow;
       }
@@ -198,8 +203,11 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
     std::vector<LimitCheck>& into = p.shadow ? plan.shadow_checks : plan.checks;
     p.first_check = into.size();
     for (size_t r = 0; r < p.rules.size(); ++r, ++k) {
-      // A request denied up front is asked without counting (all or nothing).
-      into.push_back({&plan.limits[k], (too_big && !p.shadow) || p.too_big ? 0 : costs[k]});
+      // A request denied up front is asked without counting (all or nothing),
+      // and so is a block (requests_per_unit 0), whose store limit is 1.
+      const bool counted =
+          !((too_big && !p.shadow) || p.too_big) && p.rules[r]->requests_per_unit != 0;
+      into.push_back({&plan.limits[k], counted ? costs[k] : 0});
     }
   }
   return plan;
@@ -220,8 +228,8 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
     if (p.kind != DescriptorPlan::Kind::kLimited || r == nullptr) continue;
     const std::span<const Decision> mine(r->decisions.data() + p.first_check, p.rules.size());
     const Decision d = Combine(mine);
-    size_t which = 0;
-    for (size_t k = 0; k < mine.size(); ++k) {
+    size_t which = p.too_big ? p.too_big_rule : 0;  // the limit that denies reports
+    for (size_t k = 0; !p.too_big && k < mine.size(); ++k) {
       if (mine[k] == d) {
         which = k;
         break;
@@ -229,6 +237,10 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
     }
     const Rule& rule = *p.rules[which];
     const bool over = !d.allowed || p.too_big;
+    // The store counts to Limit::kMaxCount; a uint32 limit above it has the
+    // difference on top.
+    const int64_t beyond_store =
+        std::max<int64_t>(0, int64_t{rule.requests_per_unit} - Limit::kMaxCount);
     s.code = over && !p.shadow ? Code::kOverLimit : Code::kOk;
     s.has_limit = true;
     s.requests_per_unit = rule.requests_per_unit;
@@ -236,14 +248,19 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
     s.name = rule.name;
     // When another descriptor denied the request nothing was taken from this
     // one, and the store's answer says so already (its standing count).
-    s.limit_remaining =
-        over ? 0 : static_cast<uint32_t>(std::clamp<int64_t>(d.remaining, 0, 4294967295));
+    // A block (requests_per_unit 0) has nothing left, counted or not.
+    s.limit_remaining = over || rule.requests_per_unit == 0
+                            ? 0
+                            : static_cast<uint32_t>(std::clamp<int64_t>(
+                                  mine[which].remaining + beyond_store, 0, 4294967295));
     if (rule.calendar) {
       s.duration_until_reset =
           std::chrono::microseconds(rule.calendar->At(now_micros).end - now_micros);
     } else if (rule.algorithm == Algorithm::kFixedWindow) {
       const int64_t period = rule.period.count();
       s.duration_until_reset = std::chrono::microseconds(period - now_micros % period);
+    } else if (rule.requests_per_unit == 0) {
+      s.duration_until_reset = rule.period;  // nothing to wait for: a block
     } else {
       s.duration_until_reset = over ? d.retry_after : d.reset_after;
     }

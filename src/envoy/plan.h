@@ -62,8 +62,9 @@ struct DescriptorPlan {
   std::vector<const Rule*> rules;  // kLimited: the rules (several with `rate_limits:`)
   Rule override_rule;              // the request's `limit`, when it gave one
   bool shadow = false;
-  bool too_big = false;    // its cost is above one of its limits: over the limit
-  size_t first_check = 0;  // kLimited: checks [first_check, first_check + rules.size())
+  bool too_big = false;     // its cost is above one of its limits: over the limit
+  size_t too_big_rule = 0;  // too_big: the first rule it is above (what it reports)
+  size_t first_check = 0;   // kLimited: checks [first_check, first_check + rules.size())
   // The metrics label: the matched rule's path ("key2", "key1_v.sub"), with
   // the request's values when the rule says detailed_metric.
   std::string metric_path;

@@ -228,6 +228,75 @@ TEST_F(EnvoyPlan, StreamDoneHitsAddendCountsTheActualCost) {
   EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 3u);
 }
 
+// envoyproxy/ratelimit's README, example 3 (and examples/ratelimit's
+// `banned`): requests_per_unit 0 blocks. Its Redis counter is incremented by
+// every hit and compared with 0, so a counted request is OVER_LIMIT with
+// limit_remaining 0 and the time to the window's end; one asked with
+// hits_addend 0 counts nothing and is OK (with nothing remaining).
+TEST(EnvoyPlanBlock, ARequestsPerUnitOfZeroBlocks) {
+  constexpr const char* kExample3 = R"(domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+
+  # Black list IP
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 4294967295}
+)";
+  Config config;
+  ASSERT_TRUE(ParseDomain(kExample3, "example3.yaml", config).ok());
+  ManualClock clock{1'700'000'020'250'000};  // 250 ms into a second
+  MemoryStore store(MemoryStore::Options{.clock = &clock});
+  auto ask = [&](std::vector<Descriptor> descriptors, uint32_t hits = 0) {
+    auto plan = MakePlan(config, Request{.domain = "edge_proxy_per_ip",
+                                         .descriptors = std::move(descriptors),
+                                         .hits_addend = hits});
+    EXPECT_TRUE(plan.ok()) << plan.status().message();
+    auto got = store.CheckSync({plan->store_key, plan->checks});
+    EXPECT_TRUE(got.ok()) << got.status().message();
+    return Respond(*plan, &*got, nullptr, clock.NowMicros());
+  };
+  const Descriptor banned{.entries = {{"remote_address", "50.0.0.5"}}};
+  const Descriptor other{.entries = {{"remote_address", "50.0.0.1"}}};
+  for (int i = 0; i < 3; ++i) {
+    Response r = ask({banned});
+    EXPECT_EQ(r.overall, Code::kOverLimit);
+    ASSERT_TRUE(r.statuses[0].has_limit);
+    EXPECT_EQ(r.statuses[0].requests_per_unit, 0u);
+    EXPECT_EQ(r.statuses[0].unit, Unit::kSecond);
+    EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+    EXPECT_EQ(r.statuses[0].duration_until_reset, 750ms);
+  }
+  Response r = ask({other});
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 9u);
+  // With another descriptor: over, and the other takes nothing (all or nothing).
+  r = ask({other, banned});
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[1].code, Code::kOverLimit);
+  EXPECT_EQ(ask({other}).statuses[0].limit_remaining, 8u);
+  // hits_addend 0 on the descriptor: nothing counted, OK.
+  Descriptor peek = banned;
+  peek.hits_addend = 0;
+  r = ask({peek});
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+
+  // A uint32 limit above the store's largest count: loaded, and reported as is.
+  r = ask({Descriptor{.entries = {{"big", "x"}}}}, 5);
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].requests_per_unit, 4294967295u);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 4294967290u);
+}
+
 TEST_F(EnvoyPlan, SeveralLimitsOnOneDescriptor) {
   for (int i = 0; i < 5; ++i) Ask(One({{"many", "m"}}));
   Response r = Ask(One({{"many", "m"}}));
