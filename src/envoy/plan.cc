@@ -146,9 +146,9 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
     }
     if (p.kind == DescriptorPlan::Kind::kLimited) total += p.rules.size();
   }
-  if (total > kMaxChecksPerRequest) {
+  if (total > kMaxLimitsPerRequest) {
     return InvalidArgument("the request names " + std::to_string(total) + " limits; at most " +
-                           std::to_string(kMaxChecksPerRequest));
+                           std::to_string(kMaxLimitsPerRequest));
   }
   for (DescriptorPlan& p : plan.descriptors) {
     if (p.kind != DescriptorPlan::Kind::kLimited || replaced.empty()) continue;

@@ -15,7 +15,8 @@
 // store name is a hash of the domain, the entries, the algorithm and period
 // (so a wildcard rule counts each value apart, and a changed unit starts
 // afresh), and every descriptor of the domain shares one store key, so a
-// request's limits are decided in one store step.
+// request's limits are decided in one store step (kMaxChecksPerRequest at a
+// time: a request with more takes several, grpc/decide.cc).
 //
 // Thread-safety: pure functions; a plan points into its Config, which must
 // outlive it.
@@ -74,7 +75,7 @@ struct RequestPlan {
   std::string store_key;  // "envoy:<domain>"
   bool domain_known = false;
   std::vector<Limit> limits;              // owned; `checks` and `shadow_checks` point into it
-  std::vector<LimitCheck> checks;         // the enforcing ones: one store step
+  std::vector<LimitCheck> checks;         // the enforcing ones: one store step (per 16)
   std::vector<LimitCheck> shadow_checks;  // shadow_mode descriptors: a step of their own
   std::vector<DescriptorPlan> descriptors;
 
@@ -83,8 +84,13 @@ struct RequestPlan {
   RequestPlan& operator=(RequestPlan&&) = default;
 };
 
+// The most limits one request may apply: 32 descriptors of the config's
+// largest `rate_limits:` (8). More than kMaxChecksPerRequest are decided in
+// several store steps (grpc/decide.cc); this bounds how many.
+inline constexpr size_t kMaxLimitsPerRequest = 256;
+
 // InvalidArgument for an empty domain, no descriptors, a descriptor without
-// entries, more than kMaxChecksPerRequest limits, or an override with an
+// entries, more than kMaxLimitsPerRequest limits, or an override with an
 // unknown unit.
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
 

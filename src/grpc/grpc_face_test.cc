@@ -3,11 +3,14 @@
 #include "grpc/grpc_face.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
@@ -15,6 +18,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/raw_h2_test_util.h"
 #include "ratelimit/memory_store.h"
@@ -45,8 +49,14 @@ bool Eventually(Pred pred, std::chrono::milliseconds within = 5s) {
 class GrpcFaceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    StatusOr<std::unique_ptr<GrpcFace>> f =
-        GrpcFace::Start({.listen = "127.0.0.1:0"}, std::make_shared<MemoryStore>(), ioc_);
+    // One domain: `k` of any value, 1 a minute.
+    char dir[] = "/tmp/grpc_face_test.XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    std::ofstream(dir_ + "/d.yaml") << "domain: d\ndescriptors:\n  - key: k\n"
+                                       "    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+    StatusOr<std::unique_ptr<GrpcFace>> f = GrpcFace::Start(
+        {.listen = "127.0.0.1:0", .envoy_config_dir = dir_}, std::make_shared<MemoryStore>(), ioc_);
     ASSERT_TRUE(f.ok()) << f.status().message();
     face_ = std::move(*f);
     for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
@@ -56,7 +66,14 @@ class GrpcFaceTest : public ::testing::Test {
     work_.reset();
     ioc_.stop();  // the face's SIGHUP and inotify waits stay: its owner stops the loop
     for (auto& t : threads_) t.join();
+    std::filesystem::remove_all(dir_);
   }
+  std::shared_ptr<grpc::Channel> Channel() const {
+    return grpc::CreateChannel("127.0.0.1:" + std::to_string(face_->port()),
+                               grpc::InsecureChannelCredentials());
+  }
+
+  std::string dir_;
 
   net::io_context ioc_;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work_{
@@ -107,6 +124,68 @@ TEST_F(GrpcFaceTest, AWatchIsForgottenWhenItsClientCancelsOrGoes) {
       << face->watchers() << " watchers left";
   EXPECT_TRUE(Eventually([&] { return face->connections() == 0; }, 10s))
       << face->connections() << " connections left";
+}
+
+// More limits than one store step takes (kMaxChecksPerRequest, 16): decided
+// 16 at a time, not refused (Envoy would fail open on the error, silently).
+// A step after a denied one takes nothing.
+TEST_F(GrpcFaceTest, ARequestWithMoreLimitsThanOneStoreStepIsDecided) {
+  namespace rls = ::envoy::service::ratelimit::v3;
+  auto stub = rls::RateLimitService::NewStub(Channel());
+  // A request of descriptors {k: v<value>}; its status and answer.
+  auto call = [&](const std::vector<int>& values, rls::RateLimitResponse* resp) {
+    rls::RateLimitRequest req;
+    req.set_domain("d");
+    for (int v : values) {
+      auto* e = req.add_descriptors()->add_entries();
+      e->set_key("k");
+      e->set_value("v" + std::to_string(v));
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    return stub->ShouldRateLimit(&ctx, req, resp);
+  };
+  auto ask = [&](const std::vector<int>& values) {
+    rls::RateLimitResponse resp;
+    const grpc::Status s = call(values, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return resp;
+  };
+  std::vector<int> first(20);
+  for (int i = 0; i < 20; ++i) first[i] = i;
+  rls::RateLimitResponse r = ask(first);
+  ASSERT_EQ(r.statuses_size(), 20);
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OK);
+  for (const auto& st : r.statuses()) EXPECT_EQ(st.limit_remaining(), 0u);
+  r = ask(first);  // each of the 20 was counted
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+  // The first step is denied; the second, asked without counting, reports
+  // its standing count (as a descriptor does beside one whose cost is too big).
+  for (int i = 0; i < 20; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(r.statuses(i).code(),
+              i < 16 ? rls::RateLimitResponse::OVER_LIMIT : rls::RateLimitResponse::OK);
+    EXPECT_EQ(r.statuses(i).limit_remaining(), 0u);
+  }
+
+  // v0 (spent) in the first step denies it; the second step (v35-v38) is
+  // asked without counting: all of v20-v38 are still free afterwards.
+  std::vector<int> mixed = {0};
+  for (int i = 20; i < 39; ++i) mixed.push_back(i);
+  r = ask(mixed);
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(0).code(), rls::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(19).code(), rls::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(19).limit_remaining(), 1u);
+  for (int v : {20, 34, 35, 38}) {
+    SCOPED_TRACE(v);
+    EXPECT_EQ(ask({v}).overall_code(), rls::RateLimitResponse::OK);
+  }
+  // Past kMaxLimitsPerRequest: refused.
+  std::vector<int> too_many(257);
+  for (int i = 0; i < 257; ++i) too_many[i] = 1000 + i;
+  rls::RateLimitResponse resp;
+  EXPECT_EQ(call(too_many, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace
