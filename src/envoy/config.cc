@@ -163,7 +163,7 @@ class Parser {
     }
     if (!r->unlimited) {
       // requests_per_unit 0 blocks (envoyproxy/ratelimit's "black list"
-      // example): every counted request is over it; the plan answers it
+      // example): every request is over it; the plan answers it
       // without a store limit of 0. Above the store's largest count a limit
       // counts to that (plan.cc), as envoyproxy/ratelimit takes any uint32.
       if (r->requests_per_unit == 0 && burst != 0)

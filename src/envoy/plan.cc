@@ -170,6 +170,7 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
         d.hits_addend
             ? static_cast<int64_t>(std::min<uint64_t>(*d.hits_addend, Limit::kMaxCount + 1ULL))
             : request_cost;
+    p.cost = cost;
     for (size_t r = 0; r < p.rules.size(); ++r) {
       const Rule& rule = *p.rules[r];
       Fnv h;
@@ -208,9 +209,29 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       const bool counted =
           !((too_big && !p.shadow) || p.too_big) && p.rules[r]->requests_per_unit != 0;
       into.push_back({&plan.limits[k], counted ? costs[k] : 0});
+      if (!p.shadow) {
+        const bool settles =
+            p.rules[r]->requests_per_unit != 0 && p.rules[r]->algorithm != Algorithm::kSlidingLog;
+        plan.overdraft_costs.push_back(settles ? std::min(p.cost, kMaxSettleDelta) : 0);
+      }
     }
   }
   return plan;
+}
+
+std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& result) {
+  std::vector<LimitSettle> out;
+  // Denied by the store, or up front (a cost above a limit: asked at cost 0).
+  const bool denied = !result.overall.allowed ||
+                      std::any_of(plan.descriptors.begin(), plan.descriptors.end(),
+                                  [](const DescriptorPlan& p) { return p.too_big && !p.shadow; });
+  if (!denied || result.degraded || result.decisions.size() != plan.checks.size()) return out;
+  for (size_t k = 0; k < plan.checks.size(); ++k) {
+    const int64_t cost = plan.overdraft_costs[k];
+    const int64_t left = result.decisions[k].remaining;
+    if (cost > left && left > 0) out.push_back({plan.checks[k].limit, cost});
+  }
+  return out;
 }
 
 Response Respond(const RequestPlan& plan, const CheckResult* result, const CheckResult* shadow,
@@ -235,8 +256,18 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
         break;
       }
     }
+    // A check without counting (hits_addend 0: Envoy's check before a cost
+    // known at the stream's end) is over when a limit has nothing left: the
+    // overdraft that spent it must stop the next stream.
+    bool spent = false;
+    for (size_t k = 0; p.cost == 0 && !spent && k < mine.size(); ++k) {
+      if (p.rules[k]->requests_per_unit == 0 || mine[k].remaining <= 0) {
+        spent = true;
+        which = k;
+      }
+    }
     const Rule& rule = *p.rules[which];
-    const bool over = !d.allowed || p.too_big;
+    const bool over = !d.allowed || p.too_big || spent;
     // The store counts to Limit::kMaxCount; a uint32 limit above it has the
     // difference on top.
     const int64_t beyond_store =

@@ -65,6 +65,7 @@ struct DescriptorPlan {
   bool shadow = false;
   bool too_big = false;     // its cost is above one of its limits: over the limit
   size_t too_big_rule = 0;  // too_big: the first rule it is above (what it reports)
+  int64_t cost = 0;         // what it asks (0: a check without counting)
   size_t first_check = 0;   // kLimited: checks [first_check, first_check + rules.size())
   // The metrics label: the matched rule's path ("key2", "key1_v.sub"), with
   // the request's values when the rule says detailed_metric.
@@ -77,6 +78,9 @@ struct RequestPlan {
   std::vector<Limit> limits;              // owned; `checks` and `shadow_checks` point into it
   std::vector<LimitCheck> checks;         // the enforcing ones: one store step (per 16)
   std::vector<LimitCheck> shadow_checks;  // shadow_mode descriptors: a step of their own
+  // Per check: the cost Overdrafts charges when it did not fit (0: never;
+  // a block, or a sliding log, which cannot settle).
+  std::vector<int64_t> overdraft_costs;
   std::vector<DescriptorPlan> descriptors;
 
   RequestPlan() = default;
@@ -93,6 +97,16 @@ inline constexpr size_t kMaxLimitsPerRequest = 256;
 // entries, more than kMaxLimitsPerRequest limits, or an override with an
 // unknown unit.
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
+
+// A denied request's descriptors whose cost did not fit what their limits had
+// left are charged anyway, as envoyproxy/ratelimit's counters count every
+// hit: otherwise a cost known only after the response (Envoy's
+// apply_on_stream_done: a check with hits_addend 0 before, the actual cost
+// after) that is larger than what remains would never be taken, and the
+// budget would never run out. The settlements (Store::Settle) for `result`
+// (answering plan.checks): a window fills, a bucket goes into debt; a limit
+// already spent is left alone. Empty when the request was allowed.
+std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& result);
 
 struct DescriptorStatus {
   Code code = Code::kOk;

@@ -55,6 +55,10 @@ class EnvoyPlan : public ::testing::Test {
       auto got = store_.CheckSync({plan->store_key, plan->checks});
       EXPECT_TRUE(got.ok());
       r = *got;
+      // What grpc/decide.cc does for a denied request.
+      if (std::vector<LimitSettle> o = Overdrafts(*plan, *r); !o.empty()) {
+        EXPECT_TRUE(store_.SettleSync({.key = plan->store_key, .settlements = o}).ok());
+      }
     }
     if (!plan->shadow_checks.empty()) s = *store_.CheckSync({plan->store_key, plan->shadow_checks});
     return Respond(*plan, r ? &*r : nullptr, s ? &*s : nullptr, clock_.NowMicros());
@@ -195,10 +199,11 @@ TEST_F(EnvoyPlan, HitsAddendAndOverride) {
   EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 6u);
   req.descriptors[0].hits_addend = 0;  // checks without counting
   EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 6u);
-  req.descriptors[0].hits_addend = 11;  // above the limit: over, nothing taken
+  req.descriptors[0].hits_addend = 11;  // above the limit: over, and the rest is spent
   EXPECT_EQ(Ask(req).overall, Code::kOverLimit);
   req.descriptors[0].hits_addend = 1;
-  EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 5u);
+  EXPECT_EQ(Ask(req).overall, Code::kOverLimit);
+  EXPECT_EQ(Ask(req).statuses[0].limit_remaining, 0u);
 
   Request o = One({{"anything", "x"}});
   o.descriptors[0].limit = Descriptor::Override{.requests_per_unit = 3, .unit = Unit::kDay};
@@ -210,10 +215,11 @@ TEST_F(EnvoyPlan, HitsAddendAndOverride) {
 
 // Envoy's apply_on_stream_done (issue 21): the request is checked with
 // hits_addend 0 (nothing counted), and when the stream is done a second
-// ShouldRateLimit carries the actual cost as hits_addend, counted like any
-// cost: taken whole when it fits. One that does not fit is OVER_LIMIT and
-// takes nothing (all or nothing, unlike envoyproxy/ratelimit's counters,
-// which count it anyway; docs/envoy.md).
+// ShouldRateLimit carries the actual cost as hits_addend, taken whole when
+// it fits. One that does not fit is OVER_LIMIT and is charged all the same
+// (envoyproxy/ratelimit's counters count every hit): the window is spent,
+// so the next check before a stream is OVER_LIMIT. Before, it took nothing
+// and the budget was never enforced.
 TEST_F(EnvoyPlan, StreamDoneHitsAddendCountsTheActualCost) {
   Request before = One({{"key3", "llm"}});  // 10 an hour
   before.hits_addend = 0;
@@ -223,16 +229,35 @@ TEST_F(EnvoyPlan, StreamDoneHitsAddendCountsTheActualCost) {
   done.hits_addend = 7;  // the response's usage
   EXPECT_EQ(Ask(done).statuses[0].limit_remaining, 3u);
   EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 3u);
-  done.hits_addend = 4;  // more than is left: over, and nothing taken
+  EXPECT_EQ(Ask(before).overall, Code::kOk);
+  done.hits_addend = 4;  // more than is left: over, and charged
   EXPECT_EQ(Ask(done).overall, Code::kOverLimit);
-  EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 3u);
+  Response next = Ask(before);
+  EXPECT_EQ(next.overall, Code::kOverLimit);
+  EXPECT_EQ(next.statuses[0].limit_remaining, 0u);
+  EXPECT_EQ(Ask(done).overall, Code::kOverLimit);  // nothing left to charge
+  // The next window starts afresh.
+  clock_.Advance(1h);
+  EXPECT_EQ(Ask(before).overall, Code::kOk);
+  EXPECT_EQ(Ask(before).statuses[0].limit_remaining, 10u);
+  // A cost above the whole limit is charged too (a request checked before
+  // it has nothing left), and one beside another descriptor that was not
+  // over takes nothing from that one.
+  Request both = One({{"key3", "llm"}});
+  both.descriptors.push_back(Descriptor{.entries = {{"key2", "b"}}});
+  both.hits_addend = 15;
+  Response r = Ask(both);
+  EXPECT_EQ(r.statuses[0].code, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[1].code, Code::kOk);
+  EXPECT_EQ(Ask(before).overall, Code::kOverLimit);
+  EXPECT_EQ(Ask(One({{"key2", "b"}})).statuses[0].limit_remaining, 19u);
 }
 
 // envoyproxy/ratelimit's README, example 3 (and examples/ratelimit's
 // `banned`): requests_per_unit 0 blocks. Its Redis counter is incremented by
 // every hit and compared with 0, so a counted request is OVER_LIMIT with
-// limit_remaining 0 and the time to the window's end; one asked with
-// hits_addend 0 counts nothing and is OK (with nothing remaining).
+// limit_remaining 0 and the time to the window's end, and so is one asked
+// with hits_addend 0 (nothing is left).
 TEST(EnvoyPlanBlock, ARequestsPerUnitOfZeroBlocks) {
   constexpr const char* kExample3 = R"(domain: edge_proxy_per_ip
 descriptors:
@@ -283,11 +308,12 @@ descriptors:
   EXPECT_EQ(r.statuses[0].code, Code::kOk);
   EXPECT_EQ(r.statuses[1].code, Code::kOverLimit);
   EXPECT_EQ(ask({other}).statuses[0].limit_remaining, 8u);
-  // hits_addend 0 on the descriptor: nothing counted, OK.
+  // hits_addend 0 on the descriptor (a check before a stream): nothing is
+  // left, so over too.
   Descriptor peek = banned;
   peek.hits_addend = 0;
   r = ask({peek});
-  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.overall, Code::kOverLimit);
   EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
 
   // A uint32 limit above the store's largest count: loaded, and reported as is.

@@ -20,7 +20,25 @@ struct Op {
   EnvoyDecided out;
   // The checks of the steps after a denial, asked without counting.
   std::vector<LimitCheck> uncounted;
+  std::vector<LimitSettle> settlements;  // read by the store during Settle
 };
+
+void Step(std::shared_ptr<Op> op, bool shadow, size_t from);
+
+// A denied request's costs that did not fit are charged (envoy::Overdrafts)
+// before the answer, so that the next check sees them; then the shadow step.
+void Settle(std::shared_ptr<Op> op) {
+  if (!op->out.result || !op->enforcer.has_store()) return Step(std::move(op), true, 0);
+  op->settlements = envoy::Overdrafts(op->plan, *op->out.result);
+  if (op->settlements.empty()) return Step(std::move(op), true, 0);
+  const SettleRequest request{
+      .key = op->plan.store_key,
+      .settlements = op->settlements,
+      .on_failure = {.mode = op->mode, .expected_instances = op->store_config.expected_instances}};
+  // A failed settlement leaves the request's answer as it is.
+  op->enforcer.store().Settle(
+      request, [op](StatusOr<CheckResult>) mutable { Step(std::move(op), true, 0); });
+}
 
 // The shadow descriptors are a group of their own: decided and counted, but
 // they never block, and a denial there takes nothing from the others.
@@ -33,7 +51,7 @@ void Step(std::shared_ptr<Op> op, bool shadow, size_t from) {
   std::optional<CheckResult>& into = shadow ? op->out.shadow : op->out.result;
   if (from == all.size()) {
     if (into) into->overall = Combine(into->decisions);
-    if (!shadow) return Step(std::move(op), true, 0);
+    if (!shadow) return Settle(std::move(op));
     return op->done(std::move(op->out));
   }
   const size_t n = std::min(all.size() - from, kMaxChecksPerRequest);
@@ -72,8 +90,8 @@ void Step(std::shared_ptr<Op> op, bool shadow, size_t from) {
 
 void DecideEnvoy(server::Enforcer& enforcer, const envoy::RequestPlan& plan, FailureMode mode,
                  const policy::StoreConfig& store_config, std::function<void(EnvoyDecided)> done) {
-  Step(std::make_shared<Op>(Op{enforcer, plan, mode, store_config, std::move(done), {}, {}}), false,
-       0);
+  Step(std::make_shared<Op>(Op{enforcer, plan, mode, store_config, std::move(done), {}, {}, {}}),
+       false, 0);
 }
 
 }  // namespace ratelimit::grpcface

@@ -188,5 +188,30 @@ TEST_F(GrpcFaceTest, ARequestWithMoreLimitsThanOneStoreStepIsDecided) {
   EXPECT_EQ(call(too_many, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// Envoy's apply_on_stream_done through the face: a cost that did not fit is
+// charged before the answer (grpc/decide.cc), so the next check before a
+// stream is OVER_LIMIT.
+TEST_F(GrpcFaceTest, AStreamDoneCostThatDoesNotFitSpendsTheLimit) {
+  namespace rls = ::envoy::service::ratelimit::v3;
+  auto stub = rls::RateLimitService::NewStub(Channel());
+  auto ask = [&](uint64_t hits) {
+    rls::RateLimitRequest req;
+    req.set_domain("d");
+    auto* d = req.add_descriptors();
+    auto* e = d->add_entries();
+    e->set_key("k");
+    e->set_value("stream");
+    d->mutable_hits_addend()->set_value(hits);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    rls::RateLimitResponse resp;
+    EXPECT_TRUE(stub->ShouldRateLimit(&ctx, req, &resp).ok());
+    return resp.overall_code();
+  };
+  EXPECT_EQ(ask(0), rls::RateLimitResponse::OK);          // before the stream
+  EXPECT_EQ(ask(3), rls::RateLimitResponse::OVER_LIMIT);  // its cost: 3 of 1
+  EXPECT_EQ(ask(0), rls::RateLimitResponse::OVER_LIMIT);  // the next stream
+}
+
 }  // namespace
 }  // namespace ratelimit::grpcface
