@@ -18,6 +18,7 @@ CheckAdmission::CheckAdmission(Options options)
 
 std::optional<CheckResult> CheckAdmission::Answer(const CheckRequest& req, bool peek, int64_t now,
                                                   PendingCheck& p) {
+  p.generation = generation_.load(std::memory_order_acquire);
   if (cache_ != nullptr && !peek) {
     p.cache_fp = cache_->Fingerprint(req);
     if (p.cache_fp) {
@@ -107,6 +108,13 @@ void CheckAdmission::Release(PendingCheck& leader, const CheckResult* denial,
 CheckResult CheckAdmission::Settle(PendingCheck& p, lua::CheckAnswer answer,
                                    const Dispatch& dispatch) {
   CheckResult r = std::move(answer.result);
+  // A Clear (a Reset) since the check was admitted: its answer may be of the
+  // state the reset removed. It is answered, but neither its denial nor its
+  // prefetched tokens are kept; its waiters send their own.
+  if (p.generation != generation_.load(std::memory_order_acquire)) {
+    Release(p, nullptr, dispatch);
+    return r;
+  }
   int64_t granted = 0;
   if (p.want > 1) {
     granted = answer.tokens_taken;
@@ -144,6 +152,7 @@ CheckResult CheckAdmission::Settle(PendingCheck& p, lua::CheckAnswer answer,
 }
 
 void CheckAdmission::Clear() {
+  generation_.fetch_add(1, std::memory_order_acq_rel);
   if (cache_ != nullptr) cache_->Clear();
   prefetched_.Clear();
 }

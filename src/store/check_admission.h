@@ -68,7 +68,8 @@ class CheckAdmission {
   // the denial that follows the last unit) cached, the waiters released.
   CheckResult Settle(PendingCheck& p, lua::CheckAnswer answer, const Dispatch& dispatch);
 
-  // Forgets cached denials and prefetched tokens (after a Reset).
+  // Forgets cached denials and prefetched tokens (at a Reset, before and
+  // after its DEL); the answers of checks admitted before it teach nothing.
   void Clear();
 
   uint64_t cache_hits() const { return hits_.load(std::memory_order_relaxed); }
@@ -87,6 +88,7 @@ class CheckAdmission {
   TokenPrefetch prefetched_;
   const uint64_t seed_;
   std::atomic<uint64_t> hits_{0}, prefetch_hits_{0};
+  std::atomic<uint64_t> generation_{0};  // Clear()s so far
   WaiterShard waiters_[16];
 };
 

@@ -307,11 +307,17 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
   std::vector<std::string_view> args = {"DEL"};
   args.insert(args.end(), owned.begin(), owned.end());  // the keys share one slot
-  impl_->backend->Execute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
-    if (!r.ok()) return done(r.status());
-    if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
-    done(Status::Ok());
-  });
+  // Cleared again once the keys are gone: a check sent before the DEL may
+  // have been answered since the first Clear, and cached a denial (or kept a
+  // prefetched token) of the state the reset removed.
+  impl_->backend->Execute(args,
+                          [impl = impl_.get(), done = std::move(done)](StatusOr<redis::Reply> r) {
+                            if (!r.ok()) return done(r.status());
+                            if (r->type == redis::Reply::Type::kError)
+                              return done(Internal("redis: " + r->str));
+                            impl->admission.Clear();
+                            done(Status::Ok());
+                          });
 }
 
 // Blocks are read with one MGET (the keys share the client's slot) and

@@ -272,6 +272,41 @@ TEST_F(RedisStoreTest, ResetGivesAFullBucket) {
   EXPECT_EQ(Check(*store_, "r", burst_).remaining, 9);
 }
 
+// A check sent before a Reset's DEL and answered after it began (Redis
+// frozen between): the denial its answer caches is of the state the reset
+// removed, and must not outlive the reset.
+TEST(RedisStoreReset, ADenialCachedByACheckSentBeforeTheResetIsForgotten) {
+  RedisServer server;
+  ManualClock clock;
+  auto store = MustCreate({.url = server.url(),
+                           .deadline = seconds(10),
+                           .time_source = RedisStore::TimeSource::kLocal,
+                           .clock = &clock,
+                           .connections = 1});  // the check's call, then the DEL, in order
+  const Limit l = *Limit::TokenBucket("r", 2, 0.001);
+  LimitCheck c[] = {{&l, 1}};
+  ASSERT_TRUE(store->CheckSync({"k", c})->overall.allowed);
+  server.Pause();
+  std::promise<StatusOr<CheckResult>> last;
+  store->Check({"k", c}, [&](StatusOr<CheckResult> r) { last.set_value(std::move(r)); });
+  PollUntil([&] { return store->stats().script_calls >= 2; }, milliseconds(2));
+  ASSERT_EQ(store->stats().script_calls, 2u);  // on the wire before the DEL
+  std::promise<Status> reset;
+  const Limit* limits[] = {&l};
+  store->Reset("k", limits, [&](Status s) { reset.set_value(std::move(s)); });
+  server.Resume();
+  StatusOr<CheckResult> r = last.get_future().get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->overall.remaining, 0);  // the last unit: its denial is cached
+  ASSERT_TRUE(reset.get_future().get().ok());
+  const uint64_t calls = store->stats().script_calls;
+  StatusOr<CheckResult> after = store->CheckSync({"k", c});
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after->overall.allowed) << "a denial cached before the reset answered";
+  EXPECT_EQ(after->overall.remaining, 1);
+  EXPECT_EQ(store->stats().script_calls, calls + 1);
+}
+
 TEST_F(RedisStoreTest, WrongTypeKeyStartsFresh) {
   // A key left by another algorithm under the same name is not a crash.
   server_.Cli("ZADD", store_->KeyFor("w", burst_), "1", "x");
