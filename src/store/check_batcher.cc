@@ -70,14 +70,12 @@ void CheckBatcher::ArmHold(std::chrono::steady_clock::time_point at) {
     }
   }
   auto timer = std::make_shared<boost::asio::steady_timer>(exec_, at);
-  hold_timer_ = timer.get();
   timer->async_wait([this, timer](boost::system::error_code) { OnHoldTimer(); });
 }
 
-// Fired, or cancelled because the queue emptied: either way what is queued
-// now is looked at again (a check added since must not be stranded).
+// Fired (the queue may have emptied since: then there is nothing to do):
+// what is queued now is looked at again, and held on if a younger call is out.
 void CheckBatcher::OnHoldTimer() {
-  hold_timer_ = nullptr;
   bool flush;
   {
     LockGuard lock(mu_);
@@ -166,17 +164,14 @@ void CheckBatcher::Flush() {
   }
   if (!group.empty()) send();
   // What stayed (a remainder held back by the call just sent, or checks
-  // added meanwhile) needs the hold timer; an empty queue needs none.
-  bool cancel = false;
+  // added meanwhile) needs the hold timer. A timer set while the queue has
+  // since emptied is left to fire and find nothing: cancelling it at every
+  // reply would cost a timer-queue update and a completion per call under
+  // load, where it fires at most once per hold_back.
   {
     LockGuard lock(mu_);
-    if (queue_.empty()) {
-      cancel = hold_timer_ != nullptr;
-    } else if (TakeHoldTimer(now)) {
-      hold = last_send_ + opts_.hold_back;
-    }
+    if (!queue_.empty() && TakeHoldTimer(now)) hold = last_send_ + opts_.hold_back;
   }
-  if (cancel) hold_timer_->cancel();  // its handler marks the batcher idle soon
   if (hold) ArmHold(*hold);
 }
 

@@ -18,8 +18,10 @@
 // or a call out whose reply (Returned) will flush it; and if only hold_back
 // keeps it (a young call out), also the batcher's one hold timer, set for
 // when that call turns hold_back old: then its checks leave without waiting
-// for a reply that may take a whole deadline. The timer is set once per
-// call at most (not per check), and only while something is held back.
+// for a reply that may take a whole deadline. The timer is set only while
+// something is held back and none is set, and never cancelled (a reply that
+// empties the queue leaves it to fire idle): under load it costs one firing
+// per hold_back, not a set and a cancel per call.
 //
 //   CheckBatcher b(opts, executor, send, expire);
 //   b.Add(std::move(check));       // any thread
@@ -88,11 +90,10 @@ class CheckBatcher {
   bool flush_scheduled_ RL_GUARDED_BY(mu_) = false;
   size_t calls_in_flight_ RL_GUARDED_BY(mu_) = 0;
   // The hold timer is set, or an ArmHold is posted: until its handler has
-  // run, the batcher is not idle (the handler uses it).
+  // run, the batcher is not idle (the handler uses it). The timer is owned
+  // by its handler: it must not outlive the io_context, which may go before
+  // the batcher.
   bool hold_armed_ RL_GUARDED_BY(mu_) = false;
-  // Executor only: the hold timer while set (its handler owns it: a timer
-  // must not outlive the io_context, which may go before the batcher).
-  boost::asio::steady_timer* hold_timer_ = nullptr;
   std::chrono::steady_clock::time_point last_send_ RL_GUARDED_BY(mu_);  // the newest call's
   StageRecorder queued_;
 };
