@@ -127,6 +127,9 @@ struct GrpcFace::Impl {
   std::shared_ptr<Store> store;
   std::unique_ptr<server::Enforcer> enforcer;
   int port = 0;
+  // One reload at a time: SIGHUP and the directory watch may fire together
+  // on two threads, and the load that read the files last must publish last.
+  Mutex reload_mu;
   mutable Mutex config_mu;
   std::shared_ptr<const envoy::Config> current RL_GUARDED_BY(config_mu);
   // Why the last reload failed ("" when it did not), and when (Unix ms).
@@ -179,6 +182,7 @@ struct GrpcFace::Impl {
 
   Status Reload() {
     if (options.envoy_config_dir.empty()) return Status::Ok();
+    LockGuard reloading(reload_mu);
     StatusOr<std::shared_ptr<const envoy::Config>> c =
         envoy::LoadDirectory(options.envoy_config_dir);
     if (!c.ok()) {
