@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -77,6 +78,9 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   Clock::time_point last_discovery RL_GUARDED_BY(mu);
   uint64_t discovery_count RL_GUARDED_BY(mu) = 0;
   std::shared_ptr<Client> subscription RL_GUARDED_BY(mu);  // on one sentinel
+  // The new master a +switch-master named, not yet tried: the next discovery
+  // verifies it first (the sentinels asked may not have caught up).
+  std::optional<NodeAddress> announced RL_GUARDED_BY(mu);
   size_t next_subscription RL_GUARDED_BY(mu) = 0;
 
   // Strand-only.
@@ -161,6 +165,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
 
   void StartDiscovery() {
     size_t first = 0;
+    std::optional<NodeAddress> named;
     {
       LockGuard lock(mu);
       if (closed) return;
@@ -172,8 +177,18 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       discovering = true;
       again = false;
       first = preferred;
+      named = std::exchange(announced, std::nullopt);
     }
-    Ask(first, 0, "");
+    if (!named) return Ask(first, 0, "");
+    // The sentinel that announced a switch knows the new master; the one we
+    // would ask first may still name the old one, which, if it still takes
+    // writes (a partition, a manual failover not yet applied to it), would
+    // keep us writing where the counts are about to be lost. ROLE decides,
+    // as for any sentinel's answer; if it fails, the sentinels are asked.
+    Verify(*named, 0, [self = shared_from_this(), first, at = *named](StatusOr<Found> found) {
+      if (found.ok()) return self->Finish(*std::move(found), first);
+      self->Ask(first, 0, "announced master " + at.ToString() + ": " + found.status().message());
+    });
   }
 
   // Asks sentinel (first + i) % n, and the next ones while they fail.
@@ -318,9 +333,15 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     // ["message", "+switch-master", "<name> <old-ip> <old-port> <new-ip> <new-port>"]
     if (r->elements.size() != 3 || r->elements[1].str != kSwitchMaster) return;
     std::istringstream words(r->elements[2].str);
-    std::string name;
-    words >> name;
-    if (name == options.master_name) RequestDiscovery(true);
+    std::string name, old_host, new_host;
+    int old_port = 0, new_port = 0;
+    words >> name >> old_host >> old_port >> new_host >> new_port;
+    if (name != options.master_name) return;
+    if (words && new_port > 0 && new_port <= 65535) {
+      LockGuard lock(mu);
+      announced = NodeAddress{new_host, static_cast<uint16_t>(new_port)};
+    }
+    RequestDiscovery(true);
   }
 
   void DropSubscription(const Client* from) {

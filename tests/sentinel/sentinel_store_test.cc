@@ -15,6 +15,7 @@
 #include "redis/io_thread.h"
 #include "redis/sentinel_client.h"
 #include "support/redis_sentinel.h"
+#include "support/redis_server.h"
 
 namespace ratelimit {
 namespace {
@@ -165,6 +166,46 @@ TEST(SentinelStore, ReadOnlyFromADemotedMasterLeadsToRediscovery) {
   // The decisions are the new master's: the key is there, written by the script.
   EXPECT_EQ(s.Cli(s.data(1), {"EXISTS", store->KeyFor("after", l)}), "1");
   EXPECT_EQ(s.MasterIndex(), 0u);  // still the sentinels' old answer: it was ours
+}
+
+// A +switch-master is trusted for the master it names, once ROLE confirms
+// it, before the sentinels are asked again: the one asked first may not have
+// caught up, and may name an old master that still takes writes. Here the
+// announcement comes from a plain Redis listed first among the sentinels (it
+// relays PUBLISH and answers no SENTINEL command, so discovery moves on to
+// the real ones) and names the replica made master by hand, which the
+// sentinels still take for a replica.
+TEST(SentinelStore, AnAnnouncedMasterIsVerifiedAndTakenBeforeTheSentinelsCatchUp) {
+  RedisSentinel s({.down_after = milliseconds(5000)});
+  testing::RedisServer relay;
+  std::string url = s.url();
+  url.insert(std::string_view("redis+sentinel://").size(),
+             "127.0.0.1:" + std::to_string(relay.port()) + ",");
+  redis::IoThread io;
+  auto client = *redis::SentinelClient::Create(io.executor(), *redis::ParseSentinelUrl(url));
+  const std::string old_master = "127.0.0.1:" + std::to_string(s.data(0).port());
+  const std::string promoted = "127.0.0.1:" + std::to_string(s.data(1).port());
+  auto wait_for = [&](const std::string& master, milliseconds patience) {
+    const auto give_up = Clock::now() + patience;
+    while (client->master() != master && Clock::now() < give_up) {
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+    return client->master() == master;
+  };
+  ASSERT_TRUE(wait_for(old_master, seconds(5)));
+
+  ASSERT_EQ(s.Cli(s.data(1), {"REPLICAOF", "NO", "ONE"}), "OK");  // both masters now
+  const std::string message = s.options().master_name + " 127.0.0.1 " +
+                              std::to_string(s.data(0).port()) + " 127.0.0.1 " +
+                              std::to_string(s.data(1).port());
+  // Published until the client's subscription (on the relay, the first
+  // "sentinel") hears it.
+  const auto give_up = Clock::now() + seconds(5);
+  while (relay.Cli("PUBLISH", "+switch-master", message) != "1" && Clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_TRUE(wait_for(promoted, seconds(2))) << "still on " << client->master();
+  EXPECT_EQ(s.MasterIndex(), 0u);  // the sentinels still name the old master
 }
 
 // Kills the master (and before it `sentinel`, if >= 0), waits for the
