@@ -401,7 +401,10 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
   }
   RL_RETURN_IF_ERROR(IntIn(n, "expected_instances", 1, 10'000, &s->expected_instances));
   RL_RETURN_IF_ERROR(IntIn(n, "max_keys", 1, int64_t{1} << 40, &s->max_keys));
-  RL_RETURN_IF_ERROR(IntIn(n, "max_key_length", 64, 65'536, &s->max_key_length));
+  // At least the longest key the daemon makes itself ("k:" or "u:" and an
+  // identity of up to 200 characters; a concurrency key adds a little): a
+  // shorter bound would load and then refuse those clients' every request.
+  RL_RETURN_IF_ERROR(IntIn(n, "max_key_length", 256, 65'536, &s->max_key_length));
   RL_RETURN_IF_ERROR(IntIn(n, "connections", 1, 64, &s->connections));
   RL_RETURN_IF_ERROR(IntIn(n, "max_pending", 1, 10'000'000, &s->max_pending));
   RL_RETURN_IF_ERROR(IntIn(n, "local_max_keys", 1, int64_t{1} << 40, &s->local_max_keys));
