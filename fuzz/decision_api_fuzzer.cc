@@ -28,7 +28,7 @@ server:
 store:
   type: memory
   max_keys: 40
-  max_key_length: 64
+  max_key_length: 256
   failure_mode: local
   expected_instances: 3
 limits:

@@ -56,7 +56,7 @@ server:
 store:
   type: memory
   max_keys: 64
-  max_key_length: 128
+  max_key_length: 256
   failure_mode: open
 clients:
   api_key_header: X-API-Key

@@ -43,7 +43,7 @@ server:
 store:
   type: memory
   max_keys: 64
-  max_key_length: 128
+  max_key_length: 256
   failure_mode: @FAILURE@
   closed_status: 429
   expected_instances: 2

@@ -20,6 +20,14 @@ Evaluation LeakyBucket(const Limit& l, CompactState s, int64_t now, int64_t cost
   return e;
 }
 
+// The window a window limit's decision counts in: the one holding `now`, or
+// the state's own if that is later. A reading behind the state's (a clock
+// read before a slower path to the state, a clock stepped back, an instance
+// whose clock is behind another's over a shared store) counts in the newer
+// window: taken for a fresh window, it would overwrite that window's count.
+// Waits are still measured from `now`, so they only grow.
+int64_t WindowIndex(int64_t now, int64_t w, CompactState s) { return std::max(now / w, s.t); }
+
 // A fixed window's admission, whatever its windows: `idx` names the window
 // holding `now`, which ends at `end`; `n0` is what the state keeps beside the
 // count (0, or a calendar window's length).
@@ -44,14 +52,15 @@ Evaluation WindowCount(const Limit& l, CompactState s, int64_t now, int64_t cost
 // Fixed window: windows [k*W, (k+1)*W) aligned to the epoch.
 Evaluation FixedWindow(const Limit& l, CompactState s, int64_t now, int64_t cost) {
   const int64_t w = l.window_micros();
-  const int64_t idx = now / w;
+  const int64_t idx = WindowIndex(now, w, s);
   return WindowCount(l, s, now, cost, idx, (idx + 1) * w, 0);
 }
 
 // A calendar quota: the window [start, end) of the calendar holding `now`,
 // kept as t = start (us) and n0 = its length in seconds (for ExpiresAt).
 Evaluation CalendarWindow(const Limit& l, CompactState s, int64_t now, int64_t cost) {
-  const Calendar::Span w = l.calendar()->At(now);
+  Calendar::Span w = l.calendar()->At(now);
+  if (s.t > w.start) w = l.calendar()->At(s.t);  // the state's window is later (WindowIndex)
   return WindowCount(l, s, now, cost, w.start, w.end,
                      static_cast<int32_t>((w.end - w.start) / 1'000'000));
 }
@@ -63,9 +72,9 @@ Evaluation CalendarWindow(const Limit& l, CompactState s, int64_t now, int64_t c
 Evaluation SlidingWindow(const Limit& l, CompactState s, int64_t now, int64_t cost) {
   const int64_t w = l.window_micros();
   const int64_t wm = w / 1000;
-  const int64_t idx = now / w;
+  const int64_t idx = WindowIndex(now, w, s);
   const int64_t start = idx * w;
-  const int64_t em = (now - start) / 1000;
+  const int64_t em = std::max<int64_t>(0, now - start) / 1000;
   int64_t prev = 0, cur = 0;
   if (s.t == idx) {
     prev = s.n0;
@@ -160,7 +169,7 @@ CompactState SettleState(const Limit& limit, CompactState state, int64_t now, in
     return {.t = static_cast<int64_t>(next)};
   }
   const int64_t w = limit.window_micros();
-  const int64_t idx = now / w;
+  const int64_t idx = WindowIndex(now, w, state);
   int64_t prev = 0, cur = 0;
   if (state.t == idx) {
     prev = state.n0;

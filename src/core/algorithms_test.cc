@@ -296,6 +296,37 @@ TEST(SlidingWindow, CostLargerThanRoomIsDeniedAndConsumesNothing) {
   EXPECT_TRUE(tl.At(kT0, 4).allowed);
 }
 
+// A reading behind the state's window (a clock read before a slow path to the
+// state, a clock stepped back, another instance's clock behind over a shared
+// store) counts in the state's newer window: taken for a fresh window, it
+// overwrote that window's count and the limit let the next window's requests
+// through again.
+TEST(WindowEdge, AReadingBehindTheStatesWindowCountsInThatWindow) {
+  const int64_t w = 60 * kS;
+  const int64_t t0 = kT0 - kT0 % w;  // a window's start
+  Timeline fixed(Fixed(10, w));
+  EXPECT_EQ(fixed.CountAllowed(t0 + w - 100 * kMs, 10), 10);  // window 0 full
+  EXPECT_EQ(fixed.CountAllowed(t0 + w + 100 * kMs, 9), 9);    // window 1: 9 of 10
+  const Decision late = fixed.At(t0 + w - 50 * kMs);          // a reading of window 0
+  EXPECT_TRUE(late.allowed);                                  // the 10th of window 1
+  EXPECT_EQ(late.remaining, 0);
+  EXPECT_EQ(late.reset_after, microseconds(w + 50 * kMs));  // window 1's end, from the reading
+  EXPECT_EQ(fixed.state().t, (t0 + w) / w);
+  EXPECT_FALSE(fixed.At(t0 + w + 200 * kMs).allowed);  // window 1 is full
+
+  Timeline sliding(Sliding(10, w));
+  EXPECT_EQ(sliding.CountAllowed(t0 + w - 100 * kMs, 5), 5);
+  EXPECT_EQ(sliding.CountAllowed(t0 + w + 100 * kMs, 5), 5);  // 4.99 weighted + 5
+  const Decision behind = sliding.At(t0 + w - 50 * kMs);
+  EXPECT_FALSE(behind.allowed);  // in window 1 at its start: 5 + 5 + 1 > 10
+  EXPECT_GT(behind.retry_after, microseconds(0));
+  EXPECT_FALSE(sliding.At(t0 + w + 200 * kMs).allowed);
+  // Settling too counts in the newer window.
+  const CompactState settled = SettleState(sliding.limit(), sliding.state(), t0 + w - 50 * kMs, -1);
+  EXPECT_EQ(settled.t, sliding.state().t);
+  EXPECT_EQ(settled.n1, 4);
+}
+
 // ---- sliding log -----------------------------------------------------------
 
 TEST(SlidingLog, ExactWindow) {

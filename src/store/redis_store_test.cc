@@ -307,6 +307,35 @@ TEST(RedisStoreReset, ADenialCachedByACheckSentBeforeTheResetIsForgotten) {
   EXPECT_EQ(store->stats().script_calls, calls + 1);
 }
 
+// Two instances deciding by their own clocks (time_source local), one 150 ms
+// behind the other, across a window's edge: the one behind counts in the
+// newer window the other already wrote (check.lua's window_index), where it
+// took that window for a fresh one and overwrote its count.
+TEST(RedisStoreClocks, AnInstanceBehindCountsInTheNewerWindow) {
+  RedisServer server;
+  const int64_t w = 60'000'000, t0 = 1'700'000'000'000'000 / w * w;
+  ManualClock ahead(t0 + w + 100'000), behind(t0 + w - 50'000);
+  auto options = [&](ManualClock* clock) {
+    return RedisStore::Options{.url = server.url(),
+                               .deadline = seconds(10),
+                               .time_source = RedisStore::TimeSource::kLocal,
+                               .clock = clock,
+                               .over_limit_cache_entries = 0};
+  };
+  auto a = MustCreate(options(&ahead));
+  auto b = MustCreate(options(&behind));
+  for (const Limit& l : {*Limit::FixedWindow("f", 10, std::chrono::microseconds(w)),
+                         *Limit::SlidingWindow("s", 10, std::chrono::microseconds(w))}) {
+    SCOPED_TRACE(l.name());
+    LimitCheck c[] = {{&l, 1}};
+    int allowed = 0;
+    for (int i = 0; i < 10; ++i) allowed += a->CheckSync({"k", c})->overall.allowed ? 1 : 0;
+    EXPECT_EQ(allowed, 10);                                 // a fresh key, in window 1 for a
+    EXPECT_FALSE(b->CheckSync({"k", c})->overall.allowed);  // window 1 is full for b too
+    EXPECT_FALSE(a->CheckSync({"k", c})->overall.allowed);  // and stays so for a
+  }
+}
+
 TEST_F(RedisStoreTest, WrongTypeKeyStartsFresh) {
   // A key left by another algorithm under the same name is not a crash.
   server_.Cli("ZADD", store_->KeyFor("w", burst_), "1", "x");

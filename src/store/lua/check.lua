@@ -192,10 +192,20 @@ local function general()
     return tonumber(idx), tonumber(n0), tonumber(n1)
   end
 
-  local function fixed_window(key, limit, w, _, cost)
+  -- The window a count goes in: now's, or the stored one if later (a clock
+  -- behind the one that wrote it: another instance's with time_source local).
+  -- Taken for a fresh window it would overwrite that window's count
+  -- (core/algorithms.cc, WindowIndex). Waits are still measured from now.
+  local function window_index(w, sidx)
     local idx = floor(now / w)
-    local ends = (idx + 1) * w
+    if sidx and sidx > idx then return sidx end
+    return idx
+  end
+
+  local function fixed_window(key, limit, w, _, cost)
     local sidx, _, sn1 = parse_window(key)
+    local idx = window_index(w, sidx)
+    local ends = (idx + 1) * w
     local count = 0
     if sidx == idx then count = sn1 end
     if count + cost <= limit then
@@ -236,10 +246,10 @@ local function general()
 
   local function sliding_window(key, limit, w, _, cost)
     local wm = w / 1000
-    local idx = floor(now / w)
-    local start = idx * w
-    local em = floor((now - start) / 1000)
     local sidx, sn0, sn1 = parse_window(key)
+    local idx = window_index(w, sidx)
+    local start = idx * w
+    local em = floor(math.max(0, now - start) / 1000)
     local prev, cur = 0, 0
     if sidx == idx then prev, cur = sn0, sn1 elseif sidx == idx - 1 then prev = sn1 end
     local weighted = prev * (wm - em)
@@ -443,8 +453,8 @@ local function general()
       if delta > 0 then nxt = math.max(base, math.min(nxt, now + w + max_debt)) end
       if nxt > now then return set(key, str(nxt), ttl_ms(nxt)) end
     else
-      local idx = floor(now / w)
       local sidx, sn0, sn1 = parse_window(key)
+      local idx = window_index(w, sidx)
       local prev, cur = 0, 0
       if sidx == idx then prev, cur = sn0, sn1 elseif sidx == idx - 1 and code == 's' then prev = sn1 end
       local after = math.min(math.max(cur + delta, 0), limit)
