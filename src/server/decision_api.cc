@@ -724,19 +724,31 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
       return done(ProblemReply(
           409, "the reservation's limits no longer apply: " + parsed.status().message(), *where));
     }
-    auto held =
-        std::make_shared<std::pair<Reservation, ParsedCheck>>(*std::move(res), *std::move(parsed));
+    struct Held {
+      Reservation res;
+      ParsedCheck check;
+      std::shared_ptr<const OverrideTable> overrides;  // the override's limits live here
+    };
+    auto held = std::make_shared<Held>(Held{*std::move(res), *std::move(parsed), nullptr});
+    // The check took from the state under the key's override (d:<key>), if
+    // one applies: settled against the configured limits instead, a changed
+    // window would start the state over and a changed rate price the
+    // difference wrongly.
+    held->overrides = enforcer_.ApplyDecisionOverride(held->check.key, held->check.checks);
+    // A difference of 0 still goes to the store: the settlement is recorded
+    // once (a second one is refused), and with the check's limits it leaves
+    // the state as it is.
     std::vector<LimitSettle> settlements;
-    for (const LimitCheck& c : held->second.checks) {
-      settlements.push_back({c.limit, cost - held->first.cost});
+    for (const LimitCheck& c : held->check.checks) {
+      settlements.push_back({c.limit, cost - held->res.cost});
     }
     const SettleRequest request{
-        .key = held->second.key,
+        .key = held->check.key,
         .settlements = settlements,
         .on_failure = {.mode = config.failure_mode,
                        .expected_instances = config.expected_instances},
-        .once = held->first.nonce,
-        .once_ttl = std::chrono::milliseconds(held->first.expires_unix_ms - now_ms + 1000)};
+        .once = held->res.nonce,
+        .once_ttl = std::chrono::milliseconds(held->res.expires_unix_ms - now_ms + 1000)};
     enforcer_.store().Settle(request, [policy, held, cost, where,
                                        done = std::move(done)](StatusOr<CheckResult> r) {
       if (!r.ok()) {
@@ -753,7 +765,7 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
       Reply reply;
       reply.status = 200;
       reply.content_type = "application/json";
-      reply.body = SettledBody(held->first, cost, *r, held->second.checks);
+      reply.body = SettledBody(held->res, cost, *r, held->check.checks);
       done(std::move(reply));
     });
   });

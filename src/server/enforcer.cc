@@ -207,9 +207,9 @@ void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::Req
 void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
                      const policy::StoreConfig& store_config, std::string_view path, Face face,
                      std::function<void(Outcome&&)> done) {
-  if (overrides_ != nullptr && face == Face::kDecisionApi && !overrides_->empty()) {
-    std::shared_ptr<const OverrideTable> table = overrides_->table();
-    if (const ClientOverride* o = table->FindDecisionKey(key, overrides_->NowMillis())) {
+  if (face == Face::kDecisionApi) {
+    std::shared_ptr<const OverrideTable> table;
+    if (const ClientOverride* o = DecisionOverride(key, table)) {
       struct Overridden {
         std::shared_ptr<const OverrideTable> table;
         std::vector<LimitCheck> checks;
@@ -225,6 +225,22 @@ void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
     }
   }
   CheckLimits(key, checks, store_config, path, face, std::move(done));
+}
+
+const ClientOverride* Enforcer::DecisionOverride(
+    std::string_view key, std::shared_ptr<const OverrideTable>& table) const {
+  if (overrides_ == nullptr || overrides_->empty()) return nullptr;
+  table = overrides_->table();
+  return table->FindDecisionKey(key, overrides_->NowMillis());
+}
+
+std::shared_ptr<const OverrideTable> Enforcer::ApplyDecisionOverride(
+    std::string_view key, std::vector<LimitCheck>& checks) const {
+  std::shared_ptr<const OverrideTable> table;
+  const ClientOverride* o = DecisionOverride(key, table);
+  if (o == nullptr) return nullptr;
+  ApplyOverrideLimits(*o, checks);
+  return table;
 }
 
 void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> checks,

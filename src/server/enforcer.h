@@ -127,6 +127,12 @@ class Enforcer {
              const policy::StoreConfig& store_config, std::string_view path, Face face,
              std::function<void(Outcome&&)> done);
 
+  // Replaces `checks`' limits with those of the decision-API key's override
+  // ("d:<key>") in effect now, as Check does: the table the replaced limits
+  // live in (keep it alive with `checks`), or nullptr when none applied.
+  std::shared_ptr<const OverrideTable> ApplyDecisionOverride(std::string_view key,
+                                                             std::vector<LimitCheck>& checks) const;
+
   // The limit of a token bucket or window divided among `instances` (for local).
   static Limit Scaled(const Limit& limit, int instances) {
     return ResilientStore::Scaled(limit, instances);
@@ -158,6 +164,9 @@ class Enforcer {
  private:
   struct Op;
   void Step(std::shared_ptr<Op> op);
+  // The decision-API key's override in effect now (it lives in `table`), or nullptr.
+  const ClientOverride* DecisionOverride(std::string_view key,
+                                         std::shared_ptr<const OverrideTable>& table) const;
   // Check, once any override was applied to `checks`.
   void CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
                    const policy::StoreConfig& store_config, std::string_view path, Face face,

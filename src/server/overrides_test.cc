@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ratelimit/memory_store.h"
+#include "server/decision_api.h"
 #include "server/enforcer.h"
 
 namespace ratelimit::server {
@@ -261,6 +262,46 @@ TEST(Overrides, ChangesAreCountedAndInEffectWhenPutAnswers) {
   EXPECT_FALSE(*removed);
   EXPECT_EQ(Metrics::Global().overrides_delete.value(), deletes + 1);
   EXPECT_EQ(rig.Remaining().count("daily"), 1u);
+}
+
+// A settlement of the decision API is made on the limits its check used: the
+// key's override's. Settled against the configured 1-minute window, the
+// override's 1-day window state was started over (each settlement, even of
+// difference 0, wiped the day's count).
+TEST(Overrides, ADecisionApiSettlementUsesTheKeysOverride) {
+  Rig rig;
+  rig.Put(Override("d:job-9", std::nullopt, {*Limit::FixedWindow("calls", 100, 24h)}));
+  DecisionApi api(rig.enforcer);
+  const std::string check =
+      R"({"key":"job-9","reserve":true,"limit":{"name":"calls","algorithm":"fixed_window",)"
+      R"("limit":100,"window":"1m"}})";
+  auto run = [&](auto call, std::string body, std::string_view path) {
+    Reply r;
+    (api.*call)(rig.policy, body, path, [&r](Reply x) { r = std::move(x); });
+    return r;
+  };
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    Reply r = run(&DecisionApi::Check, check, "/v1/check");
+    ASSERT_EQ(r.status, 200u) << r.body;
+    const nlohmann::json j = nlohmann::json::parse(r.body);
+    EXPECT_EQ(j["remaining"], 99 - i);
+    ids.push_back(j["reservation"]["id"].get<std::string>());
+  }
+  Reply s =
+      run(&DecisionApi::Settle, R"({"reservation":")" + ids[0] + R"(","cost":1})", "/v1/settle");
+  ASSERT_EQ(s.status, 200u) << s.body;
+  EXPECT_EQ(nlohmann::json::parse(s.body)["state"]["remaining"], 97);
+  s = run(&DecisionApi::Settle, R"({"reservation":")" + ids[1] + R"(","cost":11})", "/v1/settle");
+  ASSERT_EQ(s.status, 200u) << s.body;
+  EXPECT_EQ(nlohmann::json::parse(s.body)["state"]["remaining"], 87);
+  // Settled once: the second try is refused and changes nothing.
+  s = run(&DecisionApi::Settle, R"({"reservation":")" + ids[1] + R"(","cost":0})", "/v1/settle");
+  EXPECT_EQ(s.status, 409u);
+  rig.clock.Advance(5min);  // another minute, the same day
+  Reply r = run(&DecisionApi::Check, check, "/v1/check");
+  ASSERT_EQ(r.status, 200u);
+  EXPECT_EQ(nlohmann::json::parse(r.body)["remaining"], 86);
 }
 
 }  // namespace
