@@ -322,6 +322,16 @@ StatusOr<RequestPlan> Policy::Resolve(const RequestView& request) const {
   return plan;
 }
 
+namespace {
+
+// Whether `limit` is one of the route's own (not a plan's or a global one of the same name).
+bool IsRouteLimit(const RouteClass& route, const Limit* limit) {
+  return std::any_of(route.limits.begin(), route.limits.end(),
+                     [limit](const RuleLimit& rl) { return &rl.limit == limit; });
+}
+
+}  // namespace
+
 bool Policy::Replan(RequestPlan& plan, std::string_view plan_name) const {
   auto it = plan_index_.find(plan_name);
   if (it == plan_index_.end()) return false;
@@ -330,6 +340,17 @@ bool Policy::Replan(RequestPlan& plan, std::string_view plan_name) const {
   const std::vector<GroupTemplate>& groups = templates_[TemplateIndex(
       route_index, it->second, plan.identity.source == IdentitySource::kIp)];
   plan.identity.plan = plans_[it->second]->name;
+  // A metered route's limits carry the request's reservation (set after
+  // Resolve): the templates have the route's fixed cost, which would check
+  // the request at its `reserve` and settle the difference from that.
+  std::optional<int64_t> reserved;
+  if (plan.route != nullptr) {
+    for (const CheckGroup& g : plan.groups) {
+      for (const LimitCheck& c : g.checks) {
+        if (IsRouteLimit(*plan.route, c.limit)) reserved = c.cost;
+      }
+    }
+  }
   // In place: the groups' strings and vectors keep their buffers (a
   // decision of a client with an override must cost about what one without does).
   plan.groups.resize(groups.size());
@@ -340,6 +361,10 @@ bool Policy::Replan(RequestPlan& plan, std::string_view plan_name) const {
     out.checks.assign(g.checks.begin(), g.checks.end());
     out.shadow = g.shadow;
     out.failure_mode = g.failure_mode;
+    if (!reserved || *reserved == plan.route->cost) continue;
+    for (LimitCheck& c : out.checks) {
+      if (IsRouteLimit(*plan.route, c.limit)) c.cost = *reserved;
+    }
   }
   return true;
 }

@@ -91,7 +91,8 @@ class Policy {
 
   // The same request as if the client were on plan `plan_name` (an override
   // moving the client, src/server/overrides.h): identity.plan and the groups
-  // become that plan's (the route's and global limits stay). False, and
+  // become that plan's (the route's and global limits stay; the route's keep
+  // the cost the plan gave them: a metered request's reservation). False, and
   // `plan` unchanged, when the config has no such plan.
   bool Replan(RequestPlan& plan, std::string_view plan_name) const;
 

@@ -10,6 +10,7 @@
 #include "ratelimit/memory_store.h"
 #include "server/decision_api.h"
 #include "server/enforcer.h"
+#include "server/metering.h"
 
 namespace ratelimit::server {
 namespace {
@@ -302,6 +303,53 @@ TEST(Overrides, ADecisionApiSettlementUsesTheKeysOverride) {
   Reply r = run(&DecisionApi::Check, check, "/v1/check");
   ASSERT_EQ(r.status, 200u);
   EXPECT_EQ(nlohmann::json::parse(r.body)["remaining"], 86);
+}
+
+// A metered route checks a request at its own reservation (SetRouteCost);
+// moving the client to another plan rebuilt the checks from the templates,
+// at the route's `reserve`: a reservation larger than what is left passed.
+TEST(Overrides, APlanOverrideKeepsAMeteredRequestsReservation) {
+  Rig rig;
+  auto c = policy::ParseConfig(R"(
+limits:
+  tokens: {algorithm: token_bucket, capacity: 1000, refill_per_second: 0.001}
+  daily: {algorithm: fixed_window, limit: 100, window: 1d}
+  daily_pro: {algorithm: fixed_window, limit: 1000, window: 1d}
+plans:
+  free: {limits: [daily]}
+  pro: {limits: [daily_pro]}
+default_plan: free
+api_keys: {"key-a": free}
+routes:
+  - name: chat
+    path: /chat
+    limits: [tokens]
+    cost: {from_request_header: X-Estimate, reserve: 10, settle_from: response_header,
+           field: X-Usage}
+)",
+                               "metered.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  rig.policy = *policy::Policy::Create(*std::move(c));
+  rig.Put(Override("k:key-a", "pro", {}));
+  auto enforce = [&](int64_t reserved) {
+    policy::RequestPlan plan = Resolve(*rig.policy, "key-a", "/chat");
+    SetRouteCost(plan, reserved);
+    Outcome out;
+    rig.enforcer.Enforce(rig.policy, std::move(plan), "/chat", Face::kGateway,
+                         [&out](Outcome o) { out = std::move(o); });
+    return out;
+  };
+  Outcome first = enforce(600);
+  ASSERT_TRUE(first.allowed());
+  std::map<std::string, int64_t> remaining;
+  for (const LimitOutcome& l : first.limits) remaining[l.limit->name()] = l.decision.remaining;
+  EXPECT_EQ(remaining, (std::map<std::string, int64_t>{{"tokens", 400}, {"daily_pro", 999}}));
+  ASSERT_EQ(first.charged.size(), 1u);  // settled from what was reserved
+  ASSERT_EQ(first.charged[0].checks.size(), 1u);
+  EXPECT_EQ(first.charged[0].checks[0].cost, 600);
+  Outcome second = enforce(600);
+  EXPECT_EQ(second.verdict, Verdict::kOverLimit);
+  EXPECT_EQ(second.limit_name, "tokens");
 }
 
 }  // namespace
