@@ -65,6 +65,26 @@ bool SpeaksForRoute(const Outcome& o, const policy::RouteClass& route) {
                      [&](const policy::RuleLimit& rl) { return rl.limit.name() == o.limit_name; });
 }
 
+// Whether a check's cost is above its limit's capacity: the request can
+// never be allowed (a metered request's own reservation, or a limit an
+// override lowered below the route's cost).
+bool NeverFits(const LimitCheck& c) { return c.cost > c.limit->limit(); }
+
+// `result` came from the store asked at cost 0 (the limits' state, nothing
+// taken): the checks that can never fit are denied, and so the whole group.
+// No wait makes them fit; Retry-After says the limit's whole window (a full
+// refill, at least a second), not a time the same request would pass.
+void DenyWhatNeverFits(std::span<const LimitCheck> checks, CheckResult& result) {
+  for (size_t i = 0; i < checks.size() && i < result.decisions.size(); ++i) {
+    if (!NeverFits(checks[i])) continue;
+    Decision& d = result.decisions[i];
+    d.allowed = false;
+    d.delay = std::chrono::microseconds(0);
+    d.retry_after = std::max(checks[i].limit->window(), std::chrono::microseconds(1'000'000));
+  }
+  result.overall = Combine(result.decisions);
+}
+
 }  // namespace
 
 std::string_view VerdictName(Verdict v) {
@@ -103,12 +123,21 @@ void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> che
                            FailureMode mode, const policy::StoreConfig& store_config,
                            std::function<void(GroupOutcome)> done, Face face,
                            std::string_view route, bool shadow) {
+  DecideGroupAsking(key, checks, checks, mode, store_config, std::move(done), face, route, shadow);
+}
+
+void Enforcer::DecideGroupAsking(std::string_view key, std::span<const LimitCheck> checks,
+                                 std::span<const LimitCheck> asked, FailureMode mode,
+                                 const policy::StoreConfig& store_config,
+                                 std::function<void(GroupOutcome)> done, Face face,
+                                 std::string_view route, bool shadow) {
   const auto started = core::SteadyClock::now();
   const CheckRequest request{
       .key = key,
-      .checks = checks,
+      .checks = asked,
       .on_failure = {.mode = mode, .expected_instances = store_config.expected_instances}};
-  store_->Check(request, [face, route, shadow, checks, started,
+  const bool probed = asked.data() != checks.data();
+  store_->Check(request, [face, route, shadow, checks, probed, started,
                           done = std::move(done)](StatusOr<CheckResult> r) mutable {
     Metrics::Global().store_latency.Observe(
         std::chrono::duration_cast<std::chrono::microseconds>(core::SteadyClock::now() - started));
@@ -117,6 +146,7 @@ void Enforcer::DecideGroup(std::string_view key, std::span<const LimitCheck> che
       g.degraded = r->degraded;
       g.failed_closed = r->failed_closed;
       g.result = *std::move(r);
+      if (probed) DenyWhatNeverFits(checks, g.result);
       // The Envoy face's limit names are per-value hashes: it counts per
       // descriptor itself, with labels from its config (bounded).
       if (face != Face::kEnvoy) CountDecisions(face, route, shadow, checks, g);
@@ -133,6 +163,10 @@ struct Enforcer::Op {
   std::string path;
   size_t next = 0;
   std::vector<LimitOutcome> limits;  // every non-shadow decision so far
+  std::vector<LimitCheck> probe;     // the group being decided, at cost 0 (NeverFits)
+  // Per group: its checks took their costs from the store (a shadow group
+  // that denied took nothing), so that there is something to settle.
+  std::vector<bool> taken;
   bool degraded = false;
   Face face = Face::kGateway;
   std::shared_ptr<const OverrideTable> overrides;  // when one applied: its limits live here
@@ -143,9 +177,13 @@ struct Enforcer::Op {
   }
 
   // The route's limits (by name: an override may have replaced them) of
-  // every group, shadow ones too, as checked: what the gateway settles.
+  // every group that took its costs, shadow ones too, as checked: what the
+  // gateway settles. A group that took nothing has nothing to settle: a
+  // settlement would refund what was never taken.
   void Charge(Outcome& o) {
-    for (const policy::CheckGroup& g : plan.groups) {
+    for (size_t i = 0; i < plan.groups.size(); ++i) {
+      if (i >= taken.size() || !taken[i]) continue;
+      const policy::CheckGroup& g = plan.groups[i];
       ChargedGroup charged{.key = g.key, .checks = {}, .failure_mode = g.failure_mode};
       for (const LimitCheck& c : g.checks) {
         for (const policy::RuleLimit& rl : plan.route->limits) {
@@ -283,10 +321,21 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
 
 void Enforcer::Step(std::shared_ptr<Op> op) {
   if (op->next == op->plan.groups.size()) return op->Finish(Verdict::kAllowed);
-  const policy::CheckGroup& group = op->plan.groups[op->next++];
-  DecideGroup(
-      group.key, group.checks, group.failure_mode, op->policy->config().store,
-      [this, op, &group](const GroupOutcome& g) {
+  const size_t index = op->next++;
+  const policy::CheckGroup& group = op->plan.groups[index];
+  // A cost above a limit's capacity is a denial like any other (429, or
+  // nothing in a shadow group), not a bad request: the store is asked for the
+  // group's state at cost 0, so that nothing is taken and the answer has the
+  // limits' numbers.
+  std::span<const LimitCheck> asked = group.checks;
+  if (std::any_of(group.checks.begin(), group.checks.end(), NeverFits)) {
+    op->probe.assign(group.checks.begin(), group.checks.end());
+    for (LimitCheck& c : op->probe) c.cost = 0;
+    asked = op->probe;
+  }
+  DecideGroupAsking(
+      group.key, group.checks, asked, group.failure_mode, op->policy->config().store,
+      [this, op, index, &group](const GroupOutcome& g) {
         if (!g.error.ok()) {
           if (IsStoreFailure(g.error)) {
             return op->Finish(Verdict::kStoreError,
@@ -295,6 +344,8 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
           return op->Finish(Verdict::kBadRequest, g.error.message());
         }
         op->degraded = op->degraded || g.degraded;
+        op->taken.resize(op->plan.groups.size());
+        op->taken[index] = g.result.overall.allowed;
         const std::vector<Decision>& ds = g.result.decisions;
         if (group.shadow) {
           if (!g.result.overall.allowed) {

@@ -10,8 +10,9 @@
 // The store is a ResilientStore (src/store/resilient_store.h; the enforcer
 // wraps a plain one itself): when it cannot decide, the group's failure mode
 // does (open, closed, local, error); the enforcer only passes the mode along.
-// An InvalidArgument from the store (cost above a limit, key too long) is the
-// request's fault: Verdict::kBadRequest.
+// An InvalidArgument from the store (key too long; the decision API's cost
+// above a limit) is the request's fault: Verdict::kBadRequest. A request plan's
+// cost above a limit's capacity (Enforce) is a denial: it can never fit.
 //
 // Groups of a RequestPlan are asked one after the other; the first
 // non-shadow group that denies ends the request (later groups consume
@@ -167,6 +168,14 @@ class Enforcer {
   // The decision-API key's override in effect now (it lives in `table`), or nullptr.
   const ClientOverride* DecisionOverride(std::string_view key,
                                          std::shared_ptr<const OverrideTable>& table) const;
+  // DecideGroup asking the store about `asked` (the same limits, other costs)
+  // and deciding `checks`: when they differ, the checks that can never fit are
+  // denied (DenyWhatNeverFits).
+  void DecideGroupAsking(std::string_view key, std::span<const LimitCheck> checks,
+                         std::span<const LimitCheck> asked, policy::FailureMode mode,
+                         const policy::StoreConfig& store_config,
+                         std::function<void(GroupOutcome)> done, Face face, std::string_view route,
+                         bool shadow);
   // Check, once any override was applied to `checks`.
   void CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
                    const policy::StoreConfig& store_config, std::string_view path, Face face,

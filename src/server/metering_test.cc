@@ -135,6 +135,13 @@ std::string ConfigFor(const std::string& upstream) {
          "  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: "
          "166.66666666666666}\n"
          "routes:\n"
+         "  - name: estimate\n    methods: [POST]\n    path: /header\n    limits: [tokens]\n"
+         "    cost: {from_request_header: X-Estimate, settle_from: response_header, "
+         "field: X-Usage}\n"
+         "  - name: trial\n    methods: [PUT]\n    path: /header\n    shadow: true\n"
+         "    limits: [tokens]\n"
+         "    cost: {from_request_header: X-Estimate, settle_from: response_header, "
+         "field: X-Usage}\n"
          "  - name: chat\n    path: /sse\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: sse_last_event, field: usage.total_tokens, "
          "max: 6000, unit: tokens}\n"
@@ -416,6 +423,38 @@ TEST_P(MeteredGateway, FirstEventArrivesBeforeTheLastAndALeavingClientPaysTheRes
   EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kDisconnected).value(),
             disconnected + 1);
   EXPECT_EQ(Remaining(), 10'000 - 1000);
+}
+
+// A reservation the request names (no `max`) above the limit's capacity can
+// never fit: a denial (429, the limit's numbers, nothing taken), not a 400;
+// on a shadow route it passes, and nothing is settled for the group that
+// took nothing (a settlement would refund what was never taken).
+TEST_P(MeteredGateway, AReservationAboveTheCapacityIsDeniedAndAShadowRouteLetsItPass) {
+  ASSERT_TRUE(Get("/header", 3000).raw.starts_with("HTTP/1.1 200"));
+  ASSERT_EQ(Remaining(), 7000);
+  auto send = [this](std::string_view method) {
+    const int c = Connect();
+    const std::string req = std::string(method) +
+                            " /header HTTP/1.1\r\nHost: t\r\nX-Estimate: 20000\r\n"
+                            "X-Usage: 300\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    EXPECT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string raw;
+    char buf[8192];
+    for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;)
+      raw.append(buf, static_cast<size_t>(n));
+    ::close(c);
+    return raw;
+  };
+  const std::string denied = send("POST");
+  EXPECT_TRUE(denied.starts_with("HTTP/1.1 429")) << denied;
+  EXPECT_NE(denied.find("RateLimit: \"tokens\";r=7000;"), std::string::npos) << denied;
+  EXPECT_NE(denied.find("Retry-After: 60\r\n"), std::string::npos) << denied;  // a full refill
+  EXPECT_EQ(Remaining(), 7000);
+  const std::string shadow = send("PUT");
+  EXPECT_TRUE(shadow.starts_with("HTTP/1.1 200")) << shadow;
+  // Let a settlement, if one were made, land before looking.
+  EXPECT_TRUE(Get("/header", 0).raw.starts_with("HTTP/1.1 200"));
+  EXPECT_EQ(Remaining(), 7000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, MeteredGateway, ::testing::Values(false, true),
