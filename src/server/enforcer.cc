@@ -164,8 +164,8 @@ struct Enforcer::Op {
   size_t next = 0;
   std::vector<LimitOutcome> limits;  // every non-shadow decision so far
   std::vector<LimitCheck> probe;     // the group being decided, at cost 0 (NeverFits)
-  // Per group: its checks took their costs from the store (a shadow group
-  // that denied took nothing), so that there is something to settle.
+  // Per group: its checks took their costs from the store (not a shadow
+  // group that denied, not a degraded one), so that there is something to settle.
   std::vector<bool> taken;
   bool degraded = false;
   Face face = Face::kGateway;
@@ -345,7 +345,11 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
         }
         op->degraded = op->degraded || g.degraded;
         op->taken.resize(op->plan.groups.size());
-        op->taken[index] = g.result.overall.allowed;
+        // A degraded group took nothing from the store (open), or took it
+        // from this instance's fallback (local): like the decision API, which
+        // issues no reservation for a degraded answer, the gateway settles
+        // nothing for it.
+        op->taken[index] = g.result.overall.allowed && !g.degraded;
         const std::vector<Decision>& ds = g.result.decisions;
         if (group.shadow) {
           if (!g.result.overall.allowed) {

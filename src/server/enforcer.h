@@ -94,7 +94,9 @@ struct Outcome {
   // When a client's override applied: the table its limits (in `limits`) live in.
   std::shared_ptr<const OverrideTable> overrides;
   // Allowed requests on a route with a metered cost (RouteClass::metered):
-  // the route's limits per group, and the policy that holds them and the cost.
+  // the route's limits per group that took the reservation from the store
+  // (none of a degraded group or a denying shadow one), and the policy that
+  // holds them and the cost.
   std::vector<ChargedGroup> charged;
   std::shared_ptr<const policy::Policy> charged_policy;
   const policy::MeteredCost* metered = nullptr;  // the route's, in charged_policy

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "server/metering.h"
+
 namespace ratelimit::server {
 namespace {
 
@@ -108,6 +110,62 @@ TEST(Enforcer, Scaled) {
   EXPECT_EQ(ls.algorithm(), Algorithm::kLeakyBucket);
   EXPECT_EQ(ls.limit(), 7);
   EXPECT_NEAR(ls.refill_per_second(), 2.0, 1e-3);
+}
+
+// A store whose checks fail (the failure mode decides) but whose
+// settlements succeed, as when it is back by the time the answer has ended.
+class CheckFailsStore final : public Store {
+ public:
+  void Check(const CheckRequest&, CheckCallback done) override { done(Unavailable("down")); }
+  void Peek(const CheckRequest&, CheckCallback done) override { done(Unavailable("down")); }
+  void Reset(std::string_view, std::span<const Limit* const>, ResetCallback done) override {
+    done(Unavailable("down"));
+  }
+  void Settle(const SettleRequest&, CheckCallback done) override {
+    ++settled;
+    done(CheckResult{});
+  }
+  int settled = 0;
+};
+
+// The decision API issues no reservation for a degraded answer; the gateway
+// settled one all the same: the difference applied to state that never took
+// the reservation (failure mode open: nothing was taken; local: it was taken
+// from this instance's fallback, not from the shared store).
+TEST(Enforcer, ADegradedMeteredRequestIsNotSettled) {
+  for (const char* mode : {"open", "local"}) {
+    SCOPED_TRACE(mode);
+    auto c = policy::ParseConfig(std::string("store: {failure_mode: ") + mode + R"(}
+limits:
+  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 100}
+routes:
+  - name: chat
+    path: /chat
+    limits: [tokens]
+    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}
+)",
+                                 "degraded.yaml");
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    std::shared_ptr<const policy::Policy> policy = *policy::Policy::Create(*std::move(c));
+    auto store = std::make_shared<CheckFailsStore>();
+    Enforcer e(store, 100);
+    auto plan = policy->Resolve(
+        policy::RequestView{.method = "GET",
+                            .target = "/chat",
+                            .peer = policy::IpAddress::FromV4(0x7f000001),
+                            .header = [](std::string_view) -> std::optional<std::string_view> {
+                              return std::nullopt;
+                            }});
+    ASSERT_TRUE(plan.ok());
+    Outcome out;
+    e.Enforce(policy, *std::move(plan), "/chat", Face::kGateway,
+              [&out](Outcome o) { out = std::move(o); });
+    EXPECT_TRUE(out.allowed());
+    EXPECT_TRUE(out.degraded);
+    EXPECT_TRUE(out.charged.empty());
+    SettleCharged(e, out, 300, Metrics::SettleOutcome::kSettled);
+    EXPECT_EQ(store->settled, 0);
+  }
 }
 
 }  // namespace

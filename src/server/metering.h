@@ -19,7 +19,9 @@
 // A body settles when the session has written its last piece to the client
 // (BodyStream::Delivered). No usable value (absent, not a whole number >= 0),
 // or a client gone before the end, or an upstream failing mid-body: the
-// reservation stands (no store call). `max` caps the actual cost. Each
+// reservation stands (no store call). A degraded check (the failure mode
+// decided) has nothing to settle: the enforcer charges no group of it (the
+// decision API issues no reservation for one either). `max` caps the actual cost. Each
 // outcome is counted (Metrics::Settlements, settled_debited/refunded).
 //
 // Thread-safety: SseFieldReader is a value type for one stream; the functions
