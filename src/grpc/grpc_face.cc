@@ -258,7 +258,7 @@ struct GrpcFace::Impl {
     LockGuard lock(health->mu);
     call.Reply(HealthAnswer(Serving()));
   }
-  void Watch(GrpcCall call) {
+  void Watch(const GrpcCall& call) {
     hpb::HealthCheckRequest req;
     if (!ParseRequest(call, req)) return;
     // An unknown service is SERVICE_UNKNOWN and the stream stays open (the
@@ -380,7 +380,7 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
   impl->server->Handle("/grpc.health.v1.Health/Check",
                        [raw](const GrpcCall& call) { raw->Check(call); });
   impl->server->Handle("/grpc.health.v1.Health/Watch",
-                       [raw](GrpcCall call) { raw->Watch(std::move(call)); });
+                       [raw](const GrpcCall& call) { raw->Watch(call); });
   StatusOr<net::ip::tcp::endpoint> endpoint =
       server::ResolveListenAddress(impl->ioc, impl->options.listen);
   if (!endpoint.ok()) return endpoint.status();
