@@ -568,6 +568,14 @@ TEST_F(H2ServerTest, AClientThatStopsReadingIsClosedAfterTheWriteTimeout) {
 // spinning on the connection that waits in the backlog. In a child process
 // (its descriptor limit is its own), which measures its own CPU time.
 TEST(H2ServerAccept, AnAcceptErrorIsRetriedAfterAPauseNotAtOnce) {
+#if defined(RL_SANITIZED)
+  // The sanitizers' runtime needs descriptors of its own (UBSan's vptr check
+  // tests memory through a pipe: with none left it reports every virtual
+  // call as made on an invalid object), and this test uses them all up. Its
+  // property (CPU time while accepts fail) is the product build's, as for
+  // the latency bounds of tests/chaos.
+  GTEST_SKIP() << "needs every descriptor; run in the product build";
+#endif
   const pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
