@@ -209,11 +209,6 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       const bool counted =
           !((too_big && !p.shadow) || p.too_big) && p.rules[r]->requests_per_unit != 0;
       into.push_back({&plan.limits[k], counted ? costs[k] : 0});
-      if (!p.shadow) {
-        const bool settles =
-            p.rules[r]->requests_per_unit != 0 && p.rules[r]->algorithm != Algorithm::kSlidingLog;
-        plan.overdraft_costs.push_back(settles ? std::min(p.cost, kMaxSettleDelta) : 0);
-      }
     }
   }
   return plan;
@@ -226,10 +221,17 @@ std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& 
                       std::any_of(plan.descriptors.begin(), plan.descriptors.end(),
                                   [](const DescriptorPlan& p) { return p.too_big && !p.shadow; });
   if (!denied || result.degraded || result.decisions.size() != plan.checks.size()) return out;
-  for (size_t k = 0; k < plan.checks.size(); ++k) {
-    const int64_t cost = plan.overdraft_costs[k];
-    const int64_t left = result.decisions[k].remaining;
-    if (cost > left && left > 0) out.push_back({plan.checks[k].limit, cost});
+  for (const DescriptorPlan& p : plan.descriptors) {
+    if (p.kind != DescriptorPlan::Kind::kLimited || p.shadow) continue;
+    for (size_t r = 0; r < p.rules.size(); ++r) {
+      // A block has nothing to charge; a sliding log cannot settle.
+      if (p.rules[r]->requests_per_unit == 0 || p.rules[r]->algorithm == Algorithm::kSlidingLog)
+        continue;
+      const size_t k = p.first_check + r;
+      const int64_t cost = std::min(p.cost, kMaxSettleDelta);
+      const int64_t left = result.decisions[k].remaining;
+      if (cost > left && left > 0) out.push_back({plan.checks[k].limit, cost});
+    }
   }
   return out;
 }

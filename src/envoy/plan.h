@@ -78,9 +78,6 @@ struct RequestPlan {
   std::vector<Limit> limits;              // owned; `checks` and `shadow_checks` point into it
   std::vector<LimitCheck> checks;         // the enforcing ones: one store step (per 16)
   std::vector<LimitCheck> shadow_checks;  // shadow_mode descriptors: a step of their own
-  // Per check: the cost Overdrafts charges when it did not fit (0: never;
-  // a block, or a sliding log, which cannot settle).
-  std::vector<int64_t> overdraft_costs;
   std::vector<DescriptorPlan> descriptors;
 
   RequestPlan() = default;
