@@ -251,18 +251,29 @@ void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
       struct Overridden {
         std::shared_ptr<const OverrideTable> table;
         std::vector<LimitCheck> checks;
+        std::vector<LimitCheck> probe;  // at cost 0, when a cost is above an overridden capacity
       };
       auto held = std::make_shared<Overridden>(
-          Overridden{std::move(table), std::vector<LimitCheck>(checks.begin(), checks.end())});
+          Overridden{std::move(table), std::vector<LimitCheck>(checks.begin(), checks.end()), {}});
       ApplyOverrideLimits(*o, held->checks);
-      return CheckLimits(key, held->checks, store_config, path, face,
+      // The caller's cost fitted its own limit (else the request is refused
+      // as it is, 400): an override that lowered the capacity below it denies
+      // the request (429), as the gateway does, instead of calling it bad.
+      std::span<const LimitCheck> asked = held->checks;
+      if (std::any_of(held->checks.begin(), held->checks.end(), NeverFits) &&
+          std::none_of(checks.begin(), checks.end(), NeverFits)) {
+        held->probe = held->checks;
+        for (LimitCheck& c : held->probe) c.cost = 0;
+        asked = held->probe;
+      }
+      return CheckLimits(key, held->checks, asked, store_config, path, face,
                          [held, done = std::move(done)](Outcome out) {
                            out.overrides = held->table;
                            done(std::move(out));
                          });
     }
   }
-  CheckLimits(key, checks, store_config, path, face, std::move(done));
+  CheckLimits(key, checks, checks, store_config, path, face, std::move(done));
 }
 
 const ClientOverride* Enforcer::DecisionOverride(
@@ -282,10 +293,11 @@ std::shared_ptr<const OverrideTable> Enforcer::ApplyDecisionOverride(
 }
 
 void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
+                           std::span<const LimitCheck> asked,
                            const policy::StoreConfig& store_config, std::string_view path,
                            Face face, std::function<void(Outcome&&)> done) {
-  DecideGroup(
-      key, checks, store_config.failure_mode, store_config,
+  DecideGroupAsking(
+      key, checks, asked, store_config.failure_mode, store_config,
       [this, key, checks, path, face, done = std::move(done)](GroupOutcome g) {
         Outcome o;
         if (!g.error.ok()) {
@@ -316,7 +328,7 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
         }
         done(std::move(o));
       },
-      face);
+      face, /*route=*/{}, /*shadow=*/false);
 }
 
 void Enforcer::Step(std::shared_ptr<Op> op) {

@@ -178,10 +178,11 @@ class Enforcer {
                          const policy::StoreConfig& store_config,
                          std::function<void(GroupOutcome)> done, Face face, std::string_view route,
                          bool shadow);
-  // Check, once any override was applied to `checks`.
+  // Check, once any override was applied to `checks`, asking the store
+  // about `asked` (DecideGroupAsking).
   void CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
-                   const policy::StoreConfig& store_config, std::string_view path, Face face,
-                   std::function<void(Outcome&&)> done);
+                   std::span<const LimitCheck> asked, const policy::StoreConfig& store_config,
+                   std::string_view path, Face face, std::function<void(Outcome&&)> done);
 
   ResilientStore* wrapped_ =
       nullptr;                    // store_, when the enforcer wrapped it (set by store_'s init)

@@ -247,6 +247,32 @@ TEST(Overrides, ADecisionApiKeysOverride) {
   EXPECT_EQ(other.overrides, nullptr);
 }
 
+// A cost that fits the caller's limit but not the capacity an override
+// lowered it to is a denial (429), as on the gateway, and takes nothing;
+// a cost above the caller's own limit stays a bad request.
+TEST(Overrides, ADecisionApiCostAboveAnOverriddenCapacityIsDenied) {
+  Rig rig;
+  rig.Put(Override("d:job-7", std::nullopt, {*Limit::TokenBucket("burst", 3, 0.001)}));
+  const Limit configured = *Limit::TokenBucket("burst", 10, 0.001);
+  auto check = [&](std::string_view key, int64_t cost) {
+    const LimitCheck checks[] = {{&configured, cost}};
+    Outcome out;
+    rig.enforcer.Check(key, checks, rig.policy->config().store, "/v1/check", Face::kDecisionApi,
+                       [&out](Outcome o) { out = std::move(o); });
+    return out;
+  };
+  Outcome denied = check("job-7", 5);
+  EXPECT_EQ(denied.verdict, Verdict::kOverLimit) << denied.error;
+  EXPECT_EQ(denied.decision.limit, 3);
+  EXPECT_EQ(denied.decision.remaining, 3);  // nothing taken
+  EXPECT_GE(denied.decision.retry_after, std::chrono::seconds(1));
+  Outcome fits = check("job-7", 3);
+  EXPECT_TRUE(fits.allowed());
+  EXPECT_EQ(fits.decision.remaining, 0);
+  // Above the caller's own limit: the request itself is wrong.
+  EXPECT_EQ(check("job-8", 11).verdict, Verdict::kBadRequest);
+}
+
 TEST(Overrides, ChangesAreCountedAndInEffectWhenPutAnswers) {
   Rig rig;
   const uint64_t puts = Metrics::Global().overrides_put.value();
