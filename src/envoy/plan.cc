@@ -1,6 +1,8 @@
 #include "envoy/plan.h"
 
 #include <algorithm>
+#include <array>
+#include <numeric>
 #include <set>
 #include <span>
 #include <string>
@@ -105,6 +107,112 @@ std::string MetricPath(const Node& node, const Descriptor& d) {
   return path;
 }
 
+// Finds the limits of `plan` (limits built, checks not yet) that name the
+// same counter as an earlier one of the same list: two identical
+// descriptors, or a `limit` override with the entries and unit of a
+// configured rule beside it. Fills `leader` (see MakePlan) when there are
+// any; InvalidArgument when two name one counter with different limits,
+// which one store check cannot ask.
+Status ShareCounters(const RequestPlan& plan, std::vector<uint32_t>& leader) {
+  const std::vector<DescriptorPlan>& ds = plan.descriptors;
+  if (std::count_if(ds.begin(), ds.end(), [](const DescriptorPlan& p) {
+        return p.kind == DescriptorPlan::Kind::kLimited;
+      }) < 2) {
+    return Status::Ok();
+  }
+  for (size_t i = 0; i < ds.size(); ++i) {
+    const DescriptorPlan& p = ds[i];
+    if (p.kind != DescriptorPlan::Kind::kLimited) continue;
+    for (size_t r = 0; r < p.rules.size(); ++r) {
+      const size_t k = p.first_limit + r;
+      const Limit& mine = plan.limits[k];
+      for (size_t j = 0; j < i; ++j) {
+        const DescriptorPlan& q = ds[j];
+        if (q.kind != DescriptorPlan::Kind::kLimited || q.shadow != p.shadow) continue;
+        size_t same = q.rules.size();
+        for (size_t rq = 0; rq < q.rules.size(); ++rq) {
+          if (plan.limits[q.first_limit + rq].name() == mine.name()) same = rq;
+        }
+        if (same == q.rules.size()) continue;
+        const size_t other = q.first_limit + same;
+        if (!(plan.limits[other] == mine)) {
+          return InvalidArgument(
+              "descriptors " + std::to_string(j + 1) + " and " + std::to_string(i + 1) +
+              " of the request name one counter with different limits (a limit override "
+              "beside the rule of the same entries and unit)");
+        }
+        if (leader.empty()) {
+          leader.resize(plan.limits.size());
+          std::iota(leader.begin(), leader.end(), 0U);
+        }
+        leader[k] = leader[other];
+        break;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Per check of one list (plan.checks, or plan.shadow_checks), when checks
+// are shared: how many of the request's limits ask it, and their costs.
+struct Shares {
+  std::vector<uint32_t> members;
+  std::vector<int64_t> costs;
+};
+
+Shares SharesOf(const RequestPlan& plan, bool shadow) {
+  const size_t n = (shadow ? plan.shadow_checks : plan.checks).size();
+  Shares s{std::vector<uint32_t>(n, 0), std::vector<int64_t>(n, 0)};
+  for (const DescriptorPlan& p : plan.descriptors) {
+    if (p.kind != DescriptorPlan::Kind::kLimited || p.shadow != shadow) continue;
+    for (size_t r = 0; r < p.rules.size(); ++r) {
+      const size_t c = CheckOf(plan, p, r);
+      ++s.members[c];
+      s.costs[c] += p.cost;
+    }
+  }
+  return s;
+}
+
+// Denied by the store, or up front (a cost above a limit: asked at cost 0).
+bool Denied(const RequestPlan& plan, const CheckResult& result) {
+  return !result.overall.allowed ||
+         std::any_of(plan.descriptors.begin(), plan.descriptors.end(),
+                     [](const DescriptorPlan& p) { return p.too_big && !p.shadow; });
+}
+
+// Whether check c's cost was taken: asked with a cost, and every step up to
+// its own allowed (grpc/decide.cc asks kMaxChecksPerRequest checks a step, in
+// order, and a step after a denied one without counting).
+bool Taken(const CheckResult& result, const std::vector<LimitCheck>& checks, size_t c) {
+  if (checks[c].cost == 0) return false;
+  const size_t end =
+      std::min(result.decisions.size(), (c / kMaxChecksPerRequest + 1) * kMaxChecksPerRequest);
+  for (size_t i = 0; i < end; ++i) {
+    if (!result.decisions[i].allowed) return false;
+  }
+  return true;
+}
+
+// The part of a shared check's decision `d` that is one descriptor's, whose
+// cost and its predecessors' on the check come to `upto`: the count after
+// them, as envoyproxy/ratelimit's INCRBY per descriptor leaves it. A check
+// taken, or charged whole because it did not fit (Overdrafts), leaves each
+// descriptor what its predecessors and it left; when another limit denied
+// the request, nothing was taken and each reports the count as it stands.
+Decision Part(Decision d, int64_t asked, int64_t upto, bool taken, bool charged) {
+  const int64_t before = d.remaining + (taken ? asked : 0);
+  const bool allowed = upto <= before;
+  if (allowed) {
+    d.retry_after = std::chrono::microseconds(0);
+  } else if (d.allowed) {
+    d.retry_after = d.reset_after;  // the store's answer had no wait: the reset bounds it
+  }
+  d.allowed = allowed;
+  d.remaining = taken || charged ? std::max<int64_t>(0, before - upto) : before;
+  return d;
+}
+
 }  // namespace
 
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
@@ -171,6 +279,7 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
             ? static_cast<int64_t>(std::min<uint64_t>(*d.hits_addend, Limit::kMaxCount + 1ULL))
             : request_cost;
     p.cost = cost;
+    p.first_limit = plan.limits.size();
     for (size_t r = 0; r < p.rules.size(); ++r) {
       const Rule& rule = *p.rules[r];
       Fnv h;
@@ -198,6 +307,29 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       plan.limits.push_back(std::move(*limit));
     }
   }
+  // leader[k]: the first limit of the same list (enforcing or shadow) with
+  // limits[k]'s name; empty when every name is once.
+  std::vector<uint32_t> leader;
+  if (Status s = ShareCounters(plan, leader); !s.ok()) return s;
+  if (!leader.empty()) {
+    // Each descriptor of a shared counter meets the count its predecessors'
+    // costs leave: one whose costs and theirs together are above the limit
+    // is over (as its own cost above the limit would be).
+    std::vector<int64_t> sum(plan.limits.size(), 0);
+    for (DescriptorPlan& p : plan.descriptors) {
+      if (p.kind != DescriptorPlan::Kind::kLimited) continue;
+      for (size_t r = 0; r < p.rules.size(); ++r) {
+        const size_t k = p.first_limit + r;
+        sum[leader[k]] += p.cost;
+        if (leader[k] != k && sum[leader[k]] > plan.limits[k].limit()) {
+          if (!p.too_big) p.too_big_rule = r;
+          p.too_big = true;
+          too_big = too_big || !p.shadow;
+        }
+      }
+    }
+    plan.check_of.resize(plan.limits.size());
+  }
   size_t k = 0;
   for (DescriptorPlan& p : plan.descriptors) {
     if (p.kind != DescriptorPlan::Kind::kLimited) continue;
@@ -208,7 +340,16 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       // and so is a block (requests_per_unit 0), whose store limit is 1.
       const bool counted =
           !((too_big && !p.shadow) || p.too_big) && p.rules[r]->requests_per_unit != 0;
-      into.push_back({&plan.limits[k], counted ? costs[k] : 0});
+      const int64_t cost = counted ? costs[k] : 0;
+      if (leader.empty()) {
+        into.push_back({&plan.limits[k], cost});
+      } else if (leader[k] == k) {
+        plan.check_of[k] = static_cast<uint32_t>(into.size());
+        into.push_back({&plan.limits[k], cost});
+      } else {  // the leader's check asks for both costs
+        plan.check_of[k] = plan.check_of[leader[k]];
+        into[plan.check_of[k]].cost += cost;
+      }
     }
   }
   return plan;
@@ -216,19 +357,25 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
 
 std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& result) {
   std::vector<LimitSettle> out;
-  // Denied by the store, or up front (a cost above a limit: asked at cost 0).
-  const bool denied = !result.overall.allowed ||
-                      std::any_of(plan.descriptors.begin(), plan.descriptors.end(),
-                                  [](const DescriptorPlan& p) { return p.too_big && !p.shadow; });
-  if (!denied || result.degraded || result.decisions.size() != plan.checks.size()) return out;
+  if (!Denied(plan, result) || result.degraded || result.decisions.size() != plan.checks.size())
+    return out;
+  // A shared check is charged once, the costs of all who share it.
+  Shares shares;
+  if (!plan.check_of.empty()) shares = SharesOf(plan, false);
   for (const DescriptorPlan& p : plan.descriptors) {
     if (p.kind != DescriptorPlan::Kind::kLimited || p.shadow) continue;
     for (size_t r = 0; r < p.rules.size(); ++r) {
       // A block has nothing to charge; a sliding log cannot settle.
       if (p.rules[r]->requests_per_unit == 0 || p.rules[r]->algorithm == Algorithm::kSlidingLog)
         continue;
-      const size_t k = p.first_check + r;
-      const int64_t cost = std::min(p.cost, kMaxSettleDelta);
+      const size_t k = CheckOf(plan, p, r);
+      int64_t cost = p.cost;
+      if (!shares.members.empty()) {
+        if (shares.members[k] == 0) continue;  // charged already
+        shares.members[k] = 0;
+        cost = shares.costs[k];
+      }
+      cost = std::min(cost, kMaxSettleDelta);
       const int64_t left = result.decisions[k].remaining;
       if (cost > left && left > 0) out.push_back({plan.checks[k].limit, cost});
     }
@@ -240,6 +387,19 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
                  int64_t now_micros) {
   Response out;
   out.statuses.resize(plan.descriptors.size());
+  // Shared checks: per list (enforcing, shadow), who shares each and the
+  // costs so far, in request order.
+  const bool shared = !plan.check_of.empty();
+  std::array<Shares, 2> shares;
+  std::array<std::vector<int64_t>, 2> upto;
+  std::vector<Decision> parts;
+  const bool denied = shared && result != nullptr && Denied(plan, *result);
+  if (shared) {
+    for (int l = 0; l < 2; ++l) {
+      shares[l] = SharesOf(plan, l == 1);
+      upto[l].assign(shares[l].members.size(), 0);
+    }
+  }
   for (size_t i = 0; i < plan.descriptors.size(); ++i) {
     const DescriptorPlan& p = plan.descriptors[i];
     DescriptorStatus& s = out.statuses[i];
@@ -249,7 +409,31 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
     }
     const CheckResult* r = p.shadow ? shadow : result;
     if (p.kind != DescriptorPlan::Kind::kLimited || r == nullptr) continue;
-    const std::span<const Decision> mine(r->decisions.data() + p.first_check, p.rules.size());
+    std::span<const Decision> mine;
+    if (!shared) {
+      mine = std::span<const Decision>(r->decisions.data() + p.first_check, p.rules.size());
+    } else {
+      const int l = p.shadow ? 1 : 0;
+      const std::vector<LimitCheck>& list = p.shadow ? plan.shadow_checks : plan.checks;
+      parts.clear();
+      for (size_t k = 0; k < p.rules.size(); ++k) {
+        const size_t c = CheckOf(plan, p, k);
+        const Decision& got = r->decisions[c];
+        upto[l][c] += p.cost;
+        if (shares[l].members[c] < 2 || r->degraded) {
+          parts.push_back(got);
+          continue;
+        }
+        const Rule& rule = *p.rules[k];
+        const bool taken = Taken(*r, list, c);
+        // As Overdrafts charges it.
+        const bool charged = !p.shadow && denied && !taken && rule.requests_per_unit != 0 &&
+                             rule.algorithm != Algorithm::kSlidingLog &&
+                             shares[l].costs[c] > got.remaining && got.remaining > 0;
+        parts.push_back(Part(got, list[c].cost, upto[l][c], taken, charged));
+      }
+      mine = parts;
+    }
     const Decision d = Combine(mine);
     size_t which = p.too_big ? p.too_big_rule : 0;  // the limit that denies reports
     for (size_t k = 0; !p.too_big && k < mine.size(); ++k) {

@@ -67,6 +67,8 @@ struct DescriptorPlan {
   size_t too_big_rule = 0;  // too_big: the first rule it is above (what it reports)
   int64_t cost = 0;         // what it asks (0: a check without counting)
   size_t first_check = 0;   // kLimited: checks [first_check, first_check + rules.size())
+                            // (when RequestPlan::check_of is empty; else CheckOf)
+  size_t first_limit = 0;   // kLimited: limits [first_limit, first_limit + rules.size())
   // The metrics label: the matched rule's path ("key2", "key1_v.sub"), with
   // the request's values when the rule says detailed_metric.
   std::string metric_path;
@@ -79,6 +81,12 @@ struct RequestPlan {
   std::vector<LimitCheck> checks;         // the enforcing ones: one store step (per 16)
   std::vector<LimitCheck> shadow_checks;  // shadow_mode descriptors: a step of their own
   std::vector<DescriptorPlan> descriptors;
+  // Limits that name one counter (identical descriptors: two of a route's
+  // rate_limits actions that produce the same entries) share one check,
+  // which asks for their costs together, since the store takes a counter
+  // once per request. check_of[k]: the check (in `checks` or
+  // `shadow_checks`) that limits[k] asks; empty when no check is shared.
+  std::vector<uint32_t> check_of;
 
   RequestPlan() = default;
   RequestPlan(RequestPlan&&) = default;
@@ -90,9 +98,17 @@ struct RequestPlan {
 // several store steps (grpc/decide.cc); this bounds how many.
 inline constexpr size_t kMaxLimitsPerRequest = 256;
 
+// The check (in plan.checks, or plan.shadow_checks for a shadow descriptor)
+// that rule `rule` of `p` asks.
+inline size_t CheckOf(const RequestPlan& plan, const DescriptorPlan& p, size_t rule) {
+  return plan.check_of.empty() ? p.first_check + rule : plan.check_of[p.first_limit + rule];
+}
+
 // InvalidArgument for an empty domain, no descriptors, a descriptor without
-// entries, more than kMaxLimitsPerRequest limits, or an override with an
-// unknown unit.
+// entries, more than kMaxLimitsPerRequest limits, an override with an
+// unknown unit, or two descriptors that name one counter with different
+// limits (a `limit` override beside the configured rule of the same entries
+// and unit, with another requests_per_unit).
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
 
 // A denied request's descriptors whose cost did not fit what their limits had
@@ -123,7 +139,9 @@ struct Response {
 // `result` answers plan.checks (nullptr when there are none), `shadow`
 // answers plan.shadow_checks. Fixed windows report the time to the window's
 // boundary from the epoch at `now_micros`; other algorithms their retry time
-// when denied and their reset time otherwise.
+// when denied and their reset time otherwise. Descriptors that share a check
+// each report the count after their own cost, in request order (the count
+// as envoyproxy/ratelimit's INCRBY per descriptor leaves it).
 Response Respond(const RequestPlan& plan, const CheckResult* result, const CheckResult* shadow,
                  int64_t now_micros);
 

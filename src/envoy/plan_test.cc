@@ -323,6 +323,92 @@ descriptors:
   EXPECT_EQ(r.statuses[0].limit_remaining, 4294967290u);
 }
 
+// Two identical descriptors in one request (two of a route's rate_limits
+// actions that produce the same entries): envoyproxy/ratelimit checks each
+// against the one counter, an INCRBY each in request order, so both hits
+// count and each descriptor reports the count after its own hit. The store
+// takes a counter once per request: the plan asks it once for both costs,
+// and Respond tells each descriptor its part. Before, the store refused the
+// request ("appears twice in one request": gRPC INVALID_ARGUMENT, which
+// Envoy lets through by default).
+TEST_F(EnvoyPlan, IdenticalDescriptorsCountEachHitOnTheirOneCounter) {
+  const Descriptor dup{.entries = {{"key3", "dup"}}};  // 10 an hour
+  const Request pair{.domain = "d", .descriptors = {dup, dup}};
+  StatusOr<RequestPlan> plan = MakePlan(config_, pair);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_TRUE(store_.PeekSync({plan->store_key, plan->checks}).ok());  // the store takes it
+
+  Response r = Ask(pair);
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 9u);
+  EXPECT_EQ(r.statuses[1].limit_remaining, 8u);
+  Ask(pair);
+  Ask(pair);  // 6 counted
+  EXPECT_EQ(Ask(One({{"key3", "dup"}})).statuses[0].limit_remaining, 3u);
+  r = Ask(pair);
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 2u);
+  EXPECT_EQ(r.statuses[1].limit_remaining, 1u);
+  // One left: the first hit fits (OK, 0 left), the second is over; both
+  // count, so the window is spent.
+  r = Ask(pair);
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+  EXPECT_EQ(r.statuses[1].code, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[1].limit_remaining, 0u);
+  EXPECT_EQ(Ask(One({{"key3", "dup"}})).overall, Code::kOverLimit);
+
+  // Beside a descriptor that is over: all or nothing, the pair takes nothing
+  // and each reports the count as it stands.
+  Ask(One({{"path", "/api/login"}}));  // 1 a second: spent
+  const Descriptor other{.entries = {{"key3", "other"}}};
+  r = Ask(Request{.domain = "d",
+                  .descriptors = {other, Descriptor{.entries = {{"path", "/api/login"}}}, other}});
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 10u);
+  EXPECT_EQ(r.statuses[2].code, Code::kOk);
+  EXPECT_EQ(r.statuses[2].limit_remaining, 10u);
+  EXPECT_EQ(Ask(One({{"key3", "other"}})).statuses[0].limit_remaining, 9u);
+
+  // Costs above the limit together (6 + 6 of 10): the first fits, the
+  // second is over, and both are charged.
+  Request big{.domain = "d",
+              .descriptors = {Descriptor{.entries = {{"key3", "big"}}},
+                              Descriptor{.entries = {{"key3", "big"}}}}};
+  big.hits_addend = 6;
+  r = Ask(big);
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 4u);
+  EXPECT_EQ(r.statuses[1].code, Code::kOverLimit);
+  EXPECT_EQ(Ask(One({{"key3", "big"}})).overall, Code::kOverLimit);
+
+  // Shadow mode (1 a second): counted together, never over.
+  const Descriptor shadow{.entries = {{"shadow", "dup"}}};
+  r = Ask(Request{.domain = "d", .descriptors = {shadow, shadow}});
+  EXPECT_EQ(r.overall, Code::kOk);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[1].code, Code::kOk);
+  EXPECT_EQ(r.statuses[1].limit_remaining, 0u);
+
+  // A `limit` override on the same entries and unit as a configured rule
+  // names the same counter (as in envoyproxy/ratelimit); with another
+  // number it cannot share one store check, and is refused.
+  Request mixed = One({{"key2", "m"}});
+  mixed.descriptors.push_back(
+      Descriptor{.entries = {{"key2", "m"}},
+                 .limit = Descriptor::Override{.requests_per_unit = 5, .unit = Unit::kMinute}});
+  StatusOr<RequestPlan> refused = MakePlan(config_, mixed);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  mixed.descriptors[1].limit->requests_per_unit = 20;  // the configured number: one check
+  r = Ask(mixed);
+  EXPECT_EQ(r.statuses[0].limit_remaining, 19u);
+  EXPECT_EQ(r.statuses[1].limit_remaining, 18u);
+}
+
 TEST_F(EnvoyPlan, SeveralLimitsOnOneDescriptor) {
   for (int i = 0; i < 5; ++i) Ask(One({{"many", "m"}}));
   Response r = Ask(One({{"many", "m"}}));

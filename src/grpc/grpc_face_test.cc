@@ -213,5 +213,49 @@ TEST_F(GrpcFaceTest, AStreamDoneCostThatDoesNotFitSpendsTheLimit) {
   EXPECT_EQ(ask(0), rls::RateLimitResponse::OVER_LIMIT);  // the next stream
 }
 
+namespace rls = ::envoy::service::ratelimit::v3;
+using Descriptor = ::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+
+// One ShouldRateLimit of domain d with `descriptors`; the call's status.
+grpc::Status Ask(const std::shared_ptr<grpc::Channel>& channel,
+                 const std::vector<Descriptor>& descriptors, rls::RateLimitResponse* resp) {
+  auto stub = rls::RateLimitService::NewStub(channel);
+  rls::RateLimitRequest req;
+  req.set_domain("d");
+  for (const auto& d : descriptors) *req.add_descriptors() = d;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  return stub->ShouldRateLimit(&ctx, req, resp);
+}
+
+Descriptor Desc(const std::string& key, const std::string& value) {
+  Descriptor d;
+  auto* e = d.add_entries();
+  e->set_key(key);
+  e->set_value(value);
+  return d;
+}
+
+// Two identical descriptors (two of a route's actions that produce the same
+// entries) are answered, not refused: as envoyproxy/ratelimit's INCRBY per
+// descriptor on the one counter, the first sees 1 of 1 (OK, 0 left), the
+// second 2 (OVER_LIMIT), and both hits count. Before, the store refused the
+// request: INVALID_ARGUMENT ("limit '...' appears twice in one request"),
+// which Envoy lets through by default.
+TEST_F(GrpcFaceTest, IdenticalDescriptorsAreAnsweredEachInTurn) {
+  rls::RateLimitResponse r;
+  const grpc::Status s = Ask(Channel(), {Desc("k", "twin"), Desc("k", "twin")}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(r.statuses_size(), 2);
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(0).code(), rls::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(r.statuses(0).current_limit().requests_per_unit(), 1u);
+  EXPECT_EQ(r.statuses(1).code(), rls::RateLimitResponse::OVER_LIMIT);
+  rls::RateLimitResponse next;
+  ASSERT_TRUE(Ask(Channel(), {Desc("k", "twin")}, &next).ok());
+  EXPECT_EQ(next.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+}
+
 }  // namespace
 }  // namespace ratelimit::grpcface

@@ -124,6 +124,25 @@ TEST(EnvoyGrpc, EnvoyproxyIntegrationScenarioOnRedis) {
   EXPECT_NE(redis.Cli("KEYS", "rl:{envoy:another}*"), "");
 }
 
+// Two identical descriptors (two of a route's actions that produce the same
+// entries), from Envoy's own rls.proto, decided on Redis: both hits count on
+// the one counter (key3, 10 an hour), and each descriptor reports the count
+// after its own, as envoyproxy/ratelimit's INCRBY per descriptor does.
+// Before, INVALID_ARGUMENT.
+TEST(EnvoyGrpc, IdenticalDescriptorsCountBothHitsOnRedis) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  ratelimit::testing::RedisServer redis;
+  GrpcDaemon d({"--redis", redis.url()});
+  const std::string one = R"({"entries":[{"key":"key3","value":"twin"}]})";
+  const std::string twin = R"({"domain":"another","descriptors":[)" + one + "," + one + "]}";
+  std::string out = Client("call", d.grpc_port, twin).second;
+  EXPECT_NE(out.find(R"("overall_code":"OK")"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"("limit_remaining":9,)"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"("limit_remaining":8,)"), std::string::npos) << out;
+  out = Client("call", d.grpc_port, R"({"domain":"another","descriptors":[)" + one + "]}").second;
+  EXPECT_NE(out.find(R"("limit_remaining":7,)"), std::string::npos) << out;
+}
+
 // The threads of a running process.
 size_t ThreadsOf(pid_t pid) {
   size_t n = 0;
