@@ -234,8 +234,9 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
     DescriptorPlan& p = plan.descriptors[i];
     if (d.entries.empty()) return InvalidArgument("a descriptor has no entries");
     if (d.limit) {
-      if (d.limit->unit == Unit::kUnknown || d.limit->requests_per_unit == 0)
-        return InvalidArgument("a limit override needs requests_per_unit and a unit");
+      // requests_per_unit 0 blocks, as in a config file (envoyproxy/ratelimit
+      // builds the override's rule as it builds a configured one).
+      if (d.limit->unit == Unit::kUnknown) return InvalidArgument("a limit override needs a unit");
       p.kind = DescriptorPlan::Kind::kLimited;
       p.override_rule.requests_per_unit = d.limit->requests_per_unit;
       p.override_rule.unit = d.limit->unit;

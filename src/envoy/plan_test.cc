@@ -409,6 +409,31 @@ TEST_F(EnvoyPlan, IdenticalDescriptorsCountEachHitOnTheirOneCounter) {
   EXPECT_EQ(r.statuses[1].limit_remaining, 18u);
 }
 
+// A request's `limit` override of requests_per_unit 0 blocks, as the same
+// number in the config does (envoyproxy/ratelimit builds the override's
+// rule as it builds a configured one, and compares the counter with 0).
+// Before, it was refused as INVALID_ARGUMENT.
+TEST_F(EnvoyPlan, AnOverrideOfZeroBlocks) {
+  Request o = One({{"anything", "blocked"}});
+  o.descriptors[0].limit = Descriptor::Override{.requests_per_unit = 0, .unit = Unit::kMinute};
+  StatusOr<RequestPlan> plan = MakePlan(config_, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  for (int i = 0; i < 3; ++i) {
+    Response r = Ask(o);
+    EXPECT_EQ(r.overall, Code::kOverLimit);
+    ASSERT_TRUE(r.statuses[0].has_limit);
+    EXPECT_EQ(r.statuses[0].requests_per_unit, 0u);
+    EXPECT_EQ(r.statuses[0].unit, Unit::kMinute);
+    EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+    EXPECT_EQ(r.statuses[0].duration_until_reset, 20s);  // to the minute's boundary
+  }
+  o.descriptors[0].hits_addend = 0;  // a check before a stream: nothing is left
+  EXPECT_EQ(Ask(o).overall, Code::kOverLimit);
+  // A unit is still needed.
+  o.descriptors[0].limit->unit = Unit::kUnknown;
+  EXPECT_EQ(MakePlan(config_, o).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(EnvoyPlan, SeveralLimitsOnOneDescriptor) {
   for (int i = 0; i < 5; ++i) Ask(One({{"many", "m"}}));
   Response r = Ask(One({{"many", "m"}}));

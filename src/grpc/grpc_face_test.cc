@@ -257,5 +257,21 @@ TEST_F(GrpcFaceTest, IdenticalDescriptorsAreAnsweredEachInTurn) {
   EXPECT_EQ(next.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
 }
 
+// A request's `limit` override of requests_per_unit 0 blocks, as
+// `requests_per_unit: 0` in the config does; before, INVALID_ARGUMENT.
+TEST_F(GrpcFaceTest, AnOverrideOfZeroBlocks) {
+  Descriptor d = Desc("k", "overridden");
+  d.mutable_limit()->set_requests_per_unit(0);
+  d.mutable_limit()->set_unit(::envoy::type::v3::SECOND);
+  rls::RateLimitResponse r;
+  const grpc::Status s = Ask(Channel(), {d}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+  ASSERT_TRUE(r.statuses(0).has_current_limit());
+  EXPECT_EQ(r.statuses(0).current_limit().requests_per_unit(), 0u);
+  EXPECT_EQ(r.statuses(0).current_limit().unit(), rls::RateLimitResponse::RateLimit::SECOND);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 0u);
+}
+
 }  // namespace
 }  // namespace ratelimit::grpcface
