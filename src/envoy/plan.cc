@@ -461,6 +461,7 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
         std::max<int64_t>(0, int64_t{rule.requests_per_unit} - Limit::kMaxCount);
     s.code = over && !p.shadow ? Code::kOverLimit : Code::kOk;
     s.has_limit = true;
+    s.rule = which;
     s.requests_per_unit = rule.requests_per_unit;
     s.unit = rule.unit;
     s.name = rule.name;
@@ -483,6 +484,38 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
       s.duration_until_reset = over ? d.retry_after : d.reset_after;
     }
     if (s.code == Code::kOverLimit) out.overall = Code::kOverLimit;
+  }
+  return out;
+}
+
+HeaderSource HeaderSourceOf(const RequestPlan& plan, const CheckResult& result,
+                            const Response& response) {
+  HeaderSource out;
+  if (result.decisions.empty() || result.decisions.size() != plan.checks.size()) return out;
+  out.decision = result.overall;
+  for (size_t k = 0; k < result.decisions.size(); ++k) {
+    if (result.decisions[k] == result.overall) {
+      out.limit = plan.checks[k].limit;
+      break;
+    }
+  }
+  if (out.limit == nullptr) out.limit = plan.checks.front().limit;
+  if (response.overall != Code::kOverLimit || !result.overall.allowed) return out;
+  for (size_t i = 0; i < plan.descriptors.size(); ++i) {
+    const DescriptorPlan& p = plan.descriptors[i];
+    const DescriptorStatus& s = response.statuses[i];
+    if (p.kind != DescriptorPlan::Kind::kLimited || p.shadow || s.code != Code::kOverLimit)
+      continue;
+    const size_t c = CheckOf(plan, p, s.rule);
+    out.limit = plan.checks[c].limit;
+    out.decision = result.decisions[c];
+    out.decision.allowed = false;
+    out.decision.remaining = 0;
+    out.decision.delay = std::chrono::microseconds(0);
+    out.decision.retry_after = std::max(out.decision.retry_after, s.duration_until_reset);
+    out.decision.reset_after = std::max(out.decision.reset_after, s.duration_until_reset);
+    if (p.rules[s.rule]->requests_per_unit == 0) out.decision.limit = 0;
+    break;
   }
   return out;
 }

@@ -129,6 +129,7 @@ struct DescriptorStatus {
   std::string name;
   uint32_t limit_remaining = 0;
   std::chrono::microseconds duration_until_reset{0};
+  size_t rule = 0;  // has_limit: the descriptor's rule it reports (DescriptorPlan::rules)
 };
 
 struct Response {
@@ -144,5 +145,21 @@ struct Response {
 // as envoyproxy/ratelimit's INCRBY per descriptor leaves it).
 Response Respond(const RequestPlan& plan, const CheckResult* result, const CheckResult* shadow,
                  int64_t now_micros);
+
+// What response_headers_to_add reports: the decision that speaks for the
+// request's enforcing limits, and the limit it is of (null when the request
+// has none). The store's answer closest to its limit (the Combine of
+// `result`, which answers plan.checks), unless `response` (Respond's) is
+// over where the store was not (a limit of 0, a cost above a limit, a
+// spent limit asked without counting): then the first such descriptor,
+// denied, with nothing left, its reset the time to its window's end. A
+// limit of 0 reports 0 (the store's limit is a stand-in of 1), as
+// envoyproxy/ratelimit reports current_limit's requests_per_unit.
+struct HeaderSource {
+  Decision decision;
+  const Limit* limit = nullptr;
+};
+HeaderSource HeaderSourceOf(const RequestPlan& plan, const CheckResult& result,
+                            const Response& response);
 
 }  // namespace ratelimit::envoy

@@ -434,6 +434,40 @@ TEST_F(EnvoyPlan, AnOverrideOfZeroBlocks) {
   EXPECT_EQ(MakePlan(config_, o).status().code(), StatusCode::kInvalidArgument);
 }
 
+// response_headers_to_add's numbers (grpc_face.cc): a limit of 0 reports 0
+// with nothing left, denied, as envoyproxy/ratelimit's headers report
+// current_limit; the store's own limit there is a stand-in of 1, and it
+// allowed the check (asked without counting).
+TEST_F(EnvoyPlan, HeadersOfAZeroLimitReportZero) {
+  Request o = One({{"anything", "blocked"}});
+  o.descriptors[0].limit = Descriptor::Override{.requests_per_unit = 0, .unit = Unit::kMinute};
+  o.descriptors.push_back(Descriptor{.entries = {{"key2", "h"}}});
+  StatusOr<RequestPlan> plan = MakePlan(config_, o);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  const CheckResult got = *store_.CheckSync({plan->store_key, plan->checks});
+  ASSERT_TRUE(got.overall.allowed);
+  const Response r = Respond(*plan, &got, nullptr, clock_.NowMicros());
+  ASSERT_EQ(r.overall, Code::kOverLimit);
+  HeaderSource h = HeaderSourceOf(*plan, got, r);
+  ASSERT_NE(h.limit, nullptr);
+  EXPECT_FALSE(h.decision.allowed);
+  EXPECT_EQ(h.decision.limit, 0);
+  EXPECT_EQ(h.decision.remaining, 0);
+  EXPECT_EQ(h.decision.reset_after, 20s);  // to the minute's boundary
+  EXPECT_EQ(h.decision.retry_after, 20s);
+
+  // Without it: key2's own numbers (20, 19 left).
+  o.descriptors.erase(o.descriptors.begin());
+  plan = MakePlan(config_, o);
+  ASSERT_TRUE(plan.ok());
+  const CheckResult ok = *store_.CheckSync({plan->store_key, plan->checks});
+  h = HeaderSourceOf(*plan, ok, Respond(*plan, &ok, nullptr, clock_.NowMicros()));
+  ASSERT_NE(h.limit, nullptr);
+  EXPECT_TRUE(h.decision.allowed);
+  EXPECT_EQ(h.decision.limit, 20);
+  EXPECT_EQ(h.decision.remaining, 19);
+}
+
 TEST_F(EnvoyPlan, SeveralLimitsOnOneDescriptor) {
   for (int i = 0; i < 5; ++i) Ask(One({{"many", "m"}}));
   Response r = Ask(One({{"many", "m"}}));

@@ -232,7 +232,7 @@ struct GrpcFace::Impl {
                   ToProto(r, &response);
                   Count(p->plan, r, d.degraded);
                   if (options.headers != policy::HeaderDialect::kNone && d.result) {
-                    AddHeaders(p->plan, *d.result, d.degraded, &response);
+                    AddHeaders(p->plan, *d.result, r, d.degraded, &response);
                   }
                   call.Reply(response.SerializeAsString());
                 });
@@ -282,23 +282,18 @@ struct GrpcFace::Impl {
     });
   }
 
-  // The headers of the enforcing limit closest to its limit (the Combine).
-  void AddHeaders(const envoy::RequestPlan& plan, const CheckResult& result, bool degraded,
+  // The headers of the enforcing limit closest to its limit (the Combine),
+  // or of the descriptor the plan found over (envoy::HeaderSourceOf).
+  void AddHeaders(const envoy::RequestPlan& plan, const CheckResult& result,
+                  const envoy::Response& answer, bool degraded,
                   pb::RateLimitResponse* response) const {
-    if (result.decisions.empty()) return;
-    size_t which = 0;
-    for (size_t k = 0; k < result.decisions.size(); ++k) {
-      if (result.decisions[k] == result.overall) {
-        which = k;
-        break;
-      }
-    }
-    const Limit& limit = *plan.checks[which].limit;
+    const envoy::HeaderSource source = envoy::HeaderSourceOf(plan, result, answer);
+    if (source.limit == nullptr) return;
     server::HeaderList headers;
     server::AddRateLimitHeaders(options.headers,
-                                server::RateLimitInfo{.decision = result.overall,
+                                server::RateLimitInfo{.decision = source.decision,
                                                       .name = "default",
-                                                      .window = limit.window(),
+                                                      .window = source.limit->window(),
                                                       .degraded = degraded},
                                 headers);
     for (auto& [k, v] : headers) {

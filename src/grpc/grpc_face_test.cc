@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -54,9 +55,12 @@ class GrpcFaceTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(dir), nullptr);
     dir_ = dir;
     std::ofstream(dir_ + "/d.yaml") << "domain: d\ndescriptors:\n  - key: k\n"
-                                       "    rate_limit: {unit: minute, requests_per_unit: 1}\n";
-    StatusOr<std::unique_ptr<GrpcFace>> f = GrpcFace::Start(
-        {.listen = "127.0.0.1:0", .envoy_config_dir = dir_}, std::make_shared<MemoryStore>(), ioc_);
+                                       "    rate_limit: {unit: minute, requests_per_unit: 1}\n"
+                                       "  - key: banned\n"
+                                       "    rate_limit: {unit: minute, requests_per_unit: 0}\n";
+    StatusOr<std::unique_ptr<GrpcFace>> f =
+        GrpcFace::Start({.listen = "127.0.0.1:0", .envoy_config_dir = dir_, .headers = headers_},
+                        std::make_shared<MemoryStore>(), ioc_);
     ASSERT_TRUE(f.ok()) << f.status().message();
     face_ = std::move(*f);
     for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { ioc_.run(); });
@@ -74,6 +78,7 @@ class GrpcFaceTest : public ::testing::Test {
   }
 
   std::string dir_;
+  policy::HeaderDialect headers_ = policy::HeaderDialect::kNone;  // set before SetUp
 
   net::io_context ioc_;
   std::optional<net::executor_work_guard<net::io_context::executor_type>> work_{
@@ -271,6 +276,44 @@ TEST_F(GrpcFaceTest, AnOverrideOfZeroBlocks) {
   EXPECT_EQ(r.statuses(0).current_limit().requests_per_unit(), 0u);
   EXPECT_EQ(r.statuses(0).current_limit().unit(), rls::RateLimitResponse::RateLimit::SECOND);
   EXPECT_EQ(r.statuses(0).limit_remaining(), 0u);
+}
+
+class GrpcFaceLegacyHeadersTest : public GrpcFaceTest {
+ protected:
+  GrpcFaceLegacyHeadersTest() { headers_ = policy::HeaderDialect::kLegacy; }
+};
+
+// The headers of a request blocked by a limit of 0 (`requests_per_unit: 0`,
+// or a request's override of 0) say 0, as envoyproxy/ratelimit's do (the
+// current_limit's requests_per_unit, and limit_remaining), and that it is
+// denied. Before, they reported the store's stand-in limit of 1, with 1
+// left and no Retry-After.
+TEST_F(GrpcFaceLegacyHeadersTest, AZeroLimitReportsZero) {
+  Descriptor overridden = Desc("k", "zero");
+  overridden.mutable_limit()->set_requests_per_unit(0);
+  overridden.mutable_limit()->set_unit(::envoy::type::v3::MINUTE);
+  for (const auto& d : {Desc("banned", "x"), overridden}) {
+    rls::RateLimitResponse r;
+    const grpc::Status s = Ask(Channel(), {d}, &r);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+    std::map<std::string, std::string> headers;
+    for (const auto& h : r.response_headers_to_add()) headers[h.key()] = h.value();
+    EXPECT_EQ(headers["X-RateLimit-Limit"], "0");
+    EXPECT_EQ(headers["X-RateLimit-Remaining"], "0");
+    EXPECT_TRUE(headers.contains("Retry-After"));
+    const int reset = std::stoi(headers["X-RateLimit-Reset"]);
+    EXPECT_GE(reset, 1);
+    EXPECT_LE(reset, 60);
+  }
+  // A limit that is not 0 reports its numbers, as before.
+  rls::RateLimitResponse r;
+  ASSERT_TRUE(Ask(Channel(), {Desc("k", "one")}, &r).ok());
+  std::map<std::string, std::string> headers;
+  for (const auto& h : r.response_headers_to_add()) headers[h.key()] = h.value();
+  EXPECT_EQ(headers["X-RateLimit-Limit"], "1");
+  EXPECT_EQ(headers["X-RateLimit-Remaining"], "0");
+  EXPECT_FALSE(headers.contains("Retry-After"));
 }
 
 }  // namespace
