@@ -370,6 +370,9 @@ std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& 
       if (p.rules[r]->requests_per_unit == 0 || p.rules[r]->algorithm == Algorithm::kSlidingLog)
         continue;
       const size_t k = CheckOf(plan, p, r);
+      // Taken by an allowed step before the denied one (more limits than
+      // one step): its cost is in the count already.
+      if (Taken(result, plan.checks, k)) continue;
       int64_t cost = p.cost;
       if (!shares.members.empty()) {
         if (shares.members[k] == 0) continue;  // charged already

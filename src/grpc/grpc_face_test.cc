@@ -57,7 +57,9 @@ class GrpcFaceTest : public ::testing::Test {
     std::ofstream(dir_ + "/d.yaml") << "domain: d\ndescriptors:\n  - key: k\n"
                                        "    rate_limit: {unit: minute, requests_per_unit: 1}\n"
                                        "  - key: banned\n"
-                                       "    rate_limit: {unit: minute, requests_per_unit: 0}\n";
+                                       "    rate_limit: {unit: minute, requests_per_unit: 0}\n"
+                                       "  - key: f\n"
+                                       "    rate_limit: {unit: minute, requests_per_unit: 5}\n";
     StatusOr<std::unique_ptr<GrpcFace>> f =
         GrpcFace::Start({.listen = "127.0.0.1:0", .envoy_config_dir = dir_, .headers = headers_},
                         std::make_shared<MemoryStore>(), ioc_);
@@ -239,6 +241,35 @@ Descriptor Desc(const std::string& key, const std::string& value) {
   e->set_key(key);
   e->set_value(value);
   return d;
+}
+
+// A request of more limits than one store step takes, denied in its second
+// step: what the first step took stands, and is not charged again as an
+// overdraft (grpc/decide.cc, envoy::Overdrafts). Before, each of the first
+// step's checks whose cost was above what it had left after taking it was
+// charged its cost once more.
+TEST_F(GrpcFaceTest, ADenialInALaterStepChargesNothingMoreToAnEarlierOne) {
+  rls::RateLimitResponse r;
+  ASSERT_TRUE(Ask(Channel(), {Desc("k", "spent")}, &r).ok());
+  ASSERT_EQ(r.overall_code(), rls::RateLimitResponse::OK);  // k=spent: 1 of 1 used
+  std::vector<Descriptor> many;
+  for (int i = 0; i < 16; ++i) {  // the first step: 3 of 5 each, 2 left
+    many.push_back(Desc("f", "x" + std::to_string(i)));
+    many.back().mutable_hits_addend()->set_value(3);
+  }
+  many.push_back(Desc("k", "spent"));  // the second step: denied
+  ASSERT_TRUE(Ask(Channel(), many, &r).ok());
+  ASSERT_EQ(r.statuses_size(), 17);
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(0).code(), rls::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 2u);
+  EXPECT_EQ(r.statuses(16).code(), rls::RateLimitResponse::OVER_LIMIT);
+  for (int i : {0, 15}) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(Ask(Channel(), {Desc("f", "x" + std::to_string(i))}, &r).ok());
+    EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OK);
+    EXPECT_EQ(r.statuses(0).limit_remaining(), 1u);  // 3 + 1 of 5
+  }
 }
 
 // Two identical descriptors (two of a route's actions that produce the same
