@@ -1,7 +1,8 @@
 // CircuitBreaker: stops waiting on a store node that keeps failing.
 //
 // Closed: calls go through; `failure_threshold` consecutive failures (errors
-// or timeouts) open it. Open: calls are refused at once, so decisions are
+// or timeouts; what counts as one is the caller's: RedisBackend::Report)
+// open it. Open: calls are refused at once, so decisions are
 // made by the failure mode in microseconds instead of waiting on a dead or
 // frozen Redis. After `open_for` it lets exactly one probe through
 // (half-open); the probe's success closes it, its failure opens it again for
@@ -80,7 +81,9 @@ class CircuitBreaker {
 
 std::string_view BreakerStateName(CircuitBreaker::State s);
 
-// Why a store could not decide, for metrics and logs.
+// Why a store could not decide, for metrics and logs. kRefused: any other
+// kUnavailable (a connection refused or lost; a Redis node that answered it
+// cannot serve now: LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, READONLY).
 enum class FailureCause { kTimeout, kRefused, kBreakerOpen, kOverload, kError };
 std::string_view FailureCauseName(FailureCause c);  // "timeout", "refused", ...
 FailureCause CauseOf(const Status& failure);        // REQUIRES: !failure.ok()

@@ -10,6 +10,16 @@ bool Reply::IsErrorWithPrefix(std::string_view prefix) const {
   return type == Type::kError && std::string_view(str).substr(0, prefix.size()) == prefix;
 }
 
+bool Reply::IsUnavailableError() const {
+  if (type != Type::kError) return false;
+  const std::string_view code = std::string_view(str).substr(0, str.find(' '));
+  for (std::string_view unavailable :
+       {"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "READONLY"}) {
+    if (code == unavailable) return true;
+  }
+  return false;
+}
+
 std::string_view ReplyTypeName(Reply::Type type) {
   switch (type) {
     case Reply::Type::kString: return "string";

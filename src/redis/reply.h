@@ -43,6 +43,16 @@ struct Reply {
   bool IsArray() const { return type == Type::kArray; }
   // True iff this is an error reply whose text starts with `prefix` (e.g. "NOSCRIPT").
   bool IsErrorWithPrefix(std::string_view prefix) const;
+  // True iff this is an error reply by which the node says that it cannot
+  // serve calls now, and did not run this one: its error code (the first
+  // word) is LOADING (loading its dataset), BUSY (a script or function runs
+  // past busy-reply-threshold), MASTERDOWN (a replica cut off from its master
+  // with replica-serve-stale-data no), CLUSTERDOWN or READONLY (a replica: a
+  // failover demoted it). A call that gets one is a failed call, as a timeout
+  // is (RedisBackend::Report, docs/reliability.md). Not MOVED, ASK or
+  // TRYAGAIN (ClusterClient follows them) nor BUSYKEY, BUSYGROUP or any other
+  // answer about the call itself.
+  bool IsUnavailableError() const;
 
   // Human-readable rendering for logs and test failures, e.g. `[1, "a", (nil)]`.
   std::string DebugString() const;

@@ -65,5 +65,33 @@ TEST(ReplyReader, BadLengthIsAProtocolError) {
   EXPECT_FALSE(reader.Next().ok());
 }
 
+// The texts Redis 7.0 sends (a script's error keeps the code of the command
+// that failed in it, and adds where: "... script: <sha>, on @user_script:1.").
+TEST(Reply, UnavailableErrorsAreTheNodesWordThatItCannotServeNow) {
+  for (std::string_view e :
+       {"LOADING Redis is loading the dataset in memory",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "CLUSTERDOWN The cluster is down", "CLUSTERDOWN Hash slot not served",
+        "READONLY You can't write against a read only replica.",
+        "READONLY You can't write against a read only replica. script: 4f0b, on "
+        "@user_script:12.",
+        "BUSY"}) {
+    EXPECT_TRUE(Reply::Error(std::string(e)).IsUnavailableError()) << e;
+  }
+  for (std::string_view e :
+       {"ERR Error running script", "WRONGTYPE Operation against a key holding the wrong kind",
+        "NOSCRIPT No matching script. Please use EVAL.", "MOVED 15495 127.0.0.1:7403",
+        "ASK 449 127.0.0.1:7402", "TRYAGAIN Multiple keys request during rehashing of slot",
+        "BUSYKEY Target key name already exists.", "BUSYGROUP Consumer Group name already exists",
+        "LOADINGX", "READONLYish", "", "ERR READONLY",
+        "OOM command not allowed when used memory > 'maxmemory'."}) {
+    EXPECT_FALSE(Reply::Error(std::string(e)).IsUnavailableError()) << e;
+  }
+  // Only error replies: the same text as data is data.
+  EXPECT_FALSE(Reply::String("LOADING").IsUnavailableError());
+  EXPECT_FALSE(Reply::Status("BUSY").IsUnavailableError());
+}
+
 }  // namespace
 }  // namespace ratelimit::redis

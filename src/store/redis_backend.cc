@@ -86,13 +86,20 @@ StatusOr<RedisBackend::Pass> RedisBackend::Admit(uint16_t slot) {
 }
 
 void RedisBackend::Report(const Pass& pass, const StatusOr<redis::Reply>& reply) {
-  if (reply.ok()) {
+  if (reply.ok() && !reply->IsUnavailableError()) {
     pass.breaker->OnSuccess();
-  } else if (reply.status().code() != StatusCode::kResourceExhausted) {
+  } else if (reply.ok() || reply.status().code() != StatusCode::kResourceExhausted) {
     pass.breaker->OnFailure();
   } else {
     GiveBack(pass);  // no verdict on the node: a probe kept would wedge the breaker
   }
+}
+
+StatusOr<redis::Reply> RedisBackend::Judged(StatusOr<redis::Reply> reply) {
+  if (reply.ok() && reply->IsUnavailableError()) {
+    return Unavailable("redis node cannot serve now: " + reply->str);
+  }
+  return reply;
 }
 
 redis::Callback RedisBackend::Counted(redis::Callback done) {
@@ -126,7 +133,7 @@ void RedisBackend::GuardedEval(std::span<const std::string_view> keys,
       keys, args,
       [b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
         Report(b, r);
-        done(std::move(r));
+        done(Judged(std::move(r)));
       },
       opts_.deadline);
 }
@@ -136,7 +143,7 @@ void RedisBackend::GuardedExecute(std::span<const std::string_view> args, redis:
   if (!b.ok()) return done(b.status());
   Execute(args, [b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
     Report(b, r);
-    done(std::move(r));
+    done(Judged(std::move(r)));
   });
 }
 

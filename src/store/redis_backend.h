@@ -17,7 +17,9 @@
 //   ... or, if the call is not sent after all: RedisBackend::GiveBack(*pass);
 //
 // A call whose outcome is unknown is failed, never replayed (the endpoints'
-// rule); only NOSCRIPT loads the script and retries.
+// rule); only NOSCRIPT loads the script and retries. A node that answers
+// that it cannot serve now (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN,
+// READONLY) failed the call, for the breaker and for the caller (Judged).
 //
 // Thread-safety: every method may be called from any thread. Callbacks run
 // on executor() and must not block.
@@ -75,11 +77,20 @@ class RedisBackend {
   // Every pass must end in Report or GiveBack: a probe that ends in neither
   // keeps the breaker half-open until it lapses (probe_timeout).
   StatusOr<Pass> Admit(uint16_t slot);
-  // Tells the breaker how a call it let through ended: any reply shows the
-  // node alive; a failed call counts towards opening it, except
-  // kResourceExhausted (our own bound, not the node's fault: a probe is
-  // given back).
+  // Tells the breaker how a call it let through ended: a reply shows the
+  // node serving, unless it is one by which the node says it cannot serve now
+  // (Reply::IsUnavailableError: LOADING, BUSY, MASTERDOWN, CLUSTERDOWN,
+  // READONLY); that reply and a failed call count towards opening it, except
+  // kResourceExhausted (our own bound, not the node's fault: a probe is given
+  // back).
   static void Report(const Pass& pass, const StatusOr<redis::Reply>& reply);
+  // The reply as the stores see a call's outcome: an error reply by which the
+  // node says it cannot serve now (Reply::IsUnavailableError) becomes the
+  // failure it is, kUnavailable with the node's text, as a refused connection
+  // (the failure mode answers, cause `refused`); anything else as it is.
+  // Guarded* hand their callbacks judged replies; Eval, EvalOnNode and
+  // Execute hand the raw ones (a caller may act on the error first).
+  static StatusOr<redis::Reply> Judged(StatusOr<redis::Reply> reply);
   // The call was never sent: a probe goes back for the next caller.
   static void GiveBack(const Pass& pass) {
     if (pass.probe != 0) pass.breaker->GiveBack(pass.probe);
@@ -99,7 +110,8 @@ class RedisBackend {
   void RequestRefresh() { endpoint_->RequestRefresh(); }
   // A command on args[1]'s node, within the options' deadline.
   void Execute(std::span<const std::string_view> args, redis::Callback done);
-  // Admit + Eval/Execute + Report: a call made on its own (not batched).
+  // Admit + Eval/Execute + Report, and the reply Judged: a call made on its
+  // own (not batched).
   void GuardedEval(std::span<const std::string_view> keys, std::span<const std::string_view> args,
                    redis::Callback done);
   void GuardedExecute(std::span<const std::string_view> args, redis::Callback done);

@@ -1,6 +1,7 @@
 // RedisBackend on a real Redis and a real Cluster: one node and a cluster
 // behind the same calls (the store code asks neither which it is), the breaker
-// per node and its status, a redacted URL, and the drain on shutdown.
+// per node and its status (a node's "cannot serve now" errors count against
+// it), a redacted URL, and the drain on shutdown.
 #include "store/redis_backend.h"
 
 #include <gtest/gtest.h>
@@ -21,8 +22,9 @@ using std::chrono::milliseconds;
 
 constexpr std::string_view kEcho = "return {KEYS[1], ARGV[1]}";
 
-std::unique_ptr<RedisBackend> MustCreate(RedisConnectionOptions o) {
-  auto b = RedisBackend::Create(o, kEcho);
+std::unique_ptr<RedisBackend> MustCreate(RedisConnectionOptions o,
+                                         std::string_view script = kEcho) {
+  auto b = RedisBackend::Create(o, script);
   if (!b.ok()) throw std::runtime_error(b.status().ToString());
   return *std::move(b);
 }
@@ -111,6 +113,90 @@ TEST(RedisBackend, AProbeRefusedByMaxPendingIsGivenBack) {
   StatusOr<redis::Reply> next = GuardedExecuteSync(*b, {"GET", "k"});
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_EQ(b->breaker_state(), CircuitBreaker::State::kClosed);
+}
+
+// Error replies by which the node says it cannot serve now count against
+// the breaker as timeouts do, and reach the caller as kUnavailable (cause
+// "refused"); an answer about the call itself (WRONGTYPE, a script's own
+// error) shows the node serving.
+TEST(RedisBackend, ANodeThatCannotServeNowFailsTheCall) {
+  for (std::string_view e :
+       {"LOADING Redis is loading the dataset in memory",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "CLUSTERDOWN The cluster is down",
+        "READONLY You can't write against a read only replica."}) {
+    CircuitBreaker breaker({.failure_threshold = 2, .open_for = milliseconds(10'000)});
+    const RedisBackend::Pass pass{.breaker = &breaker};
+    RedisBackend::Report(pass, redis::Reply::Error(std::string(e)));
+    EXPECT_EQ(breaker.state(), CircuitBreaker::State::kClosed) << e;
+    RedisBackend::Report(pass, redis::Reply::Error(std::string(e)));
+    EXPECT_EQ(breaker.state(), CircuitBreaker::State::kOpen) << e;
+    StatusOr<redis::Reply> judged = RedisBackend::Judged(redis::Reply::Error(std::string(e)));
+    ASSERT_FALSE(judged.ok()) << e;
+    EXPECT_EQ(judged.status().code(), StatusCode::kUnavailable) << e;
+    EXPECT_EQ(CauseOf(judged.status()), FailureCause::kRefused) << e;
+    EXPECT_NE(judged.status().message().find(e), std::string::npos) << judged.status().ToString();
+  }
+  CircuitBreaker breaker({.failure_threshold = 1, .open_for = milliseconds(10'000)});
+  const RedisBackend::Pass pass{.breaker = &breaker};
+  for (std::string_view e : {"WRONGTYPE Operation against a key holding the wrong kind of value",
+                             "ERR Error running script (call to f_0123): @user_script:1: boom",
+                             "BUSYKEY Target key name already exists."}) {
+    RedisBackend::Report(pass, redis::Reply::Error(std::string(e)));
+    EXPECT_EQ(breaker.state(), CircuitBreaker::State::kClosed) << e;
+    StatusOr<redis::Reply> judged = RedisBackend::Judged(redis::Reply::Error(std::string(e)));
+    ASSERT_TRUE(judged.ok()) << e;
+    EXPECT_EQ(judged->str, e);
+  }
+}
+
+// A node the URL names that became a replica (REPLICAOF: a failover demoted
+// it) refuses writes, a command's or a script's, with -READONLY; a replica
+// cut off from its master under replica-serve-stale-data no refuses reads too
+// with -MASTERDOWN. Neither ran the call: each fails it (kUnavailable with
+// the node's word) and counts towards opening the node's breaker.
+TEST(RedisBackend, AReplicaThatCannotServeFailsTheCallAndOpensTheBreaker) {
+  testing::RedisServer master({.args = {"--repl-diskless-sync-delay", "0"}});
+  testing::RedisServer replica;
+  ASSERT_EQ(replica.Cli("REPLICAOF", "127.0.0.1", std::to_string(master.port())), "OK");
+  for (int i = 0; i < 500 && replica.Cli("ROLE").find("connected") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_NE(replica.Cli("ROLE").find("connected"), std::string::npos) << replica.Cli("ROLE");
+  const RedisConnectionOptions options = {
+      .url = replica.url(),
+      .deadline = milliseconds(1000),
+      .breaker = {.failure_threshold = 2, .open_for = milliseconds(10'000)}};
+  auto b = MustCreate(options, "return redis.call('INCR', KEYS[1])");
+  StatusOr<redis::Reply> set = GuardedExecuteSync(*b, {"SET", "k", "1"});
+  ASSERT_FALSE(set.ok()) << set->DebugString();
+  EXPECT_EQ(set.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(set.status().message().find("READONLY"), std::string::npos) << set.status().ToString();
+  EXPECT_EQ(b->breaker_state(), CircuitBreaker::State::kClosed);  // one failure of two
+  StatusOr<redis::Reply> script = GuardedEvalSync(*b, "k", "");
+  ASSERT_FALSE(script.ok()) << script->DebugString();
+  EXPECT_EQ(script.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(script.status().message().find("READONLY"), std::string::npos)
+      << script.status().ToString();
+  EXPECT_EQ(b->breaker_state(), CircuitBreaker::State::kOpen);
+  EXPECT_EQ(CauseOf(GuardedExecuteSync(*b, {"GET", "k"}).status()), FailureCause::kBreakerOpen);
+
+  ASSERT_EQ(replica.Cli("CONFIG", "SET", "replica-serve-stale-data", "no"), "OK");
+  master.Kill();
+  for (int i = 0; i < 500 && !replica.Cli("GET", "k").starts_with("MASTERDOWN"); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(replica.Cli("GET", "k").starts_with("MASTERDOWN")) << replica.Cli("GET", "k");
+  auto stale = MustCreate(options);
+  for (int i = 0; i < 2; ++i) {
+    StatusOr<redis::Reply> get = GuardedExecuteSync(*stale, {"GET", "k"});
+    ASSERT_FALSE(get.ok()) << get->DebugString();
+    EXPECT_EQ(get.status().code(), StatusCode::kUnavailable);
+    EXPECT_NE(get.status().message().find("MASTERDOWN"), std::string::npos)
+        << get.status().ToString();
+  }
+  EXPECT_EQ(stale->breaker_state(), CircuitBreaker::State::kOpen);
 }
 
 TEST(RedisBackend, TheUrlForLogsHasNoPassword) {

@@ -195,7 +195,8 @@ struct RedisStore::Impl {
       stat_call_time.Observe(core::SteadyClock::now() - sent);
       batcher->Returned();
       if (node_call && reply.ok() && reply->IsError() && Resend(*shared, reply->str)) return;
-      Complete(*shared, reply);
+      // LOADING, BUSY, READONLY, ...: a failed call, as a timeout is.
+      Complete(*shared, store::RedisBackend::Judged(std::move(reply)));
     };
     if (one_slot) return backend->Eval(call.keys, call.args, std::move(on_reply), timeout);
     // Node mode: "N", the number of keys, the keys, then the arguments.
@@ -312,6 +313,7 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   // prefetched token) of the state the reset removed.
   impl_->backend->Execute(args,
                           [impl = impl_.get(), done = std::move(done)](StatusOr<redis::Reply> r) {
+                            r = store::RedisBackend::Judged(std::move(r));
                             if (!r.ok()) return done(r.status());
                             if (r->type == redis::Reply::Type::kError)
                               return done(Internal("redis: " + r->str));

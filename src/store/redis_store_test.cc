@@ -4,7 +4,11 @@
 
 #include "ratelimit/memory_store.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "redis/slot.h"
+#include "store/resilient_store.h"
 #include "support/redis_server.h"
 
 namespace ratelimit {
@@ -978,6 +983,130 @@ TEST(RedisStoreFailure, ClosedPortIsAnErrorNotADecision) {
   EXPECT_TRUE(r.status().code() == StatusCode::kUnavailable ||
               r.status().code() == StatusCode::kDeadlineExceeded)
       << r.status().ToString();
+}
+
+// Redis answers a call that it cannot serve now with an error reply, and runs
+// nothing: LOADING (its dataset, after a restart), BUSY (another client's
+// script runs past busy-reply-threshold), READONLY (the URL names a replica).
+// Such a check fails as one that timed out does: kUnavailable (cause
+// "refused"), so that the failure mode answers it, and it counts towards the
+// breaker, which opens. (Before, the breaker took the answer for a healthy
+// node and the check failed as an internal error, cause "error".)
+void ExpectRefusedWith(const StatusOr<CheckResult>& r, std::string_view code) {
+  ASSERT_FALSE(r.ok()) << code;
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  EXPECT_EQ(CauseOf(r.status()), FailureCause::kRefused) << r.status().ToString();
+  EXPECT_NE(r.status().message().find(code), std::string::npos) << r.status().ToString();
+}
+
+// Checks until one is decided (at most 5 s): the store's first decision after
+// Redis serves again.
+StatusOr<CheckResult> FirstDecision(Store& store, const CheckRequest& request) {
+  StatusOr<CheckResult> r = Status(Unavailable("not yet"));
+  for (int i = 0; i < 250 && !r.ok(); ++i) {
+    r = store.CheckSync(request);
+    if (!r.ok()) std::this_thread::sleep_for(milliseconds(20));
+  }
+  return r;
+}
+
+// Sends `resp` to the server on a connection of its own, and leaves the
+// answer unread; the caller closes the descriptor.
+int SendAndLeave(uint16_t port, const std::string& resp) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      write(fd, resp.data(), resp.size()) != static_cast<ssize_t>(resp.size())) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error("cannot send to redis-server");
+  }
+  return fd;
+}
+
+TEST(RedisStoreFailure, ABusyRedisFailsTheCheckForTheFailureModeAndOpensTheBreaker) {
+  RedisServer server({.args = {"--lua-time-limit", "10"}});  // busy-reply-threshold
+  std::shared_ptr<RedisStore> redis =
+      MustCreate({.url = server.url(),
+                  .deadline = milliseconds(1000),
+                  .breaker = {.failure_threshold = 2, .open_for = milliseconds(300)}});
+  std::vector<Status> failures;  // written on the store's thread before CheckSync returns
+  ResilientStore resilient(
+      redis, {.on_failure = [&failures](const Status& s, FailureMode) { failures.push_back(s); }});
+  Limit l = *Limit::TokenBucket("b", 100, 0.001);
+  LimitCheck c[] = {{&l, 1}};
+  const CheckRequest closed{.key = "k", .checks = c, .on_failure = {FailureMode::kClosed}};
+  ASSERT_TRUE(redis->CheckSync(closed).ok());  // the script is loaded
+  const std::string spin = "while true do end";
+  const int busy =
+      SendAndLeave(server.port(), "*3\r\n$4\r\nEVAL\r\n$" + std::to_string(spin.size()) + "\r\n" +
+                                      spin + "\r\n$1\r\n0\r\n");
+  PollUntil([&] { return server.Cli("GET", "x").starts_with("BUSY"); });
+  ASSERT_TRUE(server.Cli("GET", "x").starts_with("BUSY")) << server.Cli("GET", "x");
+
+  ExpectRefusedWith(redis->CheckSync(closed), "BUSY");
+  // Through the failure policy: failure_mode closed answers, as it does for a
+  // timeout (degraded, denied).
+  StatusOr<CheckResult> degraded = resilient.CheckSync(closed);
+  ASSERT_TRUE(degraded.ok()) << degraded.status().ToString();
+  EXPECT_TRUE(degraded->degraded);
+  EXPECT_TRUE(degraded->failed_closed);
+  EXPECT_FALSE(degraded->overall.allowed);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(CauseOf(failures[0]), FailureCause::kRefused) << failures[0].ToString();
+  // Two failed calls: the breaker is open, and the next check is not sent.
+  EXPECT_EQ(redis->breaker_state(), CircuitBreaker::State::kOpen);
+  EXPECT_EQ(CauseOf(redis->CheckSync(closed).status()), FailureCause::kBreakerOpen);
+
+  EXPECT_EQ(server.Cli("SCRIPT", "KILL"), "OK");
+  close(busy);
+  StatusOr<CheckResult> back = FirstDecision(*redis, closed);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->overall.remaining, 98);  // the refused checks took nothing
+  EXPECT_EQ(redis->breaker_state(), CircuitBreaker::State::kClosed);
+}
+
+TEST(RedisStoreFailure, ALoadingRedisFailsTheCheckAndOpensTheBreaker) {
+  // 20,000 keys read back at 100 us each after the restart: seconds of
+  // LOADING, with clients answered between every KiB of the file.
+  RedisServer server(
+      {.args = {"--key-load-delay", "100", "--loading-process-events-interval-bytes", "1024"}});
+  server.Cli("EVAL", "for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'fill:' .. i, i) end", "0",
+             "20000");
+  ASSERT_EQ(server.Cli("SAVE"), "OK");
+  server.Restart();  // back once it answers PING, LOADING included
+  ASSERT_TRUE(server.Cli("GET", "x").starts_with("LOADING")) << "loaded before the test looked";
+  auto store = MustCreate({.url = server.url(),
+                           .deadline = milliseconds(1000),
+                           .breaker = {.failure_threshold = 2, .open_for = milliseconds(300)}});
+  Limit l = *Limit::TokenBucket("b", 100, 0.001);
+  LimitCheck c[] = {{&l, 1}};
+  ExpectRefusedWith(store->CheckSync({"k", c}), "LOADING");
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);  // one failure of two
+  ExpectRefusedWith(store->CheckSync({"k", c}), "LOADING");
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
+  PollUntil([&] { return server.Cli("GET", "x") == "(nil)"; }, milliseconds(20));
+  StatusOr<CheckResult> back = FirstDecision(*store, {"k", c});
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->overall.remaining, 99);
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);
+}
+
+TEST(RedisStoreFailure, AReplicaFailsTheCheckAsReadonly) {
+  RedisServer master({.args = {"--repl-diskless-sync-delay", "0"}});  // the first sync at once
+  RedisServer replica;
+  ASSERT_EQ(replica.Cli("REPLICAOF", "127.0.0.1", std::to_string(master.port())), "OK");
+  PollUntil([&] { return replica.Cli("ROLE").find("connected") != std::string::npos; });
+  auto store = MustCreate({.url = replica.url(),
+                           .deadline = milliseconds(1000),
+                           .breaker = {.failure_threshold = 2, .open_for = seconds(10)}});
+  Limit l = *Limit::TokenBucket("b", 100, 0.001);
+  LimitCheck c[] = {{&l, 1}};
+  ExpectRefusedWith(store->CheckSync({"k", c}), "READONLY");
+  ExpectRefusedWith(store->CheckSync({"k", c}), "READONLY");
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
 }
 
 TEST(RedisStoreSecurity, AclUserAndTls) {
