@@ -711,12 +711,23 @@ StatusOr<std::string> CanonicalRoutePath(std::string_view path, RouteClass::Matc
   if (path.find_first_of("?#") != std::string_view::npos) {
     return InvalidArgument("must not contain '?' or '#' (the query is not matched)");
   }
+  if (path.find(';') != std::string_view::npos) {
+    return InvalidArgument(
+        "must not contain ';' (path parameters are dropped from request paths before "
+        "matching: '/login;x=1' is '/login')");
+  }
   StatusOr<std::string> canonical = CanonicalPath(path);
   if (!canonical.ok()) return canonical.status();
   // The same rule for what the escapes decode to: a config that loads must
   // compile (Policy::Create canonicalizes the loaded path again).
   if (canonical->find_first_of("?#") != std::string::npos) {
     return InvalidArgument("must not contain '?' or '#' (the query is not matched)");
+  }
+  // An escaped ';' is data in a request path ("/a%3Bb" is "/a;b"), but a
+  // canonical route path holding it would read as a parameter the next time
+  // it is canonicalized (Policy::Create, a reload of the dumped config).
+  if (canonical->find(';') != std::string::npos) {
+    return InvalidArgument("must not contain an escaped ';' (%3B)");
   }
   const bool braces = canonical->find_first_of("{}") != std::string::npos;
   if (match != RouteClass::Match::kTemplate) {

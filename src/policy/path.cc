@@ -23,15 +23,16 @@ bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
 
 // True when `path` (starting with '/', its query cut off) is its own
 // canonical form, as most are: every segment non-empty and not starting with
-// '.', no percent-escape, no upper case, no control character or space. Then
-// the decoding and the walk over segments below would return it unchanged.
+// '.', no percent-escape, no path parameter (';'), no upper case, no control
+// character or space. Then the decoding and the walk over segments below
+// would return it unchanged.
 bool AlreadyCanonical(std::string_view path) {
   if (path == "/") return true;
   for (size_t i = 0; i < path.size(); ++i) {
     const auto c = static_cast<unsigned char>(path[i]);
     if (c == '/') {
       if (i + 1 == path.size() || path[i + 1] == '/' || path[i + 1] == '.') return false;
-    } else if (c == '%' || c <= ' ' || c == 0x7f || (c >= 'A' && c <= 'Z')) {
+    } else if (c == '%' || c == ';' || c <= ' ' || c == 0x7f || (c >= 'A' && c <= 'Z')) {
       return false;
     }
   }
@@ -62,10 +63,17 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
   }
   if (AlreadyCanonical(target)) return std::string(target);  // the request path's usual case
 
-  // Decode, rejecting what would change the path's structure or smuggle bytes.
+  // Decode, rejecting what would change the path's structure or smuggle bytes,
+  // and dropping each segment's parameters: from a ';' to the segment's end
+  // (RFC 3986 3.3; "/login;jsessionid=x" is "/login" to Tomcat, Jetty and
+  // Spring, which serve it as /login). Only a ';' as sent is a separator: an
+  // escaped one (%3B) is data, as for those servers, and stays in the segment.
+  // Parameters go before the dot segments are resolved, as there: "..;x" is
+  // "..". Their bytes are checked like any others.
   std::string decoded;
   decoded.reserve(target.size());
   Status refused = Status::Ok();
+  bool in_parameters = false;
   const core::PercentResult r =
       core::PercentDecodeEach(target, /*plus_is_space=*/false, [&](char c, bool escaped) {
         const auto b = static_cast<unsigned char>(c);
@@ -76,7 +84,8 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
         } else if (escaped && IsControl(b)) {
           refused = InvalidArgument("request path contains an encoded control character");
         } else {
-          decoded += c;
+          if (!escaped && (c == ';' || c == '/')) in_parameters = c == ';';
+          if (!in_parameters) decoded += c;
           return true;
         }
         return false;

@@ -43,6 +43,7 @@ TEST(CanonicalPath, Table) {
       {"http://example.com", "/"},
       {"http://example.com?x=1", "/"},
       {"/?", "/"},
+      {"/login;jsessionid=x", "/login"},
   };
   for (const Case& c : cases) {
     StatusOr<std::string> got = CanonicalPath(c.in);
@@ -51,12 +52,56 @@ TEST(CanonicalPath, Table) {
   }
 }
 
+// A segment's parameters (RFC 3986 3.3: from a ';' to the segment's end) are
+// not part of the path an upstream such as Tomcat, Jetty or Spring serves:
+// "/login;x=1" is their "/login", and must be ours, or ";x" escapes the
+// route's limits. They go before the dot segments are resolved, as there
+// ("/a/..;/login" is "/login"). An escaped ';' (%3B) is data, not a
+// separator (RFC 3986 2.2; those servers decode it after the split too).
+TEST(CanonicalPath, PathParametersAreDroppedAndAnEscapedSemicolonIsData) {
+  struct Case {
+    std::string_view in, want;
+  };
+  const Case cases[] = {
+      {"/login;jsessionid=x", "/login"},
+      {"/Login;X=1/", "/login"},
+      {"/login;", "/login"},
+      {"/login;a;b=c,d", "/login"},
+      {"/a;x/b;y", "/a/b"},
+      {"/login;a/b", "/login/b"},  // up to the segment's end only
+      {"/api/items/42;v=2", "/api/items/42"},
+      {"/a/..;/login", "/login"},
+      {"/a/..;x=1/login", "/login"},
+      {"/a/%2e%2e;x/login", "/login"},
+      {"/.;x/login", "/login"},
+      {"/;x/login", "/login"},
+      {"/;", "/"},
+      {"/login;x?a;b", "/login"},
+      {"/login;x=%41%3B", "/login"},  // escapes in a parameter: dropped with it
+      {"http://h/Login;x", "/login"},
+      {"/login%3Bx=1", "/login;x=1"},  // escaped: data
+      {"/login%3bx;y", "/login;x"},
+      {"/%3B", "/;"},
+  };
+  for (const Case& c : cases) {
+    StatusOr<std::string> got = CanonicalPath(c.in);
+    ASSERT_TRUE(got.ok()) << c.in << ": " << got.status().message();
+    EXPECT_EQ(*got, c.want) << c.in;
+  }
+  // A parameter's bytes are checked like the path's.
+  for (std::string_view bad : {"/login;x=%2F", "/login;x=%zz", "/login;a b", "/login;x=%00"}) {
+    StatusOr<std::string> got = CanonicalPath(bad);
+    ASSERT_FALSE(got.ok()) << bad << " -> " << *got;
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+  }
+}
+
 // CanonicalPath returns a path that is canonical already as it is, without
 // decoding it. "/a" + t and "/%61" + t decode to the same bytes, and the
 // escape keeps the second off that shortcut: whatever t, both must give the
 // same answer. Random t over the characters that matter to the rules.
 TEST(CanonicalPath, TheShortcutForCanonicalPathsAgreesWithTheFullWalk) {
-  constexpr std::string_view kAlphabet = "//..aZ9-~%2Ef e\x7f\xc3";
+  constexpr std::string_view kAlphabet = "//..aZ9-~%2Ef e\x7f\xc3;;=3B";
   std::mt19937 rng(20261205);
   size_t shortcut = 0;
   for (int i = 0; i < 200'000; ++i) {

@@ -147,14 +147,19 @@ class Policy {
 };
 
 // A configured route path in canonical form, checked for its match type
-// (templates: each {param} a whole segment). kInvalidArgument says why not.
+// (templates: each {param} a whole segment). kInvalidArgument says why not;
+// a ';', as written or escaped, is refused (CanonicalPath drops a request's
+// path parameters, so no route could name one).
 StatusOr<std::string> CanonicalRoutePath(std::string_view path, RouteClass::Match match);
 
-// Canonical path: percent-decoding of unreserved characters, duplicate slashes
-// collapsed, "." and ".." segments resolved (never above the root), trailing
-// slash dropped (except "/"), lower-cased (route matching is case-insensitive;
-// see docs/configuration.md). The query is dropped. Malformed input (bad
+// Canonical path: each segment's parameters (from a ';' as sent to the
+// segment's end: "/login;jsessionid=x" is "/login"; an escaped %3B is data)
+// dropped, percent-decoding, duplicate slashes collapsed, "." and ".."
+// segments resolved (never above the root), trailing slash dropped (except
+// "/"), lower-cased (route matching is case-insensitive; see
+// docs/configuration.md). The query is dropped. Malformed input (bad
 // percent-encoding, encoded '/' or NUL, not starting with '/') -> kInvalidArgument.
+// For policy decisions only: the upstream gets the target as it was sent.
 StatusOr<std::string> CanonicalPath(std::string_view target);
 
 // The client's IP: the peer, unless the peer is a trusted proxy; then

@@ -180,6 +180,26 @@ TEST_F(PolicyTest, LoginSpellingsAllHitTheLoginRoute) {
   EXPECT_EQ(RouteOf("POST", "/loginx"), "none");
 }
 
+// A path parameter (";...", which Tomcat, Jetty and Spring drop before they
+// route) must not take a request out of its route class: "/login;x" is
+// "/login", with the route's limits, key and cost.
+TEST_F(PolicyTest, PathParametersDoNotEscapeTheRoute) {
+  for (std::string_view t : {"/login;jsessionid=0A1B", "/login;x", "/LOGIN;x=1/", "/x/..;/login",
+                             "/login;a=1,b=2", "http://h/login;x?next=/"}) {
+    EXPECT_EQ(RouteOf("POST", t), "login") << t;
+  }
+  StatusOr<RequestPlan> p = Resolve("GET", "/api/search;v=2/deep;x?q=1");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->canonical_path, "/api/search/deep");
+  ASSERT_NE(p->route, nullptr);
+  EXPECT_EQ(p->route->name, "search");
+  EXPECT_EQ(p->route->cost, 5);
+  EXPECT_EQ(RouteOf("GET", "/api/items/42;rev=3"), "item");  // a template's segment too
+  // An escaped ';' is data: "/login%3Bx" is the path "/login;x", not /login.
+  EXPECT_EQ(RouteOf("POST", "/login%3Bx"), "none");
+  EXPECT_EQ(RouteOf("GET", "/api%3Bsearch"), "none");
+}
+
 TEST_F(PolicyTest, RouteMatching) {
   EXPECT_EQ(RouteOf("GET", "/api/search"), "search");
   EXPECT_EQ(RouteOf("GET", "/api/search/deep/x"), "search");

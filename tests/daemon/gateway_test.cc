@@ -90,6 +90,43 @@ TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) { ExpectForwardingAndLi
 // executor, without strands; the gateway must behave the same.
 TEST(Gateway, OneThreadForwardsTheSame) { ExpectForwardingAndLimits("  threads: 1\n"); }
 
+// An upstream such as Tomcat, Jetty or Spring serves "/login;x=1" as
+// "/login": a path parameter must not take a request out of the /login
+// route's class (cost 10) into the cheap catch-all. The upstream still gets
+// the target as the client sent it; an escaped ';' (%3B) is data, another path.
+TEST(Gateway, PathParametersStayInTheirRouteAndReachTheUpstreamAsSent) {
+  TestUpstream upstream;
+  std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream.port()) +
+                "\nlimits:\n"
+                "  cheap: {algorithm: token_bucket, capacity: 100, refill_per_second: 0.01}\n"
+                "  login: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.01}\n"
+                "routes:\n"
+                "  - {name: login, path: /login, match: exact, cost: 10, limits: [login]}\n"
+                "  - {name: all, path: /, limits: [cheap]}\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  HttpResponse r = Http(d.port(), "POST", "/login;jsessionid=0A1B?next=/", {}, "u=ada");
+  ASSERT_EQ(r.status, 200) << r.raw_head << r.body;
+  EXPECT_EQ(json::parse(r.body)["target"], "/login;jsessionid=0A1B?next=/");
+  EXPECT_EQ(r.Header("RateLimit-Limit"), "20");
+  EXPECT_EQ(r.Header("RateLimit-Remaining"), "10");
+  r = Http(d.port(), "POST", "/Login;x=1", {}, "u=ada");
+  ASSERT_EQ(r.status, 200) << r.raw_head << r.body;
+  EXPECT_EQ(json::parse(r.body)["target"], "/Login;x=1");
+  EXPECT_EQ(r.Header("RateLimit-Remaining"), "0");
+  const int before = upstream.requests();
+  r = Http(d.port(), "POST", "/a/..;/login;y", {}, "u=ada");
+  EXPECT_EQ(r.status, 429) << r.raw_head << r.body;
+  EXPECT_EQ(json::parse(r.body)["limit"], "login");
+  EXPECT_EQ(upstream.requests(), before);
+  // Escaped, ';' is part of the segment: "/login;x" is not /login.
+  r = Http(d.port(), "POST", "/login%3Bx", {}, "u=ada");
+  EXPECT_EQ(r.status, 200) << r.raw_head << r.body;
+  EXPECT_EQ(r.Header("RateLimit-Limit"), "100");
+}
+
 TEST(Gateway, UpstreamDownIs502AndTimeoutIs504) {
   std::string dir = MakeTempDir();
   WriteFile(dir + "/c.yaml", GatewayConfig(FreePort()));

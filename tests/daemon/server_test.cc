@@ -85,7 +85,8 @@ TEST(OwnPaths, OtherSpellingsAre404AndNeverForwarded) {
       R"({"key": "k", "limit": {"algorithm": "token_bucket", "capacity": 5, "refill_per_second": 1}})";
   for (const std::string path :
        {"/v1/check/", "/V1/CHECK", "/v1/check/batch/", "/v1/auth/", "/v1/Auth", "/v1//check",
-        "/v1/./check", "/v1/%63heck", "/v1/check/anything", "/v1/acquire/", "/V1/RELEASE"}) {
+        "/v1/./check", "/v1/%63heck", "/v1/check/anything", "/v1/acquire/", "/V1/RELEASE",
+        "/v1/check;x=1", "/v1/auth;jsessionid=0A"}) {
     for (const std::string method : {"POST", "GET"}) {
       HttpResponse r = Http(d.port(), method, path, {{"X-Original-URI", "/x"}}, body);
       EXPECT_EQ(r.status, 404) << method << " " << path << ": " << r.body;
