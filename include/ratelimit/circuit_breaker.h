@@ -83,7 +83,8 @@ std::string_view BreakerStateName(CircuitBreaker::State s);
 
 // Why a store could not decide, for metrics and logs. kRefused: any other
 // kUnavailable (a connection refused or lost; a Redis node that answered it
-// cannot serve now: LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, READONLY).
+// cannot serve now: LOADING, BUSY, MASTERDOWN, CLUSTERDOWN, READONLY, or
+// that it refuses writes: OOM, MISCONF, NOREPLICAS).
 enum class FailureCause { kTimeout, kRefused, kBreakerOpen, kOverload, kError };
 std::string_view FailureCauseName(FailureCause c);  // "timeout", "refused", ...
 FailureCause CauseOf(const Status& failure);        // REQUIRES: !failure.ok()

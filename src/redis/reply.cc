@@ -13,8 +13,8 @@ bool Reply::IsErrorWithPrefix(std::string_view prefix) const {
 bool Reply::IsUnavailableError() const {
   if (type != Type::kError) return false;
   const std::string_view code = std::string_view(str).substr(0, str.find(' '));
-  for (std::string_view unavailable :
-       {"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "READONLY"}) {
+  for (std::string_view unavailable : {"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
+                                       "OOM", "MISCONF", "NOREPLICAS"}) {
     if (code == unavailable) return true;
   }
   return false;

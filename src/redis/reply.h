@@ -48,7 +48,9 @@ struct Reply {
   // word) is LOADING (loading its dataset), BUSY (a script or function runs
   // past busy-reply-threshold), MASTERDOWN (a replica cut off from its master
   // with replica-serve-stale-data no), CLUSTERDOWN or READONLY (a replica: a
-  // failover demoted it). A call that gets one is a failed call, as a timeout
+  // failover demoted it), or a write refused: OOM (maxmemory reached with
+  // noeviction), MISCONF (snapshots failing with stop-writes-on-bgsave-error),
+  // NOREPLICAS (min-replicas-to-write not met). A call that gets one is a failed call, as a timeout
   // is (RedisBackend::Report, docs/reliability.md). Not MOVED, ASK or
   // TRYAGAIN (ClusterClient follows them) nor BUSYKEY, BUSYGROUP or any other
   // answer about the call itself.

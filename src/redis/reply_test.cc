@@ -76,7 +76,10 @@ TEST(Reply, UnavailableErrorsAreTheNodesWordThatItCannotServeNow) {
         "READONLY You can't write against a read only replica.",
         "READONLY You can't write against a read only replica. script: 4f0b, on "
         "@user_script:12.",
-        "BUSY"}) {
+        "BUSY", "OOM command not allowed when used memory > 'maxmemory'.",
+        "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist "
+        "to disk.",
+        "NOREPLICAS Not enough good replicas to write."}) {
     EXPECT_TRUE(Reply::Error(std::string(e)).IsUnavailableError()) << e;
   }
   for (std::string_view e :
@@ -84,8 +87,7 @@ TEST(Reply, UnavailableErrorsAreTheNodesWordThatItCannotServeNow) {
         "NOSCRIPT No matching script. Please use EVAL.", "MOVED 15495 127.0.0.1:7403",
         "ASK 449 127.0.0.1:7402", "TRYAGAIN Multiple keys request during rehashing of slot",
         "BUSYKEY Target key name already exists.", "BUSYGROUP Consumer Group name already exists",
-        "LOADINGX", "READONLYish", "", "ERR READONLY",
-        "OOM command not allowed when used memory > 'maxmemory'."}) {
+        "LOADINGX", "READONLYish", "", "ERR READONLY", "OOMX"}) {
     EXPECT_FALSE(Reply::Error(std::string(e)).IsUnavailableError()) << e;
   }
   // Only error replies: the same text as data is data.

@@ -19,7 +19,7 @@
 // A call whose outcome is unknown is failed, never replayed (the endpoints'
 // rule); only NOSCRIPT loads the script and retries. A node that answers
 // that it cannot serve now (LOADING, BUSY, MASTERDOWN, CLUSTERDOWN,
-// READONLY) failed the call, for the breaker and for the caller (Judged).
+// READONLY, OOM, MISCONF, NOREPLICAS) failed the call, for the breaker and for the caller (Judged).
 //
 // Thread-safety: every method may be called from any thread. Callbacks run
 // on executor() and must not block.
@@ -80,9 +80,8 @@ class RedisBackend {
   // Tells the breaker how a call it let through ended: a reply shows the
   // node serving, unless it is one by which the node says it cannot serve now
   // (Reply::IsUnavailableError: LOADING, BUSY, MASTERDOWN, CLUSTERDOWN,
-  // READONLY); that reply and a failed call count towards opening it, except
-  // kResourceExhausted (our own bound, not the node's fault: a probe is given
-  // back).
+  // READONLY, OOM, MISCONF, NOREPLICAS); that reply and a failed call count towards opening it,
+  // except kResourceExhausted (our own bound, not the node's fault: a probe is given back).
   static void Report(const Pass& pass, const StatusOr<redis::Reply>& reply);
   // The reply as the stores see a call's outcome: an error reply by which the
   // node says it cannot serve now (Reply::IsUnavailableError) becomes the

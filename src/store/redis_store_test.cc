@@ -1109,6 +1109,26 @@ TEST(RedisStoreFailure, AReplicaFailsTheCheckAsReadonly) {
   EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
 }
 
+// A Redis at its maxmemory under noeviction refuses check.lua's write (-OOM):
+// the check fails for the failure mode, and the breaker counts it. It wrote
+// nothing: the script reads every key before its first write.
+TEST(RedisStoreFailure, AFullRedisFailsTheCheckAsOom) {
+  RedisServer server;
+  auto store = MustCreate({.url = server.url(),
+                           .deadline = milliseconds(1000),
+                           .breaker = {.failure_threshold = 2, .open_for = seconds(10)}});
+  Limit l = *Limit::TokenBucket("b", 100, 0.001);
+  LimitCheck c[] = {{&l, 1}};
+  ASSERT_TRUE(store->CheckSync({"k", c}).ok());  // the script loaded, the key made
+  ASSERT_EQ(server.Cli("CONFIG", "SET", "maxmemory-policy", "noeviction"), "OK");
+  ASSERT_EQ(server.Cli("CONFIG", "SET", "maxmemory", "1"), "OK");
+  const std::string before = server.Cli("GET", store->KeyFor("k", l));
+  ExpectRefusedWith(store->CheckSync({"k", c}), "OOM");
+  ExpectRefusedWith(store->CheckSync({"k", c}), "OOM");
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
+  EXPECT_EQ(server.Cli("GET", store->KeyFor("k", l)), before);
+}
+
 TEST(RedisStoreSecurity, AclUserAndTls) {
   RedisServer server({.tls = true});
   server.Cli("ACL", "SETUSER", "limiter", "on", ">s3cret", "~rl:*", "+@all");
