@@ -194,6 +194,18 @@ bool Taken(const CheckResult& result, const std::vector<LimitCheck>& checks, siz
   return true;
 }
 
+// How long a limit of `rule` (requests_per_unit > 0) takes to go from empty
+// to full: a bucket's burst at its rate, a window's period; at least a
+// second, at most a year.
+std::chrono::microseconds WholeRefill(const Rule& rule) {
+  double us = static_cast<double>(rule.period.count());
+  if ((rule.algorithm == Algorithm::kTokenBucket || rule.algorithm == Algorithm::kLeakyBucket) &&
+      rule.burst > 0) {
+    us = us / static_cast<double>(rule.requests_per_unit) * static_cast<double>(rule.burst);
+  }
+  return std::chrono::microseconds(static_cast<int64_t>(std::clamp(us, 1e6, 366.0 * 86400 * 1e6)));
+}
+
 // The part of a shared check's decision `d` that is one descriptor's, whose
 // cost and its predecessors' on the check come to `upto`: the count after
 // them, as envoyproxy/ratelimit's INCRBY per descriptor leaves it. A check
@@ -485,6 +497,15 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
       s.duration_until_reset = rule.period;  // nothing to wait for: a block
     } else {
       s.duration_until_reset = over ? d.retry_after : d.reset_after;
+      // The plan denied what the store allowed (a cost above the burst, asked
+      // without counting; a shared counter's later descriptor; a check before
+      // a stream with nothing left): the store has no wait to give. A cost
+      // above the burst never fits, and the time to full bounds any other:
+      // the whole limit's refill (a bucket's burst at its rate, a sliding
+      // window's period), at least a second, as the HTTP faces' Retry-After.
+      if (over && s.duration_until_reset.count() <= 0) {
+        s.duration_until_reset = std::max(d.reset_after, WholeRefill(rule));
+      }
     }
     if (s.code == Code::kOverLimit) out.overall = Code::kOverLimit;
   }

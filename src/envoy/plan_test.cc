@@ -35,6 +35,8 @@ descriptors:
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: bucket
+    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 10, burst: 30}
   - key: many
     rate_limits:
       - {unit: second, requests_per_unit: 5}
@@ -432,6 +434,28 @@ TEST_F(EnvoyPlan, AnOverrideOfZeroBlocks) {
   // A unit is still needed.
   o.descriptors[0].limit->unit = Unit::kUnknown;
   EXPECT_EQ(MakePlan(config_, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A bucket's denial says how long to wait (duration_until_reset, and so the
+// headers' Retry-After), also when the plan denied what the store allowed:
+// a cost above the burst (asked without counting) never fits, and the
+// bucket's time to full bounds the wait of a shared counter's later
+// descriptor. Before, both said 0.
+TEST_F(EnvoyPlan, ABucketsDenialByThePlanSaysHowLongToWait) {
+  Request big = One({{"bucket", "b1"}});
+  big.descriptors[0].hits_addend = 31;  // above the burst of 30
+  Response r = Ask(big);
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_GE(r.statuses[0].duration_until_reset, 1s);
+  Request pair = One({{"bucket", "b2"}});
+  pair.descriptors[0].hits_addend = 20;
+  pair.descriptors.push_back(pair.descriptors[0]);  // 20 + 20 of 30
+  r = Ask(pair);
+  EXPECT_EQ(r.overall, Code::kOverLimit);
+  EXPECT_EQ(r.statuses[0].code, Code::kOk);
+  EXPECT_EQ(r.statuses[1].code, Code::kOverLimit);
+  EXPECT_GT(r.statuses[1].duration_until_reset, 0s);
+  EXPECT_LE(r.statuses[1].duration_until_reset, 3s);  // the bucket full again
 }
 
 // response_headers_to_add's numbers (grpc_face.cc): a limit of 0 reports 0
