@@ -26,6 +26,10 @@ bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
 // '.', no percent-escape, no path parameter (';'), no upper case, no control
 // character or space. Then the decoding and the walk over segments below
 // would return it unchanged.
+const Status kAmbiguousParameters = InvalidArgument(
+    "request path has parameters on an empty or dot segment (';x', '.;x', '..;x'): upstreams "
+    "disagree on what it names");
+
 bool AlreadyCanonical(std::string_view path) {
   if (path == "/") return true;
   for (size_t i = 0; i < path.size(); ++i) {
@@ -68,12 +72,23 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
   // (RFC 3986 3.3; "/login;jsessionid=x" is "/login" to Tomcat, Jetty and
   // Spring, which serve it as /login). Only a ';' as sent is a separator: an
   // escaped one (%3B) is data, as for those servers, and stays in the segment.
-  // Parameters go before the dot segments are resolved, as there: "..;x" is
-  // "..". Their bytes are checked like any others.
+  // Their bytes are checked like any others. A segment that is empty, "." or
+  // ".." without its parameters (";x", ".;x", "..;x") is refused: those
+  // servers drop it or resolve it as a dot segment, while nginx, Envoy, Go or
+  // Express serve it as a name ("/admin/..;/users" is /users to the first and
+  // under /admin to the others), so no one reading of it is safe for every
+  // upstream, and no client needs it.
   std::string decoded;
   decoded.reserve(target.size());
   Status refused = Status::Ok();
   bool in_parameters = false;
+  bool has_parameters = false;  // the current segment
+  size_t segment = 0;           // where it starts in `decoded`
+  auto ambiguous = [&] {        // the current segment, once it ends
+    if (!has_parameters) return false;
+    const std::string_view s(decoded.data() + segment, decoded.size() - segment);
+    return s.empty() || s == "." || s == "..";
+  };
   const core::PercentResult r =
       core::PercentDecodeEach(target, /*plus_is_space=*/false, [&](char c, bool escaped) {
         const auto b = static_cast<unsigned char>(c);
@@ -83,9 +98,18 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
           refused = InvalidArgument("request path contains an encoded '/' (%2F)");
         } else if (escaped && IsControl(b)) {
           refused = InvalidArgument("request path contains an encoded control character");
+        } else if (!escaped && c == '/' && ambiguous()) {
+          refused = kAmbiguousParameters;
         } else {
-          if (!escaped && (c == ';' || c == '/')) in_parameters = c == ';';
-          if (!in_parameters) decoded += c;
+          if (!escaped && c == '/') {
+            in_parameters = has_parameters = false;
+            decoded += c;
+            segment = decoded.size();
+          } else if (!escaped && c == ';') {
+            in_parameters = has_parameters = true;
+          } else if (!in_parameters) {
+            decoded += c;
+          }
           return true;
         }
         return false;
@@ -94,6 +118,7 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
     return InvalidArgument("request path has a malformed percent-escape");
   }
   if (!refused.ok()) return refused;
+  if (ambiguous()) return kAmbiguousParameters;
 
   // Segments: drop empty and ".", resolve ".." (never above the root), lower-case.
   std::string out;

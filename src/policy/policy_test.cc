@@ -184,8 +184,8 @@ TEST_F(PolicyTest, LoginSpellingsAllHitTheLoginRoute) {
 // route) must not take a request out of its route class: "/login;x" is
 // "/login", with the route's limits, key and cost.
 TEST_F(PolicyTest, PathParametersDoNotEscapeTheRoute) {
-  for (std::string_view t : {"/login;jsessionid=0A1B", "/login;x", "/LOGIN;x=1/", "/x/..;/login",
-                             "/login;a=1,b=2", "http://h/login;x?next=/"}) {
+  for (std::string_view t : {"/login;jsessionid=0A1B", "/login;x", "/LOGIN;x=1/",
+                             "/x/y;z/../../login", "/login;a=1,b=2", "http://h/login;x?next=/"}) {
     EXPECT_EQ(RouteOf("POST", t), "login") << t;
   }
   StatusOr<RequestPlan> p = Resolve("GET", "/api/search;v=2/deep;x?q=1");
