@@ -85,6 +85,17 @@ void DenyWhatNeverFits(std::span<const LimitCheck> checks, CheckResult& result) 
   result.overall = Combine(result.decisions);
 }
 
+// What to ask the store about `checks`: the checks themselves, or, when one
+// can never fit, all of them at cost 0, copied into `probe` (the limits'
+// state, nothing taken; DecideGroupAsking then denies what never fits).
+std::span<const LimitCheck> AskedFor(std::span<const LimitCheck> checks,
+                                     std::vector<LimitCheck>& probe) {
+  if (std::none_of(checks.begin(), checks.end(), NeverFits)) return checks;
+  probe.assign(checks.begin(), checks.end());
+  for (LimitCheck& c : probe) c.cost = 0;
+  return probe;
+}
+
 }  // namespace
 
 std::string_view VerdictName(Verdict v) {
@@ -259,13 +270,9 @@ void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
       // The caller's cost fitted its own limit (else the request is refused
       // as it is, 400): an override that lowered the capacity below it denies
       // the request (429), as the gateway does, instead of calling it bad.
-      std::span<const LimitCheck> asked = held->checks;
-      if (std::any_of(held->checks.begin(), held->checks.end(), NeverFits) &&
-          std::none_of(checks.begin(), checks.end(), NeverFits)) {
-        held->probe = held->checks;
-        for (LimitCheck& c : held->probe) c.cost = 0;
-        asked = held->probe;
-      }
+      const std::span<const LimitCheck> asked = std::any_of(checks.begin(), checks.end(), NeverFits)
+                                                    ? std::span<const LimitCheck>(held->checks)
+                                                    : AskedFor(held->checks, held->probe);
       return CheckLimits(key, held->checks, asked, store_config, path, face,
                          [held, done = std::move(done)](Outcome out) {
                            out.overrides = held->table;
@@ -339,14 +346,9 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
   // nothing in a shadow group), not a bad request: the store is asked for the
   // group's state at cost 0, so that nothing is taken and the answer has the
   // limits' numbers.
-  std::span<const LimitCheck> asked = group.checks;
-  if (std::any_of(group.checks.begin(), group.checks.end(), NeverFits)) {
-    op->probe.assign(group.checks.begin(), group.checks.end());
-    for (LimitCheck& c : op->probe) c.cost = 0;
-    asked = op->probe;
-  }
   DecideGroupAsking(
-      group.key, group.checks, asked, group.failure_mode, op->policy->config().store,
+      group.key, group.checks, AskedFor(group.checks, op->probe), group.failure_mode,
+      op->policy->config().store,
       [this, op, index, &group](const GroupOutcome& g) {
         if (!g.error.ok()) {
           if (IsStoreFailure(g.error)) {
