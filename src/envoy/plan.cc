@@ -194,16 +194,13 @@ bool Taken(const CheckResult& result, const std::vector<LimitCheck>& checks, siz
   return true;
 }
 
-// How long a limit of `rule` (requests_per_unit > 0) takes to go from empty
-// to full: a bucket's burst at its rate, a window's period; at least a
-// second, at most a year.
-std::chrono::microseconds WholeRefill(const Rule& rule) {
-  double us = static_cast<double>(rule.period.count());
-  if ((rule.algorithm == Algorithm::kTokenBucket || rule.algorithm == Algorithm::kLeakyBucket) &&
-      rule.burst > 0) {
-    us = us / static_cast<double>(rule.requests_per_unit) * static_cast<double>(rule.burst);
-  }
-  return std::chrono::microseconds(static_cast<int64_t>(std::clamp(us, 1e6, 366.0 * 86400 * 1e6)));
+// Whether a denied request's descriptor of `rule`, whose check had `left`
+// and asks `cost`, is charged anyway (Overdrafts; Respond reports it so): a
+// cost that did not fit what was left, on a limit not spent already. A block
+// has nothing to charge, and a sliding log cannot settle.
+bool Overdrawn(const Rule& rule, int64_t cost, int64_t left) {
+  return rule.requests_per_unit != 0 && rule.algorithm != Algorithm::kSlidingLog && cost > left &&
+         left > 0;
 }
 
 // The part of a shared check's decision `d` that is one descriptor's, whose
@@ -378,9 +375,6 @@ std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& 
   for (const DescriptorPlan& p : plan.descriptors) {
     if (p.kind != DescriptorPlan::Kind::kLimited || p.shadow) continue;
     for (size_t r = 0; r < p.rules.size(); ++r) {
-      // A block has nothing to charge; a sliding log cannot settle.
-      if (p.rules[r]->requests_per_unit == 0 || p.rules[r]->algorithm == Algorithm::kSlidingLog)
-        continue;
       const size_t k = CheckOf(plan, p, r);
       // Taken by an allowed step before the denied one (more limits than
       // one step): its cost is in the count already.
@@ -392,8 +386,9 @@ std::vector<LimitSettle> Overdrafts(const RequestPlan& plan, const CheckResult& 
         cost = shares.costs[k];
       }
       cost = std::min(cost, kMaxSettleDelta);
-      const int64_t left = result.decisions[k].remaining;
-      if (cost > left && left > 0) out.push_back({plan.checks[k].limit, cost});
+      if (Overdrawn(*p.rules[r], cost, result.decisions[k].remaining)) {
+        out.push_back({plan.checks[k].limit, cost});
+      }
     }
   }
   return out;
@@ -440,12 +435,11 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
           parts.push_back(got);
           continue;
         }
-        const Rule& rule = *p.rules[k];
         const bool taken = Taken(*r, list, c);
         // As Overdrafts charges it.
-        const bool charged = !p.shadow && denied && !taken && rule.requests_per_unit != 0 &&
-                             rule.algorithm != Algorithm::kSlidingLog &&
-                             shares[l].costs[c] > got.remaining && got.remaining > 0;
+        const bool charged =
+            !p.shadow && denied && !taken &&
+            Overdrawn(*p.rules[k], std::min(shares[l].costs[c], kMaxSettleDelta), got.remaining);
         parts.push_back(Part(got, list[c].cost, upto[l][c], taken, charged));
       }
       mine = parts;
@@ -501,10 +495,13 @@ Response Respond(const RequestPlan& plan, const CheckResult* result, const Check
       // without counting; a shared counter's later descriptor; a check before
       // a stream with nothing left): the store has no wait to give. A cost
       // above the burst never fits, and the time to full bounds any other:
-      // the whole limit's refill (a bucket's burst at its rate, a sliding
-      // window's period), at least a second, as the HTTP faces' Retry-After.
+      // the whole limit's refill (its window: a bucket's burst at its rate, a
+      // sliding window's period), at least a second, as the HTTP faces'
+      // Retry-After (server/enforcer.cc, DenyWhatNeverFits).
       if (over && s.duration_until_reset.count() <= 0) {
-        s.duration_until_reset = std::max(d.reset_after, WholeRefill(rule));
+        s.duration_until_reset =
+            std::max({d.reset_after, plan.limits[p.first_limit + which].window(),
+                      std::chrono::microseconds(1'000'000)});
       }
     }
     if (s.code == Code::kOverLimit) out.overall = Code::kOverLimit;
