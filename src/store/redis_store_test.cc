@@ -999,6 +999,15 @@ void ExpectRefusedWith(const StatusOr<CheckResult>& r, std::string_view code) {
   EXPECT_NE(r.status().message().find(code), std::string::npos) << r.status().ToString();
 }
 
+// A store whose breaker opens after two failed calls, with a deadline of a
+// second: what the "cannot serve now" tests below look at.
+std::unique_ptr<RedisStore> OpensAfterTwoFailures(const std::string& url,
+                                                  std::chrono::milliseconds open_for) {
+  return MustCreate({.url = url,
+                     .deadline = milliseconds(1000),
+                     .breaker = {.failure_threshold = 2, .open_for = open_for}});
+}
+
 // Checks until one is decided (at most 5 s): the store's first decision after
 // Redis serves again.
 StatusOr<CheckResult> FirstDecision(Store& store, const CheckRequest& request) {
@@ -1028,10 +1037,7 @@ int SendAndLeave(uint16_t port, const std::string& resp) {
 
 TEST(RedisStoreFailure, ABusyRedisFailsTheCheckForTheFailureModeAndOpensTheBreaker) {
   RedisServer server({.args = {"--lua-time-limit", "10"}});  // busy-reply-threshold
-  std::shared_ptr<RedisStore> redis =
-      MustCreate({.url = server.url(),
-                  .deadline = milliseconds(1000),
-                  .breaker = {.failure_threshold = 2, .open_for = milliseconds(300)}});
+  std::shared_ptr<RedisStore> redis = OpensAfterTwoFailures(server.url(), milliseconds(300));
   std::vector<Status> failures;  // written on the store's thread before CheckSync returns
   ResilientStore resilient(
       redis, {.on_failure = [&failures](const Status& s, FailureMode) { failures.push_back(s); }});
@@ -1078,9 +1084,7 @@ TEST(RedisStoreFailure, ALoadingRedisFailsTheCheckAndOpensTheBreaker) {
   ASSERT_EQ(server.Cli("SAVE"), "OK");
   server.Restart();  // back once it answers PING, LOADING included
   ASSERT_TRUE(server.Cli("GET", "x").starts_with("LOADING")) << "loaded before the test looked";
-  auto store = MustCreate({.url = server.url(),
-                           .deadline = milliseconds(1000),
-                           .breaker = {.failure_threshold = 2, .open_for = milliseconds(300)}});
+  auto store = OpensAfterTwoFailures(server.url(), milliseconds(300));
   Limit l = *Limit::TokenBucket("b", 100, 0.001);
   LimitCheck c[] = {{&l, 1}};
   ExpectRefusedWith(store->CheckSync({"k", c}), "LOADING");
@@ -1099,9 +1103,7 @@ TEST(RedisStoreFailure, AReplicaFailsTheCheckAsReadonly) {
   RedisServer replica;
   ASSERT_EQ(replica.Cli("REPLICAOF", "127.0.0.1", std::to_string(master.port())), "OK");
   PollUntil([&] { return replica.Cli("ROLE").find("connected") != std::string::npos; });
-  auto store = MustCreate({.url = replica.url(),
-                           .deadline = milliseconds(1000),
-                           .breaker = {.failure_threshold = 2, .open_for = seconds(10)}});
+  auto store = OpensAfterTwoFailures(replica.url(), seconds(10));
   Limit l = *Limit::TokenBucket("b", 100, 0.001);
   LimitCheck c[] = {{&l, 1}};
   ExpectRefusedWith(store->CheckSync({"k", c}), "READONLY");
@@ -1114,9 +1116,7 @@ TEST(RedisStoreFailure, AReplicaFailsTheCheckAsReadonly) {
 // nothing: the script reads every key before its first write.
 TEST(RedisStoreFailure, AFullRedisFailsTheCheckAsOom) {
   RedisServer server;
-  auto store = MustCreate({.url = server.url(),
-                           .deadline = milliseconds(1000),
-                           .breaker = {.failure_threshold = 2, .open_for = seconds(10)}});
+  auto store = OpensAfterTwoFailures(server.url(), seconds(10));
   Limit l = *Limit::TokenBucket("b", 100, 0.001);
   LimitCheck c[] = {{&l, 1}};
   ASSERT_TRUE(store->CheckSync({"k", c}).ok());  // the script loaded, the key made
