@@ -112,11 +112,49 @@ TEST(ParseClusterShards, MastersAndRanges) {
   EXPECT_EQ((*m)[2].master, (NodeAddress{"127.0.0.1", 3}));
 }
 
+// Redis >= 7.2 groups CLUSTER SHARDS by shard id. After a failover while the
+// old master is down, its shard lists the old master (role "master", health
+// "fail") before the promoted one (redis/redis#13414, #13422). The slots go
+// to the online master.
+Reply ShardNodeH(const char* role, int64_t port, const char* health) {
+  return Arr({Str("id"), Str("abc"), Str("port"), Int(port), Str("ip"), Str("127.0.0.1"),
+              Str("endpoint"), Str("127.0.0.1"), Str("role"), Str(role), Str("health"),
+              Str(health)});
+}
+TEST(ParseClusterShards, AFailedOldMasterIsNotTheShardsMaster) {
+  Reply r = Arr({Shard(
+      {0, 16383}, {ShardNodeH("master", 7001, "fail"), ShardNodeH("master", 7002, "online")})});
+  StatusOr<std::vector<SlotRange>> m = ParseClusterShards(r, false, "h");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_EQ(m->size(), 1u);
+  EXPECT_EQ((*m)[0].master.port, 7002) << "slots mapped to the failed old master";
+}
+
+// A shard whose only master is not online (or that has no master) leaves its
+// slots unmapped; the other shards' slots are still served. A node without a
+// health field (an older server) counts as online.
+TEST(ParseClusterShards, AShardWithNoOnlineMasterLeavesItsSlotsUnmapped) {
+  Reply no_health =
+      Arr({Str("port"), Int(7004), Str("ip"), Str("127.0.0.1"), Str("role"), Str("master")});
+  Reply r = Arr({Shard({0, 99}, {ShardNodeH("master", 7001, "failed"),
+                                 ShardNodeH("replica", 7003, "online")}),
+                 Shard({100, 199}, {ShardNodeH("replica", 7005, "online")}),
+                 Shard({200, 16383}, {no_health})});
+  StatusOr<std::vector<SlotRange>> m = ParseClusterShards(r, false, "h");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_EQ(m->size(), 1u);
+  EXPECT_EQ((*m)[0].first, 200);
+  EXPECT_EQ((*m)[0].master.port, 7004);
+  // Nothing served at all is still an error, so the next node is asked.
+  Reply none = Arr({Shard({0, 16383}, {ShardNodeH("master", 7001, "fail")})});
+  EXPECT_FALSE(ParseClusterShards(none, false, "h").ok());
+}
+
 TEST(ParseClusterShards, MalformedIsAnError) {
   const Reply cases[] = {
       Int(1),
       Arr({Int(1)}),
-      Arr({Shard({0, 100}, {ShardNode("replica", 1)})}),   // no master
+      Arr({Shard({0, 100}, {ShardNode("replica", 1)})}),   // no master: serves nothing
       Arr({Shard({0, 16384}, {ShardNode("master", 1)})}),  // slot out of range
       Arr({Shard({5, 4}, {ShardNode("master", 1)})}),      // reversed range
       Arr({Shard({0}, {ShardNode("master", 1)})}),         // odd slot list

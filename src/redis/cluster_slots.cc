@@ -64,7 +64,7 @@ StatusOr<std::vector<SlotRange>> ParseClusterShards(const Reply& reply, bool tls
     bool found = false;
     for (const Reply& node : nodes->elements) {
       if (!node.IsArray() || node.elements.size() % 2 != 0) return Malformed("a node entry");
-      std::string_view role, ip, endpoint;
+      std::string_view role, ip, endpoint, health = "online";
       int64_t port = 0, tls_port = 0;
       for (size_t i = 0; i < node.elements.size(); i += 2) {
         const Reply& k = node.elements[i];
@@ -73,10 +73,14 @@ StatusOr<std::vector<SlotRange>> ParseClusterShards(const Reply& reply, bool tls
         if (k.str == "role" && IsText(v)) role = v.str;
         if (k.str == "ip" && IsText(v)) ip = v.str;
         if (k.str == "endpoint" && IsText(v)) endpoint = v.str;
+        if (k.str == "health" && IsText(v)) health = v.str;
         if (k.str == "port" && !IntOf(v, &port)) return Malformed("a node port");
         if (k.str == "tls-port" && !IntOf(v, &tls_port)) return Malformed("a node tls-port");
       }
-      if (role != "master") continue;
+      // Redis >= 7.2 keeps a failed old master in its shard, with role
+      // "master", ahead of the promoted one until it comes back
+      // (redis/redis#13414): only an online master serves the slots.
+      if (role != "master" || health != "online") continue;
       const int64_t p = tls && tls_port != 0 ? tls_port : port;
       if (!ValidPort(p)) return Malformed("master port " + std::to_string(p));
       std::string_view host = !endpoint.empty() && endpoint != "?" ? endpoint : ip;
@@ -85,7 +89,9 @@ StatusOr<std::vector<SlotRange>> ParseClusterShards(const Reply& reply, bool tls
       found = true;
       break;
     }
-    if (!found) return Malformed("a shard with slots but no master");
+    // No online master (a failover under way): the slots stay unmapped, so a
+    // call for them fails at once and asks for a new map.
+    if (!found) continue;
     for (size_t i = 0; i < slots->elements.size(); i += 2) {
       int64_t first = 0, last = 0;
       if (!IntOf(slots->elements[i], &first) || !IntOf(slots->elements[i + 1], &last)) {

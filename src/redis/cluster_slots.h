@@ -30,6 +30,9 @@ struct SlotRange {
 };
 
 // CLUSTER SHARDS (Redis 7.0+). With `tls`, a node's "tls-port" is used when given.
+// A shard's slots go to its first master whose "health" is "online" (a node
+// without the field counts as online); a shard with none (a failover under
+// way) leaves its slots out of the map. A map serving no slot is an error.
 StatusOr<std::vector<SlotRange>> ParseClusterShards(const Reply& reply, bool tls,
                                                     std::string_view asked_host);
 // CLUSTER SLOTS (deprecated, the fallback for servers before 7.0).
