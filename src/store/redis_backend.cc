@@ -62,7 +62,10 @@ uint16_t RedisBackend::SlotOf(std::string_view key) const {
 
 CircuitBreaker* RedisBackend::BreakerFor(uint16_t slot) {
   const int node = endpoint_->NodeForSlot(slot);
-  if (node < 0) return unknown_node_breaker_.get();
+  if (node < 0) {
+    unknown_slot_.store(slot, std::memory_order_relaxed);
+    return unknown_node_breaker_.get();
+  }
   const auto at = static_cast<size_t>(node);
   if (at < std::size(known_)) {  // the common case: no lock
     if (CircuitBreaker* b = known_[at].load(std::memory_order_acquire)) return b;
@@ -148,7 +151,15 @@ void RedisBackend::GuardedExecute(std::span<const std::string_view> args, redis:
 }
 
 CircuitBreaker::State RedisBackend::breaker_state() const {
-  CircuitBreaker::State worst = unknown_node_breaker_->state();
+  // The stand-in counts while the slot it last stood in for has no node.
+  // Once the map (or the master) names one, nothing asks it again, and an
+  // open it kept from before would read "open" for good while every check
+  // succeeds.
+  CircuitBreaker::State worst = CircuitBreaker::State::kClosed;
+  const int unknown = unknown_slot_.load(std::memory_order_relaxed);
+  if (unknown >= 0 && endpoint_->NodeForSlot(static_cast<uint16_t>(unknown)) < 0) {
+    worst = unknown_node_breaker_->state();
+  }
   auto rank = [](CircuitBreaker::State s) {
     return s == CircuitBreaker::State::kOpen ? 2 : s == CircuitBreaker::State::kHalfOpen ? 1 : 0;
   };

@@ -122,6 +122,9 @@ class RedisBackend {
                                                redis::Subscriber::Timing timing = {});
 
   // The worst state over the nodes' breakers (open > half-open > closed).
+  // The unknown-node stand-in counts only while the slot it last stood in
+  // for is still unknown: once a slot map or master is known, a state it kept
+  // from before (nothing asks it again) does not read as an open store.
   CircuitBreaker::State breaker_state() const;
   const std::string& url_for_logs() const { return url_for_logs_; }
   const boost::asio::any_io_executor& executor() const { return exec_; }
@@ -151,6 +154,7 @@ class RedisBackend {
   std::atomic<int64_t> calls_out_{0};
   // Unknown nodes' stand-in, then one per node id.
   std::unique_ptr<CircuitBreaker> unknown_node_breaker_;
+  std::atomic<int> unknown_slot_{-1};  // the slot the stand-in last served, -1: none yet
   mutable Mutex breakers_mu_;
   std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_ RL_GUARDED_BY(breakers_mu_);
   std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock

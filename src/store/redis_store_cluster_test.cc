@@ -428,5 +428,28 @@ TEST_F(RedisStoreClusterTest, SlotMigrationUnderLoadKeepsDecisionsExactWithABloc
                          /*served_in_ask_phase=*/false);
 }
 
+// Checks that fail before the first slot map count on the backend's stand-in
+// breaker for unknown nodes, which nothing asks again once the map is known:
+// breaker_state() (the ratelimit_store_breaker_state gauge, /readyz's
+// "breaker") must not keep reading "open" from it while every check succeeds.
+TEST_F(RedisStoreClusterTest, TheBreakerStateClosesOnceTheMapArrives) {
+  for (size_t i = 0; i < cluster_.size(); ++i) cluster_.node(i).Pause();
+  auto store = MustCreate({.url = cluster_.url(), .deadline = milliseconds(50)});
+  Limit l = *Limit::TokenBucket("b", 1000, 1000);
+  LimitCheck c[] = {{&l, 1}};
+  for (int i = 0; i < 6; ++i) EXPECT_FALSE(store->CheckSync({"k", c}).ok());
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
+  for (size_t i = 0; i < cluster_.size(); ++i) cluster_.node(i).Resume();
+  // The first checks after the breaker's open time ask for the map.
+  bool ok = false;
+  for (int i = 0; i < 300 && !ok; ++i) {
+    ok = store->CheckSync({"k", c}).ok();
+    if (!ok) std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed)
+      << "every check succeeds, the gauge still says " << BreakerStateName(store->breaker_state());
+}
+
 }  // namespace
 }  // namespace ratelimit
