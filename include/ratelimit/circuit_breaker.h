@@ -9,7 +9,9 @@
 // twice as long (up to `max_open_for`). A probe that gets no verdict (never
 // sent, refused by our own bounds) must be given back; one that is neither
 // reported nor given back within `probe_timeout` lapses, so that a lost
-// probe cannot keep the breaker open for good.
+// probe cannot keep the breaker open for good. These times run on a
+// monotonic clock (Options::clock, Clock::Steady() by default), so a step
+// back of the wall clock cannot keep the breaker open past them.
 //
 //   CircuitBreaker breaker({.failure_threshold = 5});
 //   uint64_t probe = 0;
@@ -44,7 +46,9 @@ class CircuitBreaker {
     // A probe out longer than this lapses: the next caller probes. Longer than
     // any call may take (its own timeout answers it first).
     std::chrono::milliseconds probe_timeout{1000};
-    const Clock* clock = nullptr;  // nullptr: Clock::System()
+    // A monotonic clock for the open and probe times (a ManualClock in
+    // tests). nullptr: Clock::Steady().
+    const Clock* clock = nullptr;
     std::function<void(State from, State to)> on_change;
   };
 
@@ -76,7 +80,7 @@ class CircuitBreaker {
   std::chrono::milliseconds backoff_ RL_GUARDED_BY(mu_){0};
   bool probe_out_ RL_GUARDED_BY(mu_) = false;
   uint64_t probe_id_ RL_GUARDED_BY(mu_) = 0;        // the newest probe's
-  int64_t probe_lapses_at_ RL_GUARDED_BY(mu_) = 0;  // clock micros
+  int64_t probe_lapses_at_ RL_GUARDED_BY(mu_) = 0;  // clock_ micros (monotonic)
 };
 
 std::string_view BreakerStateName(CircuitBreaker::State s);

@@ -2,7 +2,11 @@
 //
 // Every algorithm takes `now` as an argument; stores ask their Clock for it.
 // Production code uses Clock::System() (Unix time in microseconds, the same
-// base as Redis TIME). Tests use ManualClock and advance it by hand:
+// base as Redis TIME) for decisions, and Clock::Steady() (a monotonic clock)
+// for how long local state lasts: a cached denial, prefetched tokens, an open
+// circuit breaker, which a step of the wall clock (NTP, a VM resumed) must
+// not stretch. Tests use ManualClock, for either or both, and advance it by
+// hand:
 //
 //   ratelimit::ManualClock clock(1'700'000'000'000'000);
 //   clock.Advance(std::chrono::milliseconds(200));
@@ -19,7 +23,8 @@ namespace ratelimit {
 class Clock {
  public:
   virtual ~Clock() = default;
-  // Microseconds since the Unix epoch.
+  // Microseconds: since the Unix epoch for a wall clock (System, Kernel),
+  // since an unspecified start for a monotonic one (Steady).
   virtual int64_t NowMicros() const = 0;
 
   // The process-wide wall clock. Never destroyed. Where the kernel keeps
@@ -31,6 +36,12 @@ class Clock {
   static const Clock& System();
   // clock_gettime(CLOCK_REALTIME) on every read. Never destroyed.
   static const Clock& Kernel();
+  // The process-wide monotonic clock: microseconds of CLOCK_MONOTONIC
+  // (std::chrono::steady_clock's time, read from the TSC where the kernel's
+  // clocks run on it: src/core/steady_clock.h). Never steps, never
+  // decreases; not Unix time: for durations and expiry times only. Never
+  // destroyed.
+  static const Clock& Steady();
 };
 
 class ManualClock final : public Clock {

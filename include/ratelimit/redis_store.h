@@ -77,8 +77,15 @@ struct RedisConnectionOptions {
   std::string key_prefix = "rl:";
   RedisTimeSource time_source = RedisTimeSource::kRedis;
   const Clock* clock = nullptr;  // kLocal: the time source (nullptr: System)
-  int connections = 2;           // per node
-  size_t max_pending = 10'000;   // queued + in flight; beyond: kResourceExhausted
+  // How long local state lasts: cached denials and prefetched tokens
+  // (RedisStore), and the breakers' open and probe times unless
+  // `breaker.clock` is set. A monotonic clock, so that a step of the wall
+  // clock (NTP, a VM resumed) neither stretches nor cuts them (nullptr:
+  // Clock::Steady()). Tests that drive the store with a ManualClock `clock`
+  // usually give it here too.
+  const Clock* steady_clock = nullptr;
+  int connections = 2;          // per node
+  size_t max_pending = 10'000;  // queued + in flight; beyond: kResourceExhausted
   // RedisStore only:
   size_t max_batch = 32;            // checks per script call (1: no coalescing)
   size_t max_calls_in_flight = 16;  // script calls out at once; more checks wait and

@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <chrono>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -26,6 +27,15 @@ int64_t RealtimeNanos() { return KernelNanos(CLOCK_REALTIME); }
 class KernelClock final : public Clock {
  public:
   int64_t NowMicros() const override { return RealtimeNanos() / 1000; }
+};
+
+class SteadyMicrosClock final : public Clock {
+ public:
+  int64_t NowMicros() const override {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+               core::SteadyClock::now().time_since_epoch())
+        .count();
+  }
 };
 
 #if defined(__x86_64__)
@@ -132,6 +142,11 @@ SteadyClock::time_point SteadyClock::now() noexcept {
 
 const Clock& Clock::Kernel() {
   static const KernelClock* const clock = new KernelClock();
+  return *clock;
+}
+
+const Clock& Clock::Steady() {
+  static const SteadyMicrosClock* const clock = new SteadyMicrosClock();
   return *clock;
 }
 

@@ -161,5 +161,20 @@ TEST(SteadyClock, AgreesWithSteadyClock) {
       << "outside [steady_clock before, after], " << n << " reads";
 }
 
+// Clock::Steady() is SteadyClock in microseconds: monotonic, not Unix time.
+TEST(SteadyClock, ClockSteadyIsItsMicroseconds) {
+  const ratelimit::Clock& steady = ratelimit::Clock::Steady();
+  const int64_t before = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now().time_since_epoch())
+                             .count();
+  const int64_t s = steady.NowMicros();
+  const int64_t after = std::chrono::duration_cast<std::chrono::microseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+  EXPECT_GE(s, before - 50);
+  EXPECT_LE(s, after + 50);
+  EXPECT_GE(steady.NowMicros(), s);
+}
+
 }  // namespace
 }  // namespace ratelimit::core

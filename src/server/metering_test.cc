@@ -185,8 +185,10 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
   void SetUp() override {
     if (GetParam()) {
       redis_ = std::make_unique<testing::RedisServer>();
-      auto s = RedisStore::Create(
-          {.url = redis_->url(), .time_source = RedisStore::TimeSource::kLocal, .clock = &clock_});
+      auto s = RedisStore::Create({.url = redis_->url(),
+                                   .time_source = RedisStore::TimeSource::kLocal,
+                                   .clock = &clock_,
+                                   .steady_clock = &clock_});
       ASSERT_TRUE(s.ok()) << s.status().message();
       store_ = std::shared_ptr<Store>(std::move(*s));
     } else {

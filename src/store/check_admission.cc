@@ -7,7 +7,7 @@
 namespace ratelimit::store {
 
 CheckAdmission::CheckAdmission(Options options)
-    : clock_(options.clock != nullptr ? options.clock : &Clock::System()),
+    : clock_(options.clock != nullptr ? options.clock : &Clock::Steady()),
       bound_(options.bound),
       seed_(std::random_device{}()) {
   if (options.cache_entries > 0) {

@@ -38,6 +38,8 @@ class CheckAdmission {
   struct Options {
     size_t cache_entries = 100'000;  // 0: no over-limit cache
     std::chrono::milliseconds cache_min_retry{0};
+    // A monotonic clock: every `now` given here and every time kept is its
+    // (nullptr: Clock::Steady()).
     const Clock* clock = nullptr;
     PendingBound* bound = nullptr;  // waiters count against it
   };

@@ -17,7 +17,7 @@ CircuitBreaker::CircuitBreaker() : CircuitBreaker(Options{}) {}
 
 CircuitBreaker::CircuitBreaker(Options options)
     : opts_(std::move(options)),
-      clock_(opts_.clock != nullptr ? opts_.clock : &Clock::System()),
+      clock_(opts_.clock != nullptr ? opts_.clock : &Clock::Steady()),
       backoff_(opts_.open_for) {}
 
 bool CircuitBreaker::Allow(uint64_t* probe) {

@@ -15,7 +15,12 @@
 // Exactness: on this instance a cached denial is exactly what the store would
 // answer. What it cannot see is a reset of the key made elsewhere (admin API
 // on another instance): such a client stays denied here for at most the
-// cached retry time.
+// cached retry time; nor (time_source local) a step forward of the wall clock
+// Redis then decides by: the same bound.
+//
+// Times (`now`, `submitted`, `replied`) are microseconds of a monotonic clock
+// (RedisStore's steady_clock): a step back of the wall clock must not keep a
+// denial past its retry time, nor stop its retry time counting down.
 //
 // Thread-safety: thread-safe (sharded locks). Bounded: at most `max_entries`;
 // when full, expired entries are dropped and otherwise nothing new is cached.

@@ -22,7 +22,7 @@ struct PendingCheck {
   std::chrono::steady_clock::time_point deadline;
   std::chrono::steady_clock::time_point queued_at;  // when the batcher took it
   std::optional<uint64_t> cache_fp;  // set when the over-limit cache may keep its denial
-  int64_t submitted_at = 0;          // store clock, before Redis evaluated it
+  int64_t submitted_at = 0;          // steady clock micros, before Redis evaluated it
   bool leader = false;               // other checks of cache_fp wait for its reply (CheckAdmission)
   uint64_t generation = 0;  // CheckAdmission's, when admitted: a Clear since voids its lessons
   // The first limit's shape, to tell when the unit it took was the last one.

@@ -15,16 +15,17 @@ namespace {
 
 // A probe lapses (CircuitBreaker::Options::probe_timeout) only once its call
 // has surely ended: a call fails by its deadline, and the executor may run
-// its callback a little late.
-RedisConnectionOptions WithProbeTimeout(RedisConnectionOptions o) {
+// its callback a little late. The breakers run on the store's monotonic clock.
+RedisConnectionOptions WithBreakerDefaults(RedisConnectionOptions o) {
   o.breaker.probe_timeout = std::max(o.breaker.probe_timeout, 2 * o.deadline);
+  if (o.breaker.clock == nullptr) o.breaker.clock = o.steady_clock;
   return o;
 }
 
 }  // namespace
 
 RedisBackend::RedisBackend(const RedisConnectionOptions& options)
-    : opts_(WithProbeTimeout(options)),
+    : opts_(WithBreakerDefaults(options)),
       unknown_node_breaker_(std::make_unique<CircuitBreaker>(opts_.breaker)) {}
 
 StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnectionOptions& options,

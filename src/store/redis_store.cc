@@ -35,7 +35,8 @@ using store::PendingCheck;
 
 struct RedisStore::Impl {
   Options opts;
-  const Clock* clock;
+  const Clock* clock;   // decisions (time_source local) and calendar windows
+  const Clock* steady;  // how long cached denials and prefetched tokens last
   store::RedisKeys keys;
   store::PendingBound bound;
   std::atomic<uint64_t> stat_checks{0}, stat_calls{0}, stat_failures{0}, stat_resent{0};
@@ -57,11 +58,12 @@ struct RedisStore::Impl {
   Impl(Options o, std::unique_ptr<store::RedisBackend> b)
       : opts(std::move(o)),
         clock(opts.clock != nullptr ? opts.clock : &Clock::System()),
+        steady(opts.steady_clock != nullptr ? opts.steady_clock : &Clock::Steady()),
         keys(opts.key_prefix),
         bound(opts.max_pending),
         admission({.cache_entries = opts.over_limit_cache_entries,
                    .cache_min_retry = opts.over_limit_cache_min_retry,
-                   .clock = clock,
+                   .clock = steady,
                    .bound = &bound}),
         backend(std::move(b)) {
     node_calls.store(opts.node_calls && backend->sharded(), std::memory_order_relaxed);
@@ -83,15 +85,18 @@ struct RedisStore::Impl {
 
   void Submit(const CheckRequest& req, bool peek, CheckCallback done) {
     if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return done(s);
+    // Calendar windows are the wall clock's; how long what CheckAdmission
+    // keeps lasts is the monotonic clock's.
     const int64_t now_local = clock->NowMicros();
+    const int64_t now_steady = steady->NowMicros();
     PendingCheck p;
-    if (std::optional<CheckResult> a = admission.Answer(req, peek, now_local, p)) {
+    if (std::optional<CheckResult> a = admission.Answer(req, peek, now_steady, p)) {
       return done(*std::move(a));
     }
     stat_checks.fetch_add(1, std::memory_order_relaxed);
     const Limit& first = *req.checks.front().limit;
     p.deadline = core::SteadyClock::now() + opts.deadline;
-    p.submitted_at = now_local;
+    p.submitted_at = now_steady;
     p.algorithm = first.algorithm();
     p.window_micros = first.window_micros();
     p.interval_micros = first.interval_micros();
@@ -115,7 +120,7 @@ struct RedisStore::Impl {
     p.slot = backend->SlotOf(p.call.keys.front());
     p.done = std::move(done);
     StatusOr<CheckResult> answer = CheckResult{};
-    switch (admission.Join(p, now_local, &answer)) {
+    switch (admission.Join(p, now_steady, &answer)) {
       case store::CheckAdmission::Turn::kWaiting: return;
       case store::CheckAdmission::Turn::kAnswered: return p.done(std::move(answer));
       case store::CheckAdmission::Turn::kLead: break;

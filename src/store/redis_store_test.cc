@@ -65,8 +65,10 @@ class RedisStoreTest : public ::testing::Test {
   RedisServer server_;
   ManualClock clock_;
   std::unique_ptr<RedisStore> store_ = MustCreate({.url = server_.url()});
-  std::unique_ptr<RedisStore> local_ = MustCreate(
-      {.url = server_.url(), .time_source = RedisStore::TimeSource::kLocal, .clock = &clock_});
+  std::unique_ptr<RedisStore> local_ = MustCreate({.url = server_.url(),
+                                                   .time_source = RedisStore::TimeSource::kLocal,
+                                                   .clock = &clock_,
+                                                   .steady_clock = &clock_});
   Limit burst_ = *Limit::TokenBucket("burst", 10, 5);
 };
 
@@ -287,6 +289,7 @@ TEST(RedisStoreReset, ADenialCachedByACheckSentBeforeTheResetIsForgotten) {
                            .deadline = seconds(10),
                            .time_source = RedisStore::TimeSource::kLocal,
                            .clock = &clock,
+                           .steady_clock = &clock,
                            .connections = 1});  // the check's call, then the DEL, in order
   const Limit l = *Limit::TokenBucket("r", 2, 0.001);
   LimitCheck c[] = {{&l, 1}};
@@ -699,8 +702,10 @@ TEST_F(RedisStoreTest, OverLimitCacheFixedWindow) {
   clock_.Advance(seconds(4));
   Decision cached = Check(*local_, "fw-client", l);
   EXPECT_EQ(EvalshaCalls(server_), before) << "answered by the cache";
-  auto fresh = MustCreate(
-      {.url = server_.url(), .time_source = RedisStore::TimeSource::kLocal, .clock = &clock_});
+  auto fresh = MustCreate({.url = server_.url(),
+                           .time_source = RedisStore::TimeSource::kLocal,
+                           .clock = &clock_,
+                           .steady_clock = &clock_});
   Decision redis = Check(*fresh, "fw-client", l);
   EXPECT_EQ(EvalshaCalls(server_), before + 1);
   EXPECT_FALSE(cached.allowed);
@@ -1144,6 +1149,78 @@ TEST(RedisStoreSecurity, AclUserAndTls) {
   LimitCheck c[] = {{&l, 1}};
   StatusOr<CheckResult> r = denied->CheckSync({"tls", c});
   EXPECT_FALSE(r.ok());
+}
+
+// ---- a step of the wall clock ----
+
+// The over-limit cache keeps a denial by the store's monotonic clock: a step
+// back of the wall clock (NTP, a VM resumed) does not keep it an hour longer
+// while Redis (time_source redis) has long allowed again.
+TEST(RedisStoreClocks, AWallClockStepBackDoesNotProlongACachedDenial) {
+  RedisServer server;
+  ManualClock wall(Clock::System().NowMicros());
+  auto store = MustCreate({.url = server.url(), .clock = &wall});
+  Limit l = *Limit::TokenBucket("b", 1, 20);  // one token, back after 50 ms
+  ASSERT_TRUE(Check(*store, "k", l).allowed);
+  ASSERT_FALSE(Check(*store, "k", l).allowed);  // the last unit's denial, cached
+  wall.Advance(-std::chrono::hours(1));         // the wall clock is stepped back
+  std::this_thread::sleep_for(milliseconds(150));
+  wall.Advance(milliseconds(150));
+  LimitCheck c[] = {{&l, 0}};
+  ASSERT_EQ(store->PeekSync({"k", c})->overall.remaining, 1) << "Redis has the token";
+  Decision d = Check(*store, "k", l);
+  EXPECT_TRUE(d.allowed) << "denied from the cache; retry_after " << d.retry_after.count() << " us";
+}
+
+// A cached denial's wait counts down by the monotonic clock, not the wall
+// clock that went back.
+TEST(RedisStoreClocks, ACachedDenialCountsDownOnTheSteadyClock) {
+  RedisServer server;
+  ManualClock wall(Clock::System().NowMicros()), steady;
+  auto store = MustCreate({.url = server.url(), .clock = &wall, .steady_clock = &steady});
+  Limit l = *Limit::TokenBucket("b", 1, 0.01);  // one token per 100 s
+  ASSERT_TRUE(Check(*store, "k", l).allowed);
+  const Decision first = Check(*store, "k", l);
+  ASSERT_FALSE(first.allowed);
+  ASSERT_GT(first.retry_after, seconds(90));
+  const uint64_t calls = store->stats().script_calls;
+  wall.Advance(-std::chrono::hours(1));
+  steady.Advance(seconds(10));
+  const Decision later = Check(*store, "k", l);
+  EXPECT_EQ(store->stats().script_calls, calls) << "answered by the cache";
+  EXPECT_FALSE(later.allowed);
+  EXPECT_EQ(later.retry_after, first.retry_after - seconds(10));
+}
+
+// A store's breakers run on its monotonic clock: one opened before the wall
+// clock is stepped back an hour lets its probe through once its open time
+// has passed on the monotonic clock (docs/reliability.md's bound on
+// recovery), not an hour later.
+TEST(RedisStoreClocks, ABreakerOpenedBeforeAWallClockStepBackProbesAfterItsOpenTime) {
+  RedisServer server;
+  ManualClock wall(Clock::System().NowMicros()), steady;
+  auto store = MustCreate(
+      {.url = server.url(),
+       .deadline = milliseconds(100),
+       .clock = &wall,
+       .steady_clock = &steady,
+       .breaker = {.failure_threshold = 1, .open_for = seconds(10), .max_open_for = seconds(10)}});
+  Limit l = *Limit::TokenBucket("b", 100, 1);
+  LimitCheck c[] = {{&l, 1}};
+  ASSERT_TRUE(store->CheckSync({"k", c}).ok());
+  server.Pause();
+  ASSERT_FALSE(store->CheckSync({"k", c}).ok());  // times out: open
+  ASSERT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
+  server.Resume();
+  wall.Advance(-std::chrono::hours(1));
+  bool ok = false;
+  for (int i = 0; i < 20 && !ok; ++i) {  // a probe that fails opens it for 10 s more
+    steady.Advance(seconds(10));
+    ok = store->CheckSync({"k", c}).ok();
+    if (!ok) std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_TRUE(ok) << "the breaker stayed open";
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);
 }
 
 }  // namespace

@@ -12,6 +12,10 @@
 // lives n refill intervals, but at least 100 ms and at most 1 s; unspent
 // tokens then lapse, which only ever makes the limit stricter.
 //
+// Times (`now`, `submitted`, `replied`) are microseconds of a monotonic clock
+// (RedisStore's steady_clock), so a step back of the wall clock cannot keep
+// tokens past their lifetime.
+//
 // Thread-safety: thread-safe (one mutex; prefetch is only for a few hot keys).
 // Bounded: at most `max_entries` keys; when full, lapsed entries are dropped
 // and otherwise new keys get no prefetch (their checks go to Redis as usual).

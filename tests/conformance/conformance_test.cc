@@ -220,7 +220,8 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     auto s = RedisStore::Create({.url = url,
                                  .deadline = std::chrono::seconds(5),
                                  .time_source = RedisStore::TimeSource::kLocal,
-                                 .clock = clock});
+                                 .clock = clock,
+                                 .steady_clock = clock});
     if (!s.ok()) throw std::runtime_error(s.status().ToString());
     return *std::move(s);
   }
