@@ -103,7 +103,9 @@ bool CheckBatcher::Idle() const {
 }
 
 // On the executor. While a young call is out only whole batches leave
-// (ReadyToSend); the rest wait for a reply.
+// (ReadyToSend); the rest wait for a reply. Calls start only while fewer than
+// max_calls_in_flight are out: once that many are, what is left of the
+// batch goes back to the queue's front and waits for a reply.
 void CheckBatcher::Flush() {
   std::vector<PendingCheck> batch;
   const size_t per_call = opts_.max_batch;
@@ -139,6 +141,7 @@ void CheckBatcher::Flush() {
     return first.node == p.node && (p.node >= 0 || first.slot == p.slot);
   };
   std::vector<PendingCheck> group;
+  bool at_cap = false;  // max_calls_in_flight calls are out: the rest waits
   auto send = [&] {
     // The call may take only what is left of the earliest deadline in it.
     auto deadline = group.front().deadline;
@@ -149,20 +152,32 @@ void CheckBatcher::Flush() {
       LockGuard lock(mu_);
       ++calls_in_flight_;
       last_send_ = now;
+      at_cap = calls_in_flight_ >= opts_.max_calls_in_flight;
     }
     send_(std::exchange(group, {}), timeout);
   };
-  for (PendingCheck& p : batch) {
+  size_t next = 0;
+  for (; next < batch.size(); ++next) {
+    PendingCheck& p = batch[next];
     if (p.deadline <= now) {  // waited its whole deadline in the queue: never sent
       expire_(p);
       continue;
     }
     if (!group.empty() && !joins(group.front(), p)) send();
+    if (group.empty() && at_cap) break;  // no call may start: p and the rest stay
     queued_.Observe(now - p.queued_at);
     group.push_back(std::move(p));
     if (group.size() == per_call) send();
   }
   if (!group.empty()) send();
+  if (next < batch.size()) {
+    // Back to the front of the queue, in order, ahead of checks added
+    // meanwhile: they leave as replies free calls, or fail at their
+    // deadline there as any queued check does.
+    LockGuard lock(mu_);
+    queue_.insert(queue_.begin(), std::make_move_iterator(batch.begin() + next),
+                  std::make_move_iterator(batch.end()));
+  }
   // What stayed (a remainder held back by the call just sent, or checks
   // added meanwhile) needs the hold timer. A timer set while the queue has
   // since emptied is left to fire and find nothing: cancelling it at every

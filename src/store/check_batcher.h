@@ -1,6 +1,8 @@
 // CheckBatcher: RedisStore's scheduler. Checks queue here and leave as script
 // calls of up to `max_batch` checks, at most `max_calls_in_flight` calls out
-// at once; checks that arrive meanwhile leave together when a reply comes back.
+// at once (a bound: a reply that frees one lets one call go, and checks of
+// more calls than that stay queued in order); checks that arrive meanwhile
+// leave together when a reply comes back.
 //
 // While a call sent less than `hold_back` ago is out, a batch that is not
 // full waits for its reply and leaves with the next one (one node only):
