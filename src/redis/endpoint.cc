@@ -10,10 +10,11 @@
 namespace ratelimit::redis {
 namespace {
 
+// The store's tuning, but for what the URL's query gave: that wins.
 void Tune(const EndpointTuning& t, Options* o) {
-  o->command_timeout = t.command_timeout;
-  o->connections = std::max(1, t.connections);
-  o->max_pending = t.max_pending;
+  if (!o->from_url.command_timeout) o->command_timeout = t.command_timeout;
+  if (!o->from_url.connections) o->connections = std::max(1, t.connections);
+  if (!o->from_url.max_pending) o->max_pending = t.max_pending;
   o->reconnect_max_backoff = t.reconnect_max_backoff;
 }
 

@@ -88,7 +88,9 @@ class Endpoint {
   virtual void Close() = 0;
 };
 
-// Tuning a store applies to every connection of an endpoint.
+// Tuning a store applies to every connection of an endpoint. A value the
+// URL's query gives (command_timeout_ms, connections, max_pending) wins over
+// the one here.
 struct EndpointTuning {
   std::chrono::milliseconds command_timeout{100};
   int connections = 2;  // per node

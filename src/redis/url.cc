@@ -54,12 +54,15 @@ Status ApplyQueryParam(std::string_view key, std::string_view value, Options* o)
   } else if (key == "command_timeout_ms") {
     if (!ParseInt(value, 1, 3'600'000, &n)) return bad("milliseconds in [1, 3600000]");
     o->command_timeout = std::chrono::milliseconds(n);
+    o->from_url.command_timeout = true;
   } else if (key == "connections") {
     if (!ParseInt(value, 1, 1024, &n)) return bad("an integer in [1, 1024]");
     o->connections = static_cast<int>(n);
+    o->from_url.connections = true;
   } else if (key == "max_pending") {
     if (!ParseInt(value, 1, 100'000'000, &n)) return bad("an integer in [1, 100000000]");
     o->max_pending = static_cast<int>(n);
+    o->from_url.max_pending = true;
   } else {
     return UrlError("unknown query parameter '" + std::string(key) +
                     "' (known: insecure, tls_ca_file, tls_cert_file, tls_key_file, "

@@ -59,6 +59,15 @@ struct Options {
   int max_pending = 10000;  // queued + in-flight calls per client; beyond: kResourceExhausted
   std::chrono::milliseconds reconnect_min_backoff{10};
   std::chrono::milliseconds reconnect_max_backoff{1000};
+  // Which of command_timeout, connections and max_pending the URL's query
+  // set: a value given in the URL wins over a store's own setting
+  // (OpenEndpoint's EndpointTuning).
+  struct FromUrl {
+    bool command_timeout = false;
+    bool connections = false;
+    bool max_pending = false;
+  };
+  FromUrl from_url;
 };
 
 // Parses a redis:// or rediss:// URL; fields absent from the URL keep the

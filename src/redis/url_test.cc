@@ -2,6 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/io_context.hpp>
+
+#include "redis/client.h"
+#include "redis/cluster_client.h"
+#include "redis/endpoint.h"
+
 namespace ratelimit::redis {
 namespace {
 
@@ -117,6 +123,50 @@ TEST(RedactedUrl, NeverShowsThePassword) {
   o = ParseRedisUrl("redis://h:1");
   ASSERT_TRUE(o.ok());
   EXPECT_EQ(RedactedUrl(*o), "redis://h:1");
+}
+
+// OpenEndpoint applies a store's tuning to every node, but a value the URL's
+// query gives wins (docs/configuration.md): `?connections=4` means 4.
+TEST(OpenEndpoint, AValueGivenInTheUrlWinsOverTheStores) {
+  boost::asio::io_context io;  // never run: nothing connects
+  const EndpointTuning store{
+      .command_timeout = std::chrono::milliseconds(100), .connections = 2, .max_pending = 10'000};
+  {
+    auto e = OpenEndpoint(io.get_executor(),
+                          "redis://127.0.0.1:1?connections=4&command_timeout_ms=700&max_pending=9",
+                          store);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const Options& o = dynamic_cast<Client&>(**e).options();
+    EXPECT_EQ(o.connections, 4);
+    EXPECT_EQ(o.command_timeout, std::chrono::milliseconds(700));
+    EXPECT_EQ(o.max_pending, 9);
+  }
+  {
+    // The URL's value wins even when it is Options' default.
+    EndpointTuning five = store;
+    five.connections = 5;
+    auto e = OpenEndpoint(io.get_executor(), "redis+cluster://127.0.0.1:1?connections=2", five);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const Options& o = dynamic_cast<ClusterClient&>(**e).options().node;
+    EXPECT_EQ(o.connections, 2);
+    EXPECT_EQ(o.command_timeout, std::chrono::milliseconds(100));  // not in the URL: the store's
+    EXPECT_EQ(o.max_pending, 10'000);
+  }
+  {
+    auto e = OpenEndpoint(io.get_executor(), "redis+cluster://127.0.0.1:1?connections=3",
+                          {.connections = 8, .max_pending = 50});
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const Options& o = dynamic_cast<ClusterClient&>(**e).options().node;
+    EXPECT_EQ(o.connections, 3);
+    EXPECT_EQ(o.max_pending, 50);
+  }
+  {
+    auto e = OpenEndpoint(io.get_executor(), "redis://127.0.0.1:1", store);
+    ASSERT_TRUE(e.ok()) << e.status().message();
+    const Options& o = dynamic_cast<Client&>(**e).options();
+    EXPECT_EQ(o.connections, 2);
+    EXPECT_EQ(o.max_pending, 10'000);
+  }
 }
 
 }  // namespace
