@@ -45,8 +45,16 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     NodeAddress address;
     // Created on first use. Guarded by State::mu, which the analysis cannot
     // name from here: every Node is reached through `nodes` (RL_GUARDED_BY).
-    std::unique_ptr<Client> client;
+    // Shared with the calls on it, so that dropping it cannot pull it from
+    // under one.
+    std::shared_ptr<Client> client;
+    bool seed = false;  // never dropped: the refresh's last resort
+    int absent = 0;     // consecutive slot maps without it (nor a call sent to it)
+    bool gone = false;  // dropped (a tombstone); its address again revives it
   };
+  // A node absent from this many consecutive slot maps, and sent no call
+  // meanwhile, is dropped: its Client is closed.
+  static constexpr int kDropAfterMaps = 3;
 
   State(asio::any_io_executor ex, ClusterOptions o)
       : options(std::move(o)),
@@ -73,6 +81,8 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
   uint64_t refresh_count RL_GUARDED_BY(mu) = 0;
   uint32_t refresh_rotation RL_GUARDED_BY(mu) = 0;
   std::vector<CallPtr> parked RL_GUARDED_BY(mu);  // calls waiting for the first map
+  Mutex dropped_mu;  // held while the handler runs, so Close() can take it away
+  std::function<void(int)> on_dropped RL_GUARDED_BY(dropped_mu);
 
   // Strand-only.
   EarliestTimer refresh_timer;
@@ -80,24 +90,29 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
 
   // ---- nodes ----
 
+  // The id of `a`: its own, also when it was dropped (it is revived), or a new one.
   int NodeIndexLocked(const NodeAddress& a) RL_REQUIRES(mu) {
     for (size_t i = 0; i < nodes.size(); ++i) {
-      if (nodes[i]->address == a) return static_cast<int>(i);
+      if (nodes[i]->address == a) {
+        nodes[i]->gone = false;
+        nodes[i]->absent = 0;
+        return static_cast<int>(i);
+      }
     }
-    nodes.push_back(std::make_unique<Node>(Node{a, nullptr}));
+    nodes.push_back(std::make_unique<Node>(Node{.address = a}));
     return static_cast<int>(nodes.size() - 1);
   }
 
   // 0 <= id < nodes.size().
-  Client* ClientLocked(int id) RL_REQUIRES(mu) {
+  std::shared_ptr<Client> ClientLocked(int id) RL_REQUIRES(mu) {
     Node& n = *nodes[static_cast<size_t>(id)];
     if (!n.client) {
       Options o = options.node;
       o.host = n.address.host;
       o.port = n.address.port;
-      n.client = std::make_unique<Client>(executor, std::move(o));
+      n.client = std::make_shared<Client>(executor, std::move(o));
     }
-    return n.client.get();
+    return n.client;
   }
 
   void FailSoon(CallPtr call, Status status) {
@@ -124,7 +139,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
                       DeadlineExceeded("redis cluster: deadline passed while following "
                                        "redirections (the command did not run)"));
     }
-    Client* client = nullptr;
+    std::shared_ptr<Client> client;
     std::string node_name;
     {
       UniqueLock lock(mu);
@@ -143,7 +158,13 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
         }
         node = slot_node[call->slot];
       }
-      if (node >= 0) client = ClientLocked(node);
+      if (node >= 0) {
+        // A node a call goes to (a MOVED or ASK target too) is not dropped.
+        Node& n = *nodes[static_cast<size_t>(node)];
+        n.gone = false;
+        n.absent = 0;
+        client = ClientLocked(node);
+      }
     }
     if (client == nullptr) {
       RequestRefresh();
@@ -300,7 +321,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
       for (int pass = 0; pass < 2; ++pass) {
         std::vector<int> group;
         for (size_t i = 0; i < nodes.size(); ++i) {
-          if (is_master[i] == (pass == 0)) group.push_back(static_cast<int>(i));
+          if (is_master[i] == (pass == 0) && !nodes[i]->gone) group.push_back(static_cast<int>(i));
         }
         if (!group.empty()) {
           std::rotate(group.begin(),
@@ -318,7 +339,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
     if (i == candidates->size()) {
       return FinishRefresh(Unavailable("redis cluster: no node gave a slot map (" + errors + ")"));
     }
-    Client* client;
+    std::shared_ptr<Client> client;
     NodeAddress address;
     {
       LockGuard lock(mu);
@@ -371,6 +392,7 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
 
   void FinishRefresh(StatusOr<std::vector<SlotRange>> map) {
     std::vector<CallPtr> waiting;
+    std::vector<std::pair<int, std::shared_ptr<Client>>> dropped;
     bool again = false;
     {
       LockGuard lock(mu);
@@ -387,9 +409,30 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
         slot_node.swap(fresh);
         has_map = true;
         ++refresh_count;
+        // Nodes the map no longer names (pod churn, a failed-over master
+        // gone for good) are dropped after kDropAfterMaps maps, so that
+        // every address ever seen does not keep sockets reconnecting.
+        std::vector<bool> named(nodes.size(), false);
+        for (int n : slot_node) {
+          if (n >= 0) named[static_cast<size_t>(n)] = true;
+        }
+        for (size_t i = 0; i < nodes.size(); ++i) {
+          Node& n = *nodes[i];
+          if (named[i] || n.seed) {
+            n.absent = 0;
+          } else if (!n.gone && ++n.absent >= kDropAfterMaps) {
+            n.gone = true;
+            dropped.emplace_back(static_cast<int>(i), std::move(n.client));
+          }
+        }
       }
       if (closed) return;  // Close() failed the parked calls
       if (map.ok() || !has_map) waiting.swap(parked);
+    }
+    for (auto& [id, client] : dropped) {
+      if (client) client->Close();  // calls still on it fail; the last holder frees it
+      LockGuard lock(dropped_mu);
+      if (on_dropped) on_dropped(id);
     }
     for (CallPtr& c : waiting) {
       if (map.ok()) {
@@ -412,6 +455,10 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
       for (auto& n : nodes) {
         if (n->client) n->client->Close();
       }
+    }
+    {
+      LockGuard lock(dropped_mu);
+      on_dropped = nullptr;
     }
     for (CallPtr& c : waiting) FailSoon(std::move(c), Unavailable("redis cluster client closed"));
     asio::post(strand, [self = shared_from_this()] {
@@ -437,7 +484,11 @@ ClusterClient::ClusterClient(asio::any_io_executor executor, ClusterOptions opti
   }
   {
     LockGuard lock(s.mu);
-    for (const NodeAddress& seed : s.options.seeds) s.ClientLocked(s.NodeIndexLocked(seed));
+    for (const NodeAddress& seed : s.options.seeds) {
+      const int id = s.NodeIndexLocked(seed);
+      s.nodes[static_cast<size_t>(id)]->seed = true;
+      s.ClientLocked(id);
+    }
     s.init_status = s.nodes.front()->client->init_status();
   }
   if (!s.init_status.ok()) return;
@@ -523,6 +574,17 @@ std::string ClusterClient::RedactedUrl() const { return redis::RedactedUrl(state
 int ClusterClient::node_count() const {
   LockGuard lock(state_->mu);
   return static_cast<int>(state_->nodes.size());
+}
+
+int ClusterClient::live_node_count() const {
+  LockGuard lock(state_->mu);
+  return static_cast<int>(std::count_if(state_->nodes.begin(), state_->nodes.end(),
+                                        [](const auto& n) { return !n->gone; }));
+}
+
+void ClusterClient::OnNodeDropped(std::function<void(int node)> handler) {
+  LockGuard lock(state_->dropped_mu);
+  state_->on_dropped = std::move(handler);
 }
 
 bool ClusterClient::has_slot_map() const {

@@ -25,8 +25,12 @@
 //
 // Calls made before the first map arrives wait for it (within their deadline).
 // Nodes are identified by small integers (NodeForSlot), stable for the
-// client's life: a node once seen is kept, so that per-node state kept by a
-// caller (e.g. a circuit breaker) can be indexed by it.
+// client's life, so that per-node state kept by a caller (e.g. a circuit
+// breaker) can be indexed by it. A node that is absent from 3 consecutive
+// slot maps (and got no call meanwhile; seeds excepted) is dropped: its
+// Client is closed (calls still on it fail with kUnavailable), it is no
+// longer asked for the map, and OnNodeDropped's handler hears its id. Its id
+// stays its address's: a later map, MOVED or ASK naming it revives it.
 //
 // Ownership: owns the per-node Clients. Destroying (or Close()-ing) it fails
 // pending calls with kUnavailable, which needs the executor to keep running
@@ -36,6 +40,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -85,7 +90,12 @@ class ClusterClient final : public Endpoint {
   int NodeForSlot(uint16_t slot) const override;
   // "host:port" of a node id from NodeForSlot. REQUIRES: 0 <= node < node_count().
   std::string NodeName(int node) const;
+  // Ids given so far (dropped nodes included), and the nodes not dropped.
   int node_count() const;
+  int live_node_count() const;
+  // `handler(node)` runs (on the executor) when a node is dropped. Replaces
+  // the previous one; Close() removes it and waits for a run under way.
+  void OnNodeDropped(std::function<void(int node)> handler) override;
   // True once a slot map has been loaded.
   bool has_slot_map() const;
   // Schedules a slot map refresh (rate-limited by min_refresh_interval).

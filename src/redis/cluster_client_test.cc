@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "redis/cluster_slots.h"
 #include "redis/io_thread.h"
@@ -244,9 +245,17 @@ class FakeNode {
     for (const std::string& s : log()) n += s == word ? 1 : 0;
     return n;
   }
+  // Connections accepted so far, and open now.
+  int accepted() const { return server_.accepted(); }
+  int open() const { return open_.load(); }
 
  private:
   void Serve(int fd) {
+    ++open_;
+    struct Closed {
+      std::atomic<int>& n;
+      ~Closed() { --n; }
+    } closed{open_};
     std::string buf;
     bool asking = false;
     while (!stop_) {
@@ -276,6 +285,7 @@ class FakeNode {
 
   Responder responder_;
   std::atomic<bool> stop_{false};
+  std::atomic<int> open_{0};
   std::mutex mu_;
   std::vector<std::string> log_;
   FakeTcpServer server_{[this](int fd) { Serve(fd); }};
@@ -528,6 +538,61 @@ TEST_F(ClusterClientFakeTest, UnreachableSeedFailsWithinTheDeadline) {
   StatusOr<Reply> r = Get(*client, "k", milliseconds(150));
   EXPECT_FALSE(r.ok());
   EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(400));
+}
+
+// A node the slot maps stop naming (pod churn) is dropped after 3 maps: its
+// connections close and it is not dialled again; a later map naming its
+// address revives it under the same id.
+TEST_F(ClusterClientFakeTest, ANodeAbsentFromThreeMapsIsDropped) {
+  std::atomic<uint16_t> owner{0};
+  auto responder = [&](const std::vector<std::string>& cmd, bool) -> std::string {
+    if (cmd[0] == "CLUSTER") return ShardsAllTo(owner.load());
+    return Bulk("v");
+  };
+  FakeNode b(responder);
+  FakeNode a(responder);
+  owner = b.port();
+  auto client = Connect(a.port());
+  ASSERT_TRUE(Get(*client, "k").ok());
+  const int b_id = client->NodeForSlot(0);
+  EXPECT_EQ(client->live_node_count(), 2);
+  EXPECT_EQ(b.open(), 1);
+  std::vector<int> dropped;
+  std::mutex dropped_mu;
+  client->OnNodeDropped([&](int node) {
+    std::lock_guard lock(dropped_mu);
+    dropped.push_back(node);
+  });
+  auto refresh = [&] {
+    const uint64_t n = client->refreshes();
+    client->RequestRefresh();
+    for (int i = 0; i < 200 && client->refreshes() == n; ++i) {
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    ASSERT_GT(client->refreshes(), n);
+  };
+  owner = a.port();  // b is gone from the cluster
+  refresh();
+  refresh();
+  EXPECT_EQ(client->live_node_count(), 2) << "dropped after 2 maps";
+  refresh();
+  EXPECT_EQ(client->live_node_count(), 1);
+  for (int i = 0; i < 100 && b.open() > 0; ++i) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(b.open(), 0) << "the dropped node's connection is still open";
+  const int accepted = b.accepted();
+  std::this_thread::sleep_for(milliseconds(300));  // past the reconnect backoff (250 ms)
+  EXPECT_EQ(b.accepted(), accepted) << "the dropped node is dialled again";
+  {
+    std::lock_guard lock(dropped_mu);
+    EXPECT_EQ(dropped, std::vector<int>{b_id});
+  }
+  owner = b.port();  // back
+  refresh();
+  EXPECT_EQ(client->NodeForSlot(0), b_id);
+  EXPECT_EQ(client->live_node_count(), 2);
+  ASSERT_TRUE(Get(*client, "k").ok());
+  EXPECT_EQ(b.open(), 1);
+  EXPECT_EQ(client->node_count(), 2);
 }
 
 }  // namespace

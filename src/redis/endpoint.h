@@ -78,6 +78,10 @@ class Endpoint {
   virtual bool sharded() const = 0;
   // The node of a slot may be gone (its breaker opened): look for a new owner.
   virtual void RequestRefresh() {}
+  // `handler(node)` runs when the endpoint drops a node it no longer sees
+  // (ClusterClient), so that per-node state kept by the caller starts afresh
+  // if the id comes back. Endpoints that never drop one ignore it.
+  virtual void OnNodeDropped(std::function<void(int node)> handler) { (void)handler; }
   // Pub/sub (redis::Subscriber): the node to SUBSCRIBE on for the
   // `attempt`th subscription (0, 1, ...: a later attempt may name another
   // node), with this endpoint's credentials and TLS; nullopt while none is

@@ -49,6 +49,9 @@ StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnecti
   if (!endpoint.ok()) return endpoint.status();
   b->endpoint_ = *std::move(endpoint);
   b->url_for_logs_ = b->endpoint_->RedactedUrl();
+  // A node the endpoint dropped: its breaker starts afresh if the id comes
+  // back. (Kept, closed: checks still out may hold it.)
+  b->endpoint_->OnNodeDropped([raw = b.get()](int node) { raw->ForgetNode(node); });
   return b;
 }
 
@@ -79,6 +82,14 @@ CircuitBreaker* RedisBackend::BreakerFor(uint16_t slot) {
     if (at < std::size(known_)) known_[at].store(b.get(), std::memory_order_release);
   }
   return b.get();
+}
+
+void RedisBackend::ForgetNode(int node) {
+  LockGuard lock(breakers_mu_);
+  const auto at = static_cast<size_t>(node);
+  if (node >= 0 && at < node_breakers_.size() && node_breakers_[at]) {
+    node_breakers_[at]->OnSuccess();  // closed, no failures, no probe out
+  }
 }
 
 StatusOr<RedisBackend::Pass> RedisBackend::Admit(uint16_t slot) {

@@ -145,6 +145,8 @@ class RedisBackend {
  private:
   explicit RedisBackend(const RedisConnectionOptions& options);
   CircuitBreaker* BreakerFor(uint16_t slot);
+  // The endpoint dropped `node` (OnNodeDropped): its breaker is reset.
+  void ForgetNode(int node);
   redis::Callback Counted(redis::Callback done);
 
   const RedisConnectionOptions opts_;
