@@ -6,6 +6,7 @@
 #include <charconv>
 
 #include "core/hex.h"
+#include "core/limit_fields.h"
 #include "core/percent.h"
 #include "policy/config.h"
 
@@ -31,27 +32,20 @@ YAML::Emitter& operator<<(YAML::Emitter& out, YamlString t) {
   return out << t.s;
 }
 
+// The fields core::LimitFieldsOf lists (the overrides' JSON takes the same list).
 void EmitLimitFields(YAML::Emitter& out, const Limit& l) {
-  out << YAML::Key << "algorithm" << YAML::Value << std::string(AlgorithmName(l.algorithm()));
-  if (l.is_gcra()) {
-    const bool leaky = l.algorithm() == Algorithm::kLeakyBucket;
-    out << YAML::Key << (leaky ? "depth" : "capacity") << YAML::Value << l.limit();
-    // Shortest text that reads back as the same double: 0.1, not 0.10000000000000001.
-    char buf[32];
-    auto [end, ec] = std::to_chars(buf, buf + sizeof buf, l.refill_per_second());
-    out << YAML::Key << (leaky ? "rate_per_second" : "refill_per_second") << YAML::Value
-        << std::string(buf, ec == std::errc() ? end : buf);
-    if (l.prefetch() > 0) out << YAML::Key << "prefetch" << YAML::Value << l.prefetch();
-  } else {
-    out << YAML::Key << "limit" << YAML::Value << l.limit();
-    out << YAML::Key << "window" << YAML::Value << WindowText(l);
-    if (const Calendar* c = l.calendar()) {
-      out << YAML::Key << "align" << YAML::Value << "calendar";
-      out << YAML::Key << "timezone" << YAML::Value << YamlString{c->zone().name()};
+  for (const core::LimitField& f : core::LimitFieldsOf(l)) {
+    out << YAML::Key << std::string(f.key) << YAML::Value;
+    if (f.kind == core::LimitField::Kind::kInteger) {
+      out << f.integer;
+    } else if (f.kind == core::LimitField::Kind::kNumber) {
+      // Shortest text that reads back as the same double: 0.1, not 0.10000000000000001.
+      char buf[32];
+      auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f.number);
+      out << std::string(buf, ec == std::errc() ? end : buf);
+    } else {
+      out << YamlString{f.text};
     }
-  }
-  if (l.block_for().count() > 0) {
-    out << YAML::Key << "block_for" << YAML::Value << FormatDuration(l.block_for());
   }
 }
 

@@ -41,12 +41,17 @@ bool GetInt(const json& v, int64_t min, int64_t& out) {
   return out >= min;
 }
 
-StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
+// `with_prefetch`: the field `prefetch` is read (an override's limit keeps a
+// configured limit's token prefetch); the decision API's own inline limits
+// have none.
+StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where,
+                                 bool with_prefetch = false) {
   const json* algorithm = nullptr;
   const json* name = nullptr;
   const json* align = nullptr;     // a calendar quota's: "calendar" (or "epoch")
   const json* timezone = nullptr;  // and its IANA time zone
   const json* block_for = nullptr;
+  const json* prefetch = nullptr;
   // The count and the rate or window, under the names the algorithm uses.
   static constexpr std::string_view kFields[] = {
       "capacity", "refill_per_second", "depth", "rate_per_second", "limit", "window"};
@@ -61,6 +66,8 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
       name = &it.value();
     } else if (k == "block_for") {
       block_for = &it.value();
+    } else if (k == "prefetch" && with_prefetch) {
+      prefetch = &it.value();
     } else {
       const auto* f = std::find(std::begin(kFields), std::end(kFields), k);
       if (f == std::end(kFields)) return InvalidArgument(where + ": unknown field '" + k + "'");
@@ -153,6 +160,14 @@ StatusOr<Limit> ParseInlineLimit(const json& j, const std::string& where) {
     StatusOr<std::chrono::microseconds> d = ParseDuration(block_for->get_ref<const std::string&>());
     if (!d.ok()) return InvalidArgument(where + ": field 'block_for': " + d.status().message());
     out = out->WithBlockFor(*d);
+    if (!out.ok()) return InvalidArgument(where + ": " + out.status().message());
+  }
+  if (prefetch != nullptr) {
+    int64_t n = 0;
+    if (!GetInt(*prefetch, 0, n)) {
+      return InvalidArgument(where + ": field 'prefetch' must be 0 (off) or an integer from 2");
+    }
+    out = out->WithPrefetch(n);
     if (!out.ok()) return InvalidArgument(where + ": " + out.status().message());
   }
   return out;
@@ -585,7 +600,7 @@ void AppendOutcomeBody(const Outcome& o, std::string& out) {
 }
 
 StatusOr<Limit> ParseLimitObject(const json& j, const std::string& where) {
-  return ParseInlineLimit(j, where);
+  return ParseInlineLimit(j, where, /*with_prefetch=*/true);
 }
 
 void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::string_view body,

@@ -72,7 +72,9 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
 
 // One inline limit object of the decision API ({"name": "burst", "algorithm":
 // "token_bucket", "capacity": 10, "refill_per_second": 5}), validated by
-// MakeLimit; errors start with `where`. (Also the admin API's overrides.)
+// MakeLimit; errors start with `where`. (Also the admin API's overrides,
+// whose limits may also give `prefetch`, which the decision API's inline
+// limits do not take: what LimitFields writes reads back.)
 StatusOr<Limit> ParseLimitObject(const nlohmann::json& j, const std::string& where);
 
 // Parses a request body (JSON text): the one JSON reader of every body the

@@ -7,6 +7,7 @@
 
 #include <future>
 
+#include "core/limit_fields.h"
 #include "server/decision_api.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
@@ -49,13 +50,14 @@ const Limit* ClientOverride::Replacing(const Limit& limit) const {
 }
 
 json LimitFields(const Limit& limit) {
-  const LimitSpec spec = SpecOf(limit);
-  const auto [count_name, second_name] = SpecFieldNames(spec.algorithm);
-  json j = {{"algorithm", AlgorithmName(spec.algorithm)}, {std::string(count_name), spec.count}};
-  if (TakesRate(spec.algorithm)) {
-    j[std::string(second_name)] = spec.per_second;
-  } else {
-    j[std::string(second_name)] = FormatDuration(spec.window);
+  json j = json::object();
+  for (core::LimitField& f : core::LimitFieldsOf(limit)) {
+    json& v = j[std::string(f.key)];
+    switch (f.kind) {
+      case core::LimitField::Kind::kInteger: v = f.integer; break;
+      case core::LimitField::Kind::kNumber: v = f.number; break;
+      case core::LimitField::Kind::kText: v = std::move(f.text); break;
+    }
   }
   return j;
 }

@@ -80,7 +80,10 @@ std::string ToRecord(const ClientOverride& o);
 StatusOr<ClientOverride> FromRecord(std::string_view client, std::string_view record);
 
 // The limit as the decision API's inline limits spell it, without the name:
-// {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5}.
+// {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5}, and
+// every other field that defines it (core::LimitFieldsOf: a calendar quota's
+// align and timezone, prefetch, block_for), so that ParseLimitObject gives
+// the same Limit back.
 nlohmann::json LimitFields(const Limit& limit);
 
 // An immutable snapshot of every override.

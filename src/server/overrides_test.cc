@@ -138,6 +138,32 @@ TEST(Overrides, TheRecordRoundTrips) {
   EXPECT_FALSE(FromRecord("k:x", R"({"colour": "red"})").ok());
 }
 
+// The record keeps everything that defines a limit: a calendar quota's
+// alignment and time zone (written as a 30-day epoch window, the override
+// moved the client to a new window with a new state key: its month's usage
+// was forgotten), a block period and token prefetch (docs/admin.md: the
+// limit keeps its algorithm and the client's state carries over). Found in
+// review (OverridesReview.TheRecordKeepsCalendarAndBlockFor).
+TEST(Overrides, TheRecordKeepsACalendarQuotaBlockForAndPrefetch) {
+  Limit monthly = *Limit::CalendarQuota("monthly", 5, CalendarUnit::kMonth, "Europe/Paris");
+  Limit login = *Limit::FixedWindow("login", 3, std::chrono::minutes(1))
+                     ->WithBlockFor(std::chrono::minutes(10));
+  Limit burst = *Limit::TokenBucket("burst", 100, 10)->WithPrefetch(20);
+  ClientOverride o = Override("k:key-a", std::nullopt, {monthly, login, burst});
+  StatusOr<ClientOverride> back = FromRecord(o.client, ToRecord(o));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->limits.size(), 3u);
+  const Limit* m = back->Replacing(monthly);
+  const Limit* l = back->Replacing(login);
+  const Limit* b = back->Replacing(burst);
+  ASSERT_TRUE(m != nullptr && l != nullptr && b != nullptr) << ToRecord(o);
+  ASSERT_NE(m->calendar(), nullptr) << ToRecord(o);
+  EXPECT_EQ(m->calendar()->zone().name(), "Europe/Paris");
+  EXPECT_EQ(l->block_for(), std::chrono::minutes(10)) << ToRecord(o);
+  EXPECT_EQ(b->prefetch(), 20) << ToRecord(o);
+  EXPECT_TRUE(*m == monthly && *l == login && *b == burst) << ToRecord(o);
+}
+
 // The daemon's wiring in small: a memory store and the overrides on one manual clock.
 struct Rig {
   ManualClock clock;

@@ -241,6 +241,39 @@ TEST_F(AdminApi, DecisionApiKeysAreNamedWithD) {
   EXPECT_EQ(Admin(d_, "GET", "/v1/clients/d:/state").status, 400);
 }
 
+// An override's new `limit` for a calendar quota applies to the month's
+// count as it is (docs/admin.md, "What a changed limit does to the state"):
+// 3 used of 3, raised to 5, 2 more. The override once kept the quota as a
+// 30-day window aligned to the epoch, under a new state key: 5 more.
+TEST(AdminOverrides, ACalendarQuotasNewLimitCountsTheMonthsUse) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", R"(server: {demo: true}
+clients: {accept_unknown_api_keys: true}
+limits:
+  monthly: {algorithm: fixed_window, limit: 3, window: 1mo, align: calendar, timezone: UTC}
+routes:
+  - {name: ping, methods: [GET], path: /api/ping, match: exact, limits: [monthly]}
+)");
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Ping(d, "ada").status, 200);
+  ASSERT_EQ(Ping(d, "ada").status, 429);
+  HttpResponse put =
+      Http(d.admin_port(), "PUT", "/v1/overrides/k:ada", {{"Content-Type", "application/json"}},
+           R"({"limits": {"monthly": {"limit": 5}}})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  json o = Body(Admin(d, "GET", "/v1/overrides/k:ada"));
+  EXPECT_EQ(o["limits"]["monthly"], json({{"algorithm", "fixed_window"},
+                                          {"limit", 5},
+                                          {"window", "1mo"},
+                                          {"align", "calendar"},
+                                          {"timezone", "UTC"}}))
+      << o.dump();
+  EXPECT_EQ(Ping(d, "ada").status, 200);
+  EXPECT_EQ(Ping(d, "ada").status, 200);
+  EXPECT_EQ(Ping(d, "ada").status, 429);  // 5 of 5 this month
+}
+
 // API keys that share their first characters stay apart in the admin views
 // (a hash suffix), and the shortened name shown can be looked up.
 TEST_F(AdminApi, ShortenedApiKeysDoNotCollideAndCanBeLookedUp) {
