@@ -173,26 +173,58 @@ struct AdminApi::Client {
   std::string key;          // the client part of its store keys
   std::string shown;        // in answers (API keys shortened)
   std::string_view source;  // api_key, user, ip, decision_api
-  std::string plan;
+  std::string plan;         // the plan it is enforced with (an override's, if any)
+  // The groups it is enforced with: its override applied (the plan it moves
+  // the client to, its limits' parameters). State and blocks read these.
   std::vector<policy::CheckGroup> groups;
+  // With an override in effect, the configured groups too (the ones without
+  // it), which a reset clears as well: the state the client finds once the
+  // override is removed or expires. Empty without an override.
+  std::vector<policy::CheckGroup> configured;
+  // Holds the override's limits that `groups` point to.
+  std::shared_ptr<const OverrideTable> overrides;
 };
 
 namespace {
 
+// The override in effect for `client` now, or nullptr; `table` then holds it.
+const ClientOverride* OverrideOf(const Overrides* overrides, std::string_view client,
+                                 std::shared_ptr<const OverrideTable>& table) {
+  if (overrides == nullptr || overrides->empty()) return nullptr;
+  table = overrides->table();
+  return table->Find(client, overrides->NowMillis());
+}
+
 AdminApi::Client FromIdentity(const policy::Policy& policy, const policy::Identity& who,
-                              bool include_ip_key) {
-  return {.key = who.key,
-          .shown = RedactKey(who.key),
-          .source = IdentitySourceName(who.source),
-          .plan = who.plan,
-          .groups = OwnGroups(policy, who, include_ip_key)};
+                              bool include_ip_key, const Overrides* overrides) {
+  AdminApi::Client c{.key = who.key,
+                     .shown = RedactKey(who.key),
+                     .source = IdentitySourceName(who.source),
+                     .plan = who.plan,
+                     .groups = OwnGroups(policy, who, include_ip_key)};
+  std::shared_ptr<const OverrideTable> table;
+  const ClientOverride* o = OverrideOf(overrides, who.key, table);
+  if (o == nullptr) return c;
+  // As the Enforcer applies it (ApplyOverride): a plan the config has
+  // replaces the client's; its limits replace those of the client's own key.
+  policy::Identity enforced = who;
+  if (o->plan && policy.config().plans.count(*o->plan) != 0) enforced.plan = *o->plan;
+  c.configured = std::move(c.groups);
+  c.plan = enforced.plan;
+  c.groups = OwnGroups(policy, enforced, include_ip_key);
+  for (policy::CheckGroup& g : c.groups) {
+    if (g.key == who.key) ApplyOverrideLimits(*o, g.checks);
+  }
+  c.overrides = std::move(table);
+  return c;
 }
 
 // A decision-API key "d:<key>": the key as /v1/check and /v1/acquire take it
 // (percent-encoded in the path). Its limits come with each request, so only
 // the config's named limits (`limits:`) can be read or reset.
 StatusOr<AdminApi::Client> DecisionApiClientOf(const policy::Policy& policy,
-                                               std::string_view client) {
+                                               std::string_view client,
+                                               const Overrides* overrides) {
   const std::string_view key = client.substr(kDecisionApiPrefix.size());
   const size_t max = policy.config().store.max_key_length;
   if (key.empty() || key.size() > max) {
@@ -209,6 +241,26 @@ StatusOr<AdminApi::Client> DecisionApiClientOf(const policy::Policy& policy,
     }
     c.groups.back().checks.push_back({&limit, 0});
   }
+  std::shared_ptr<const OverrideTable> table;
+  const ClientOverride* o = OverrideOf(overrides, client, table);
+  if (o == nullptr) return c;
+  // Its override's limits replace the named limits of their name and
+  // algorithm, as in the key's checks (a name the config lacks applies to
+  // the requests' inline limits of that name: listed too).
+  c.configured = c.groups;
+  for (policy::CheckGroup& g : c.groups) ApplyOverrideLimits(*o, g.checks);
+  for (const Limit& l : o->limits) {
+    const bool listed = std::any_of(c.groups.begin(), c.groups.end(), [&](const auto& g) {
+      return std::any_of(g.checks.begin(), g.checks.end(),
+                         [&](const LimitCheck& check) { return check.limit == &l; });
+    });
+    if (listed) continue;
+    if (c.groups.empty() || c.groups.back().checks.size() == kMaxChecksPerRequest) {
+      c.groups.push_back({c.key, {}, false, policy.config().store.failure_mode});
+    }
+    c.groups.back().checks.push_back({&l, 0});
+  }
+  c.overrides = std::move(table);
   return c;
 }
 
@@ -453,7 +505,9 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
 
 StatusOr<AdminApi::Client> AdminApi::ClientOf(const policy::Policy& policy,
                                               std::string_view client) const {
-  if (client.starts_with(kDecisionApiPrefix)) return DecisionApiClientOf(policy, client);
+  if (client.starts_with(kDecisionApiPrefix)) {
+    return DecisionApiClientOf(policy, client, enforcer_.overrides());
+  }
   std::string full;
   if (client.starts_with("k:") && client.find("***") != std::string_view::npos) {
     StatusOr<std::string> key = Unredact(policy, enforcer_.denials(), client);
@@ -463,7 +517,7 @@ StatusOr<AdminApi::Client> AdminApi::ClientOf(const policy::Policy& policy,
   }
   StatusOr<policy::Identity> who = IdentityOf(policy, client);
   if (!who.ok()) return who.status();
-  return FromIdentity(policy, *who, false);
+  return FromIdentity(policy, *who, false, enforcer_.overrides());
 }
 
 StatusOr<std::string> AdminApi::ClientKeyOf(const policy::Policy& policy,
@@ -486,7 +540,7 @@ struct AdminApi::StateOp {
 
 void AdminApi::DemoState(std::shared_ptr<const policy::Policy> policy, const policy::Identity& who,
                          std::function<void(Reply&&)> done) {
-  Client c = FromIdentity(*policy, who, true);
+  Client c = FromIdentity(*policy, who, true, enforcer_.overrides());
   State(std::move(policy), std::move(c), false, "/demo/state", std::move(done));
 }
 
@@ -564,6 +618,7 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
 
 struct AdminApi::ResetOp {
   std::shared_ptr<const policy::Policy> policy;
+  std::shared_ptr<const OverrideTable> overrides;  // holds the override's limits
   std::vector<policy::CheckGroup> groups;
   std::vector<std::vector<const Limit*>> limits;  // parallel to groups
   std::string client, instance;
@@ -576,6 +631,29 @@ void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, s
                      std::function<void(Reply&&)> done) {
   auto op = std::make_shared<ResetOp>();
   op->groups = std::move(who.groups);
+  // With an override, the configured limits too: after a reset the client
+  // finds full limits with the override and, once it is gone, without it.
+  // (A limit of the same name and algorithm is the same state.)
+  for (const policy::CheckGroup& g : who.configured) {
+    for (const LimitCheck& c : g.checks) {
+      const auto same = [&](const LimitCheck& o) {
+        return o.limit->name() == c.limit->name() && o.limit->algorithm() == c.limit->algorithm();
+      };
+      const bool listed = std::any_of(op->groups.begin(), op->groups.end(), [&](const auto& og) {
+        return og.key == g.key && std::any_of(og.checks.begin(), og.checks.end(), same);
+      });
+      if (listed) continue;
+      auto it = std::find_if(op->groups.begin(), op->groups.end(), [&](const auto& og) {
+        return og.key == g.key && og.checks.size() < kMaxChecksPerRequest;
+      });
+      if (it == op->groups.end()) {
+        op->groups.push_back({g.key, {}, false, g.failure_mode});
+        it = op->groups.end() - 1;
+      }
+      it->checks.push_back(c);
+    }
+  }
+  op->overrides = std::move(who.overrides);
   op->policy = std::move(policy);
   op->client = std::move(who.shown);
   op->instance = std::move(instance);
@@ -611,6 +689,7 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
 // group is one store key: the client's, or its IP's).
 struct AdminApi::BlocksOp {
   std::vector<std::pair<std::string, std::vector<const Limit*>>> groups;  // key, limits
+  std::shared_ptr<const OverrideTable> overrides;  // holds the override's limits
   std::string client, instance;
   bool lift = false;
   size_t next = 0;
@@ -628,6 +707,7 @@ void AdminApi::Blocks(Client who, bool lift, std::string instance,
     }
     if (!ls.empty()) op->groups.emplace_back(g.key, std::move(ls));
   }
+  op->overrides = std::move(who.overrides);
   op->client = std::move(who.shown);
   op->lift = lift;
   op->instance = std::move(instance);

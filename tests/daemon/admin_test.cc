@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <tuple>
@@ -272,6 +274,48 @@ routes:
   EXPECT_EQ(Ping(d, "ada").status, 200);
   EXPECT_EQ(Ping(d, "ada").status, 200);
   EXPECT_EQ(Ping(d, "ada").status, 429);  // 5 of 5 this month
+}
+
+// A client an override moves to another plan is read and reset on the
+// limits it is enforced with: state shows the override's plan's limits, and
+// a reset clears them (docs/admin.md: "its next request sees full limits").
+// They were the config's plan's: daily_pro stayed exhausted after a reset.
+TEST(AdminOverrides, StateAndResetUseThePlanAnOverrideMovesTheClientTo) {
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", R"(server: {demo: true}
+limits:
+  daily: {algorithm: fixed_window, limit: 100, window: 1d}
+  daily_pro: {algorithm: fixed_window, limit: 2, window: 1d}
+plans:
+  free: {limits: [daily]}
+  pro: {limits: [daily_pro]}
+api_keys: {ada: free}
+routes:
+  - {name: ping, methods: [GET], path: /api/ping, match: exact,
+     limits: [{name: loose, algorithm: token_bucket, capacity: 100, refill_per_second: 1}]}
+)");
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  HttpResponse put = Http(d.admin_port(), "PUT", "/v1/overrides/k:ada",
+                          {{"Content-Type", "application/json"}}, R"({"plan": "pro"})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  ASSERT_EQ(Ping(d, "ada").status, 200);
+  ASSERT_EQ(Ping(d, "ada").status, 200);
+  ASSERT_EQ(Ping(d, "ada").status, 429);  // daily_pro: 2 a day
+  json state = Body(Admin(d, "GET", "/v1/clients/k:ada/state"));
+  EXPECT_EQ(state["plan"], "pro") << state.dump();
+  std::map<std::string, int64_t> remaining;
+  for (const json& l : state["limits"]) remaining[l["name"]] = l["remaining"].get<int64_t>();
+  EXPECT_EQ(remaining, (std::map<std::string, int64_t>{{"daily_pro", 0}, {"loose", 98}}))
+      << state.dump();
+  HttpResponse reset = Admin(d, "POST", "/v1/clients/k:ada/reset");
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  const json names = Body(reset)["reset"];
+  EXPECT_NE(std::find(names.begin(), names.end(), "daily_pro"), names.end()) << reset.body;
+  EXPECT_NE(std::find(names.begin(), names.end(), "daily"), names.end()) << reset.body;
+  HttpResponse next = Ping(d, "ada");
+  EXPECT_EQ(next.status, 200) << next.body;
+  EXPECT_EQ(next.Header("RateLimit-Remaining"), "1");
 }
 
 // API keys that share their first characters stay apart in the admin views
