@@ -338,6 +338,21 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
       face, /*route=*/{}, /*shadow=*/false);
 }
 
+namespace {
+
+// The name of the limit that denied a group (its first check whose decision
+// is a denial), for the denials list, the log line and the metric's label;
+// the group's first limit if no decision says so.
+std::string_view DenyingLimit(std::span<const LimitCheck> checks,
+                              const std::vector<Decision>& decisions) {
+  for (size_t i = 0; i < decisions.size() && i < checks.size(); ++i) {
+    if (!decisions[i].allowed) return checks[i].limit->name();
+  }
+  return checks.front().limit->name();
+}
+
+}  // namespace
+
 void Enforcer::Step(std::shared_ptr<Op> op) {
   if (op->next == op->plan.groups.size()) return op->Finish(Verdict::kAllowed);
   const size_t index = op->next++;
@@ -367,12 +382,11 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
         const std::vector<Decision>& ds = g.result.decisions;
         if (group.shadow) {
           if (!g.result.overall.allowed) {
-            RecordDenial(group.key, group.checks.front().limit->name(), op->path, op->route(),
+            RecordDenial(group.key, DenyingLimit(group.checks, ds), op->path, op->route(),
                          /*shadow=*/true);
           }
           return Step(op);
         }
-        const size_t first = op->limits.size();
         for (size_t i = 0; i < ds.size() && i < group.checks.size(); ++i) {
           op->limits.push_back({group.checks[i].limit, ds[i]});
         }
@@ -380,15 +394,7 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
           return op->Finish(Verdict::kFailedClosed, "the rate limit store is unavailable");
         }
         if (!g.result.overall.allowed) {
-          // Name the limit that denied in the log line.
-          std::string_view name = group.checks.front().limit->name();
-          for (size_t i = first; i < op->limits.size(); ++i) {
-            if (!op->limits[i].decision.allowed) {
-              name = op->limits[i].limit->name();
-              break;
-            }
-          }
-          RecordDenial(group.key, name, op->path, op->route());
+          RecordDenial(group.key, DenyingLimit(group.checks, ds), op->path, op->route());
           return op->Finish(Verdict::kOverLimit);
         }
         Step(op);

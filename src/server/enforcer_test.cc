@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "ratelimit/clock.h"
+#include "ratelimit/memory_store.h"
 #include "server/metering.h"
 
 namespace ratelimit::server {
@@ -166,6 +168,44 @@ routes:
     SettleCharged(e, out, 300, Metrics::SettleOutcome::kSettled);
     EXPECT_EQ(store->settled, 0);
   }
+}
+
+// A shadow group's denial is recorded (denials API, the "denied" log line,
+// the metric's label) under the limit that denied, as an enforcing group's
+// is; it was the group's first limit.
+TEST(Enforcer, AShadowDenialNamesTheLimitThatDenied) {
+  auto c = policy::ParseConfig(R"(
+routes:
+  - name: api
+    path: /api
+    shadow: true
+    limits:
+      - {name: burst, algorithm: token_bucket, capacity: 100, refill_per_second: 1}
+      - {name: tight, algorithm: fixed_window, limit: 1, window: 1h}
+)",
+                               "shadow.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::shared_ptr<const policy::Policy> policy = *policy::Policy::Create(*std::move(c));
+  ManualClock clock;
+  Enforcer e(std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock}), 100);
+  for (int i = 0; i < 2; ++i) {
+    auto plan = policy->Resolve(
+        policy::RequestView{.method = "GET",
+                            .target = "/api",
+                            .peer = policy::IpAddress::FromV4(0x7f000001),
+                            .header = [](std::string_view) -> std::optional<std::string_view> {
+                              return std::nullopt;
+                            }});
+    ASSERT_TRUE(plan.ok());
+    Outcome out;
+    e.Enforce(policy, *std::move(plan), "/api", Face::kGateway,
+              [&out](Outcome o) { out = std::move(o); });
+    EXPECT_TRUE(out.allowed());  // shadow: never blocks
+  }
+  const std::vector<DenialEntry> denials = e.denials().ForClient("ip:127.0.0.1");
+  ASSERT_EQ(denials.size(), 1u);
+  EXPECT_EQ(denials[0].limit, "tight");
+  EXPECT_TRUE(denials[0].shadow);
 }
 
 }  // namespace
