@@ -170,6 +170,54 @@ routes:
   }
 }
 
+// A reported cost above what one settlement can debit (kMaxSettleDelta,
+// 2^31-1, no `max`) debits that much and counts as settled; the store
+// refused the larger delta, the settlement counted as an error and the
+// client paid only its reservation.
+TEST(Enforcer, ACostAboveTheLargestSettlementDebitsTheMost) {
+  auto c = policy::ParseConfig(R"(
+limits:
+  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 100}
+routes:
+  - name: chat
+    path: /chat
+    limits: [tokens]
+    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}
+)",
+                               "huge.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::shared_ptr<const policy::Policy> policy = *policy::Policy::Create(*std::move(c));
+  ManualClock clock;
+  auto store = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
+  Enforcer e(store, 100);
+  auto plan = policy->Resolve(policy::RequestView{
+      .method = "GET",
+      .target = "/chat",
+      .peer = policy::IpAddress::FromV4(0x7f000001),
+      .header = [](std::string_view) -> std::optional<std::string_view> { return std::nullopt; }});
+  ASSERT_TRUE(plan.ok());
+  Outcome out;
+  e.Enforce(policy, *std::move(plan), "/chat", Face::kGateway,
+            [&out](Outcome o) { out = std::move(o); });
+  ASSERT_TRUE(out.allowed());
+  Metrics& m = Metrics::Global();
+  const uint64_t settled = m.Settlements(Metrics::SettleOutcome::kSettled).value();
+  const uint64_t errors = m.Settlements(Metrics::SettleOutcome::kError).value();
+  const uint64_t debited = m.settled_debited.value();
+  SettleCharged(e, out, int64_t{3'000'000'000}, Metrics::SettleOutcome::kSettled);
+  EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kSettled).value(), settled + 1);
+  EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kError).value(), errors);
+  EXPECT_EQ(m.settled_debited.value(), debited + static_cast<uint64_t>(kMaxSettleDelta));
+  // The bucket owes 2^31-1 - 9,000 tokens: a day's refill (8.64 million) is not enough.
+  clock.Advance(std::chrono::hours(24));
+  const Limit* tokens = policy->NamedLimit("tokens");
+  const LimitCheck peek[] = {{tokens, 0}};
+  StatusOr<CheckResult> r = store->PeekSync({.key = "ip:127.0.0.1", .checks = peek});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->decisions[0].remaining, 0);
+  EXPECT_GT(r->decisions[0].reset_after, std::chrono::hours(24 * 200));
+}
+
 // A shadow group's denial is recorded (denials API, the "denied" log line,
 // the metric's label) under the limit that denied, as an enforcing group's
 // is; it was the group's first limit.

@@ -196,7 +196,11 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
     settlements.reserve(g.checks.size());
     int64_t delta = 0;
     for (const LimitCheck& c : g.checks) {
-      delta = cost - c.cost;
+      // A debit is at most what a store settles in one step (kMaxSettleDelta,
+      // 2^31-1 units): a cost reported above it debits that much and is
+      // settled, not refused as an error (the client would pay only its
+      // reservation). Both are >= 0: no overflow.
+      delta = std::min(cost - c.cost, kMaxSettleDelta);
       if (delta != 0) settlements.push_back({c.limit, delta});
     }
     auto answered = [pending, delta](bool ok) {
