@@ -36,18 +36,40 @@ StatusOr<tcp::endpoint> ResolveListenAddress(net::io_context& ioc, const std::st
   return results.begin()->endpoint();
 }
 
-bool ConnectionCounts::Exempt(const policy::IpAddress& peer) const {
-  for (const policy::Cidr& c : caps_.exempt) {
+namespace {
+
+bool InAny(const std::vector<policy::Cidr>& cidrs, const policy::IpAddress& peer) {
+  for (const policy::Cidr& c : cidrs) {
     if (c.Contains(peer)) return true;
   }
   return false;
 }
 
+}  // namespace
+
+bool ConnectionCounts::Exempt(const policy::IpAddress& peer) const {
+  if (caps_.policies == nullptr) return InAny(caps_.exempt, peer);
+  const std::shared_ptr<const policy::Policy> p = caps_.policies->Get();
+  return InAny(p->config().clients.trusted_proxies, peer);
+}
+
 std::shared_ptr<void> ConnectionCounts::Acquire(const std::shared_ptr<ConnectionCounts>& self,
-                                                const policy::IpAddress& peer) {
+                                                const policy::IpAddress& peer, bool* exempt) {
   ConnectionCounts& c = *self;
+  bool is_exempt = false;
+  int v6_prefix = c.caps_.v6_prefix;
+  if (c.caps_.policies == nullptr) {
+    is_exempt = InAny(c.caps_.exempt, peer);
+  } else {  // the clients section in effect now (a reload changes it)
+    const std::shared_ptr<const policy::Policy> p = c.caps_.policies->Get();
+    is_exempt = InAny(p->config().clients.trusted_proxies, peer);
+    v6_prefix = p->config().clients.ipv6_prefix;
+  }
+  if (exempt != nullptr) *exempt = is_exempt;
+  // The slot keeps its key: one counted under an older prefix is given back
+  // under that key.
   std::string key;
-  if (c.caps_.max_per_address > 0 && !c.Exempt(peer)) key = peer.KeyString(c.caps_.v6_prefix);
+  if (c.caps_.max_per_address > 0 && !is_exempt) key = peer.KeyString(v6_prefix);
   LockGuard lock(c.mu_);
   if (c.total_ >= c.caps_.max_connections) return nullptr;
   if (!key.empty()) {
@@ -112,27 +134,29 @@ void Listener::Stop() {
 void Listener::Accept() {
   const net::any_io_executor executor = one_thread_ ? net::any_io_executor(ioc_.get_executor())
                                                     : net::any_io_executor(net::make_strand(ioc_));
-  acceptor_.async_accept(executor, [self = shared_from_this()](beast::error_code ec,
-                                                               tcp::socket socket) {
-    if (ec == net::error::operation_aborted || !self->acceptor_.is_open()) return;
-    if (ec) {
-      // EMFILE and friends: log, back off a little, keep accepting.
-      Log(Level::kWarn, "accept failed", {{"error", ec.message()}});
-      auto timer = std::make_shared<net::steady_timer>(self->strand_, core::kAcceptRetryDelay);
-      timer->async_wait([self, timer](beast::error_code) { self->Accept(); });
-      return;
-    }
-    beast::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    auto session =
-        std::make_shared<Session>(std::move(socket), self->router_, self->limits_, self->registry_);
-    // Over a cap: dropping the session closes the socket; the clients
-    // already connected keep their service.
-    if (std::shared_ptr<void> slot = ConnectionCounts::Acquire(self->counts_, session->peer())) {
-      session->Start(std::move(slot), !self->counts_->Exempt(session->peer()));
-    }
-    self->Accept();
-  });
+  acceptor_.async_accept(
+      executor, [self = shared_from_this()](beast::error_code ec, tcp::socket socket) {
+        if (ec == net::error::operation_aborted || !self->acceptor_.is_open()) return;
+        if (ec) {
+          // EMFILE and friends: log, back off a little, keep accepting.
+          Log(Level::kWarn, "accept failed", {{"error", ec.message()}});
+          auto timer = std::make_shared<net::steady_timer>(self->strand_, core::kAcceptRetryDelay);
+          timer->async_wait([self, timer](beast::error_code) { self->Accept(); });
+          return;
+        }
+        beast::error_code ignored;
+        socket.set_option(tcp::no_delay(true), ignored);
+        auto session = std::make_shared<Session>(std::move(socket), self->router_, self->limits_,
+                                                 self->registry_);
+        // Over a cap: dropping the session closes the socket; the clients
+        // already connected keep their service.
+        bool exempt = false;
+        if (std::shared_ptr<void> slot =
+                ConnectionCounts::Acquire(self->counts_, session->peer(), &exempt)) {
+          session->Start(std::move(slot), !exempt);
+        }
+        self->Accept();
+      });
 }
 
 }  // namespace ratelimit::server

@@ -27,6 +27,7 @@
 #include "ratelimit/thread_annotations.h"
 #include "server/http.h"
 #include "server/listen_address.h"
+#include "server/policy_holder.h"
 #include "server/session.h"
 
 namespace ratelimit::server {
@@ -36,6 +37,11 @@ struct ConnectionCaps {
   size_t max_per_address = 0;  // 0 = no cap
   int v6_prefix = 64;
   std::vector<policy::Cidr> exempt;  // trusted proxies: no per-address cap, no request pacing
+  // When set, v6_prefix and exempt are not used: each accepted connection
+  // reads them from the current policy (clients.ipv6_prefix and
+  // clients.trusted_proxies), so a reload applies them as it does to the
+  // client identity. The holder must outlive the listener.
+  const PolicyHolder* policies = nullptr;
 };
 
 // Live connections of one listener, in total and per client address.
@@ -44,8 +50,10 @@ class ConnectionCounts {
  public:
   explicit ConnectionCounts(ConnectionCaps caps) : caps_(std::move(caps)) {}
   // A slot held while the connection lives, or nullptr when a cap is reached.
+  // `exempt` (if given): whether the peer is exempt (as Exempt says, from
+  // the same reading of the policy).
   static std::shared_ptr<void> Acquire(const std::shared_ptr<ConnectionCounts>& self,
-                                       const policy::IpAddress& peer);
+                                       const policy::IpAddress& peer, bool* exempt = nullptr);
   bool Exempt(const policy::IpAddress& peer) const;
 
  private:

@@ -154,10 +154,12 @@ Status Server::Start(std::shared_ptr<Store> store) {
                        .max_requests_per_second = sc.max_requests_per_second_per_connection};
   // Each listener counts its own connections: a flood of the public port
   // leaves the admin API reachable.
+  // The exemptions (clients.trusted_proxies) and the IPv6 prefix an address
+  // is counted by (clients.ipv6_prefix) are the current policy's, read per
+  // connection: a reload applies them here as to the client identity.
   const ConnectionCaps caps{.max_connections = sc.max_connections,
                             .max_per_address = sc.max_connections_per_ip,
-                            .v6_prefix = s.start_config.clients.ipv6_prefix,
-                            .exempt = s.start_config.clients.trusted_proxies};
+                            .policies = &s.policies};
   s.listener =
       std::make_shared<Listener>(s.ioc, *ep, *s.router, limits, s.registry, caps, s.OneThread());
   if (Status st = s.listener->Open(); !st.ok()) return st;

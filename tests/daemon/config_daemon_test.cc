@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -59,6 +61,41 @@ TEST(ConfigDaemon, RedisFlagErrorListsEveryScheme) {
                      "or rediss+sentinel://"),
             std::string::npos)
       << out;
+}
+
+// Two connections at once from 127.0.0.1: the status the second is answered
+// with while the first is open (0: closed at once, over the per-address cap).
+int SecondConnectionsStatus(int port) {
+  const std::string req = "GET /nowhere HTTP/1.1\r\nHost: rl\r\n\r\n";
+  const int first = Connect(port);
+  std::string pending;
+  EXPECT_TRUE(SendAll(first, req));
+  EXPECT_NE(ReadResponse(first, pending, std::chrono::seconds(5)).status, 0);  // counted: open
+  const int second = Connect(port);
+  std::string more;
+  SendAll(second, req);
+  const int status = ReadResponse(second, more, std::chrono::seconds(5)).status;
+  ::close(second);
+  ::close(first);
+  return status;
+}
+
+// The per-address connection cap's exemptions are the trusted proxies in
+// effect: a reload that adds one applies to new connections as it does to
+// the client identity (they were the start config's until a restart).
+TEST(ConfigDaemon, AReloadedTrustedProxyIsExemptFromTheConnectionCap) {
+  const std::string dir = MakeTempDir();
+  const std::string file = dir + "/c.yaml";
+  WriteFile(file, "server: {max_connections_per_ip: 1}\n");
+  Daemon d({"--config", file});
+  ASSERT_TRUE(d.started()) << d.Log();
+  EXPECT_EQ(SecondConnectionsStatus(d.port()), 0);  // over the cap
+  WriteFile(file,
+            "server: {max_connections_per_ip: 1}\n"
+            "clients: {trusted_proxies: [127.0.0.1/32]}\n");
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", std::chrono::seconds(10))) << d.Log();
+  EXPECT_EQ(SecondConnectionsStatus(d.port()), 404) << d.Log();
 }
 
 TEST(ConfigDaemon, AfterAReloadTheConfigShowsWhatIsInEffect) {
