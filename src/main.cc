@@ -241,6 +241,12 @@ int main(int argc, char** argv) {
         std::cout << c->source << ": " << checked.status().message() << "\n";
         return 1;
       }
+      // The run-as user and group, and the upstream's host, as the start
+      // resolves them (on this machine).
+      if (auto s = ratelimit::server::CheckOnThisMachine(*c); !s.ok()) {
+        std::cout << c->source << ": " << s.message() << "\n";
+        return 1;
+      }
       warnings = std::move(*checked);
       for (const std::string& line : ratelimit::server::DescribeMeteredCosts(*c)) {
         std::cerr << line << "\n";

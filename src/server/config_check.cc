@@ -6,6 +6,8 @@
 
 #include "ratelimit/redis_store.h"
 #include "server/admin.h"
+#include "server/gateway.h"
+#include "server/privileges.h"
 
 namespace ratelimit::server {
 namespace {
@@ -87,6 +89,24 @@ StatusOr<std::vector<std::string>> CheckConfig(const policy::Config& c) {
     }
   }
   return warnings;
+}
+
+Status CheckOnThisMachine(const policy::Config& c) {
+  if (!c.server.user.empty()) {
+    // The start's lookup (ResolveRunAs), without its question whether this
+    // process may switch: --check-config need not run as the start does.
+    if (StatusOr<RunAs> who = LookUpRunAs(c.server.user, c.server.group); !who.ok()) {
+      return who.status();
+    }
+  }
+  if (!c.server.upstream.empty()) {
+    // The start's parse and resolution of the address; the gateway made
+    // here holds no connection and is dropped at once.
+    boost::asio::io_context ioc;
+    StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(ioc, c.server.upstream, {});
+    if (!g.ok()) return g.status();
+  }
+  return Status::Ok();
 }
 
 std::vector<std::string> DescribeMeteredCosts(const policy::Config& c) {

@@ -32,6 +32,16 @@ namespace ratelimit::server {
 
 StatusOr<std::vector<std::string>> CheckConfig(const policy::Config& config);
 
+// What the start checks against the machine it runs on, before it binds
+// anything: server.user and server.group name a user and a group of this
+// machine (the start's "--user: unknown user 'x'", "--group: unknown group
+// 'x'"), and server.upstream is an address the gateway takes whose host
+// resolves here ("cannot resolve upstream '...': ..."). `ratelimitd
+// --check-config` runs it as well as CheckConfig: its answer holds for the
+// machine it runs on (another host may have other users and names). Whether
+// this process could switch to the user (root) is not asked.
+Status CheckOnThisMachine(const policy::Config& config);
+
 // A line per route with a metered cost (cost: {settle_from: ...}): what it
 // reserves and where its actual cost is read ("route 'chat' reserves 1000
 // and settles from the sse_last_event usage.total_tokens, at most 8000").

@@ -18,7 +18,7 @@ std::string Errno(int e) { return std::strerror(e); }
 
 }  // namespace
 
-StatusOr<RunAs> ResolveRunAs(std::string_view user, std::string_view group) {
+StatusOr<RunAs> LookUpRunAs(std::string_view user, std::string_view group) {
   RunAs who;
   who.user = std::string(user);
   std::vector<char> buf(16384);
@@ -47,11 +47,18 @@ StatusOr<RunAs> ResolveRunAs(std::string_view user, std::string_view group) {
     getgrgid_r(who.gid, &gr, buf.data(), buf.size(), &gr_found);
     who.group = gr_found != nullptr ? gr.gr_name : std::to_string(who.gid);
   }
+  return who;
+}
+
+StatusOr<RunAs> ResolveRunAs(std::string_view user, std::string_view group) {
+  StatusOr<RunAs> found = LookUpRunAs(user, group);
+  if (!found.ok()) return found.status();
+  RunAs& who = *found;
   if (geteuid() != 0 && (geteuid() != who.uid || getegid() != who.gid)) {
     return InvalidArgument("--user " + who.user + ": cannot switch user or group without root " +
                            "(running as uid " + std::to_string(geteuid()) + ")");
   }
-  return who;
+  return found;
 }
 
 Status DropPrivileges(const RunAs& who) {

@@ -29,6 +29,9 @@ struct RunAs {
 // Errors: unknown user or group (kInvalidArgument), or the process cannot
 // switch to them (not root and not already that user; kInvalidArgument too).
 StatusOr<RunAs> ResolveRunAs(std::string_view user, std::string_view group);
+// The lookups alone (the same errors for an unknown user or group), without
+// asking whether this process could switch: what --check-config checks.
+StatusOr<RunAs> LookUpRunAs(std::string_view user, std::string_view group);
 
 // Sets the supplementary groups to just `gid`, then gid, then uid, and checks
 // that root cannot be regained. Any failure is an error: the caller must stop

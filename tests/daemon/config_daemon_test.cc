@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "harness.h"
 
@@ -52,6 +53,35 @@ TEST(ConfigDaemon, CheckConfigChecksTheFilesTheConfigNames) {
   std::tie(rc, out) = RunDaemon("--check-config " RL_EXAMPLES_DIR "/gateway.yaml");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("OK\n"), std::string::npos) << out;
+}
+
+// What the start resolves on its machine, --check-config resolves too, and
+// fails with the start's message: a run-as user this machine lacks, and an
+// upstream host that does not resolve. It printed OK for both.
+TEST(ConfigDaemon, CheckConfigResolvesTheRunAsUserAndTheUpstreamAsTheStartDoes) {
+  const std::string dir = MakeTempDir();
+  for (const auto& [yaml, message] : std::vector<std::pair<std::string, std::string>>{
+           {"server: {user: rl-no-such-user}\n", "--user: unknown user 'rl-no-such-user'"},
+           {"server: {upstream: \"http://rl-no-such-host.invalid:9000\"}\n"
+            "limits: {l: {algorithm: token_bucket, capacity: 5, refill_per_second: 1}}\n"
+            "global: [l]\n",
+            "cannot resolve upstream 'http://rl-no-such-host.invalid:9000': "}}) {
+    SCOPED_TRACE(yaml);
+    WriteFile(dir + "/c.yaml", yaml);
+    auto [rc, out] = RunDaemon("--check-config " + dir + "/c.yaml");
+    EXPECT_EQ(rc, 1) << out;
+    ASSERT_EQ(out.rfind(dir + "/c.yaml: " + message, 0), 0u) << out;
+    ASSERT_EQ(out.find('\n'), out.size() - 1) << out;  // one line
+    // The start stops with the same message (the whole of it).
+    const std::string prefix = dir + "/c.yaml: ";
+    std::string said = out.substr(prefix.size());
+    if (!said.empty() && said.back() == '\n') said.pop_back();
+    auto [start_rc, start_out] = RunDaemon("--config " + dir + "/c.yaml --listen 127.0.0.1:0 " +
+                                           "--admin-listen 127.0.0.1:0");
+    EXPECT_EQ(start_rc, 1) << start_out;
+    EXPECT_NE(start_out.find("\"error\":\"" + said + "\""), std::string::npos) << said << "\n"
+                                                                               << start_out;
+  }
 }
 
 TEST(ConfigDaemon, RedisFlagErrorListsEveryScheme) {
