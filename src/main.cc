@@ -357,8 +357,12 @@ int main(int argc, char** argv) {
                                         .store = store_config,
                                         .headers = envoy_section.headers};
     go.failure_mode = store_config.failure_mode;
-    if (!envoy_section.failure_mode.empty())
+    if (!envoy_section.failure_mode.empty()) {
       go.failure_mode = *ratelimit::ParseFailureMode(envoy_section.failure_mode);
+      go.own_failure_mode = true;
+    }
+    // store.failure_mode and expected_instances follow a reload, per call.
+    go.current_policy = [&server] { return server.CurrentPolicy(); };
     // On the server's threads (and, with one, the Redis client's): a call,
     // its batch and its answer need no hand-off between threads.
     auto g = ratelimit::grpcface::GrpcFace::Start(std::move(go), shared_store, server.Context());

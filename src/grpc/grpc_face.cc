@@ -208,34 +208,41 @@ struct GrpcFace::Impl {
     if (!ParseRequest(call, request)) return;
     struct Pending {
       std::shared_ptr<const envoy::Config> config;
+      // The daemon's policy of this call (its store settings), or null.
+      std::shared_ptr<const policy::Policy> policy;
       envoy::Request request;
       envoy::RequestPlan plan;
     };
     auto p = std::make_shared<Pending>();
     p->config = Config();
+    if (options.current_policy) p->policy = options.current_policy();
     p->request = FromProto(request);
     StatusOr<envoy::RequestPlan> plan = envoy::MakePlan(*p->config, p->request);
     if (!plan.ok()) return call.Finish(GrpcCode::kInvalidArgument, plan.status().message());
     p->plan = std::move(*plan);
-    DecideEnvoy(*enforcer, p->plan, options.failure_mode, options.store,
-                [this, p, call = std::move(call)](EnvoyDecided d) {
-                  if (d.unavailable) {
-                    return call.Finish(GrpcCode::kUnavailable,
-                                       "the rate limit store cannot decide: " + d.error.message());
-                  }
-                  if (!d.error.ok())
-                    return call.Finish(GrpcCode::kInvalidArgument, d.error.message());
-                  const envoy::Response r =
-                      envoy::Respond(p->plan, d.result ? &*d.result : nullptr,
-                                     d.shadow ? &*d.shadow : nullptr, Clock::System().NowMicros());
-                  pb::RateLimitResponse response;
-                  ToProto(r, &response);
-                  Count(p->plan, r, d.degraded);
-                  if (options.headers != policy::HeaderDialect::kNone && d.result) {
-                    AddHeaders(p->plan, *d.result, r, d.degraded, &response);
-                  }
-                  call.Reply(response.SerializeAsString());
-                });
+    // A reload's store.failure_mode and expected_instances apply to the next
+    // call, as on the HTTP faces (the rest of the store section is
+    // restart-bound: the policy keeps the running values).
+    const policy::StoreConfig& store = p->policy ? p->policy->config().store : options.store;
+    const FailureMode mode =
+        p->policy && !options.own_failure_mode ? store.failure_mode : options.failure_mode;
+    DecideEnvoy(*enforcer, p->plan, mode, store, [this, p, call = std::move(call)](EnvoyDecided d) {
+      if (d.unavailable) {
+        return call.Finish(GrpcCode::kUnavailable,
+                           "the rate limit store cannot decide: " + d.error.message());
+      }
+      if (!d.error.ok()) return call.Finish(GrpcCode::kInvalidArgument, d.error.message());
+      const envoy::Response r =
+          envoy::Respond(p->plan, d.result ? &*d.result : nullptr, d.shadow ? &*d.shadow : nullptr,
+                         Clock::System().NowMicros());
+      pb::RateLimitResponse response;
+      ToProto(r, &response);
+      Count(p->plan, r, d.degraded);
+      if (options.headers != policy::HeaderDialect::kNone && d.result) {
+        AddHeaders(p->plan, *d.result, r, d.degraded, &response);
+      }
+      call.Reply(response.SerializeAsString());
+    });
   }
 
   // grpc.health.v1: "" is the server, kRateLimitService its one service.

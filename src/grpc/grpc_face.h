@@ -26,12 +26,14 @@
 // each call on its connection's strand, no thread per call.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "grpc/decide.h"
 #include "policy/config.h"
+#include "policy/policy.h"
 #include "ratelimit/status.h"
 #include "ratelimit/store.h"
 
@@ -50,6 +52,13 @@ struct GrpcOptions {
   std::string envoy_config_dir;  // "" = no domains: every descriptor is OK without limit
   FailureMode failure_mode = FailureMode::kOpen;
   policy::StoreConfig store;  // deadline and the local failure mode's numbers
+  // When set (the daemon's current policy), each call takes the store
+  // settings a reload changes from it: store.expected_instances and, unless
+  // `own_failure_mode` (envoy.failure_mode was given: restart-bound, and
+  // then `failure_mode`), store.failure_mode. Unset: `store` and
+  // `failure_mode` as given.
+  std::function<std::shared_ptr<const policy::Policy>()> current_policy;
+  bool own_failure_mode = false;
   // response_headers_to_add for the descriptor closest to its limit (kNone:
   // off, as in envoyproxy/ratelimit).
   policy::HeaderDialect headers = policy::HeaderDialect::kNone;

@@ -62,7 +62,11 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
   std::string route;
   if (Status s = String(j, "route", &route); !s.ok()) return s;
   if (Status s = String(j, "name", &p.request.name); !s.ok()) return s;
-  if (policy != nullptr) p.request.failure_mode = policy->config().store.failure_mode;
+  if (policy != nullptr) {
+    p.request.failure_mode = policy->config().store.failure_mode;
+    p.request.expected_instances = policy->config().store.expected_instances;
+    p.request.closed_status = policy->config().store.closed_status;
+  }
   if (!route.empty()) {
     for (const char* f : {"name", "max_in_flight", "lease_ttl"}) {
       if (Field(j, f) != nullptr) {

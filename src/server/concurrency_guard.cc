@@ -60,8 +60,6 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   // start with kLocalLeasePrefix). Detached at shutdown: leases of the
   // server's store are then left to expire.
   std::unique_ptr<ResilientConcurrencyStore> store;
-  int expected_instances = 1;
-  int closed_status = 503;
   LogSampler error_log{10, "concurrency store errors suppressed"};
   Mutex mu;
   bool stopped RL_GUARDED_BY(mu) = false;
@@ -144,14 +142,11 @@ void LeaseGuard::Release(std::function<void()> then) {
       });
 }
 
-ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store,
-                                       const policy::StoreConfig& store_config)
+ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store)
     : state_(std::make_shared<LeaseGuard::State>()) {
   state_->executor = std::move(executor);
   state_->store = std::make_unique<ResilientConcurrencyStore>(
       &store, ResilientConcurrencyStore::Options{.on_failure = ConcurrencyFailureReporter()});
-  state_->expected_instances = std::max(1, store_config.expected_instances);
-  state_->closed_status = store_config.closed_status;
 }
 
 ConcurrencyLimiter::~ConcurrencyLimiter() { Stop(); }
@@ -183,7 +178,8 @@ void LeaseGuard::State::Try(std::shared_ptr<Waiter> w) {
       .name = w->req.name,
       .max_in_flight = w->req.config.max_in_flight,
       .lease_ttl = w->req.config.lease_ttl,
-      .on_failure = {.mode = w->req.failure_mode, .expected_instances = expected_instances}};
+      .on_failure = {.mode = w->req.failure_mode,
+                     .expected_instances = std::max(1, w->req.expected_instances)}};
   store->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
     st->OnResult(std::move(w), std::move(res));
   });
@@ -194,14 +190,14 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
   if (!r.ok()) {
     o.status = r.status().code() == StatusCode::kInvalidArgument
                    ? 400
-                   : static_cast<unsigned>(closed_status);  // failure mode error
+                   : static_cast<unsigned>(w->req.closed_status);  // failure mode error
     o.degraded = o.status != 400;
     o.error = o.degraded ? "the concurrency limit store is unavailable" : r.status().message();
     return Finish(std::move(w), std::move(o));
   }
   o.degraded = r->degraded;
   if (r->failed_closed) {
-    o.status = static_cast<unsigned>(closed_status);
+    o.status = static_cast<unsigned>(w->req.closed_status);
     o.error = "the concurrency limit store is unavailable";
     o.result = *std::move(r);
     return Finish(std::move(w), std::move(o));

@@ -86,6 +86,10 @@ struct ConcurrencyRequest {
   std::string route;  // the metrics label ("" for the decision API)
   policy::ConcurrencyConfig config;
   policy::FailureMode failure_mode = policy::FailureMode::kOpen;
+  // The policy's store.expected_instances and store.closed_status, as the
+  // request's policy has them (a reload changes them for the next request).
+  int expected_instances = 1;
+  int closed_status = 503;
 };
 
 class ConcurrencyLimiter {
@@ -93,8 +97,7 @@ class ConcurrencyLimiter {
   // `executor` runs the wait timers. `store` (shared by every instance) is
   // not owned: it must outlive the limiter and every lease (the server
   // destroys it after its io_context, where leases may still be held).
-  ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store,
-                     const policy::StoreConfig& store_config);
+  ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store);
   ~ConcurrencyLimiter();
 
   void Acquire(ConcurrencyRequest request, std::function<void(ConcurrencyOutcome)> done);

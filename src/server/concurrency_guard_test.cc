@@ -48,9 +48,14 @@ class LimiterTest : public testing::Test {
                              policy::FailureMode mode = policy::FailureMode::kOpen) {
     std::promise<ConcurrencyOutcome> p;
     auto f = p.get_future();
-    l.Acquire(
-        {.key = "user:ada", .name = "upload", .route = "upload", .config = c, .failure_mode = mode},
-        [&p](ConcurrencyOutcome o) { p.set_value(std::move(o)); });
+    l.Acquire({.key = "user:ada",
+               .name = "upload",
+               .route = "upload",
+               .config = c,
+               .failure_mode = mode,
+               .expected_instances = store_config_.expected_instances,
+               .closed_status = store_config_.closed_status},
+              [&p](ConcurrencyOutcome o) { p.set_value(std::move(o)); });
     return f.get();
   }
 
@@ -62,7 +67,7 @@ class LimiterTest : public testing::Test {
 };
 
 TEST_F(LimiterTest, RejectThenTheGuardReleases) {
-  ConcurrencyLimiter l(ioc_.get_executor(), memory_, store_config_);
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_);
   ConcurrencyOutcome first = Acquire(l, {.max_in_flight = 1});
   ASSERT_EQ(first.status, 200u);
   ASSERT_NE(first.lease, nullptr);
@@ -84,7 +89,7 @@ TEST_F(LimiterTest, FailureModes) {
   FailingConcurrencyStore down;
   store_config_.closed_status = 503;
   store_config_.expected_instances = 2;
-  ConcurrencyLimiter l(ioc_.get_executor(), down, store_config_);
+  ConcurrencyLimiter l(ioc_.get_executor(), down);
   ConcurrencyOutcome open = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kOpen);
   EXPECT_EQ(open.status, 200u);
   EXPECT_TRUE(open.degraded);
@@ -107,7 +112,7 @@ TEST_F(LimiterTest, FailureModes) {
 }
 
 TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {
-  ConcurrencyLimiter l(ioc_.get_executor(), memory_, store_config_);
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_);
   const policy::ConcurrencyConfig wait{.max_in_flight = 1,
                                        .on_limit = OnLimit::kWait,
                                        .max_wait = milliseconds(5000),
@@ -134,7 +139,7 @@ TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {
 }
 
 TEST_F(LimiterTest, GivesUpAfterMaxWait) {
-  ConcurrencyLimiter l(ioc_.get_executor(), memory_, store_config_);
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_);
   const policy::ConcurrencyConfig wait{
       .max_in_flight = 1, .on_limit = OnLimit::kWait, .max_wait = milliseconds(100)};
   ConcurrencyOutcome first = Acquire(l, wait);

@@ -230,11 +230,14 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   // seen: in the gateway (not to /v1/auth, whose request nginx forwards).
   std::optional<ConcurrencyRequest> concurrency;
   if (gateway_ != nullptr && limiter_ != nullptr && !auth && plan->concurrency) {
-    concurrency = ConcurrencyRequest{.key = plan->concurrency->key,
-                                     .name = plan->route->name,
-                                     .route = plan->route->name,
-                                     .config = *plan->concurrency->config,
-                                     .failure_mode = plan->concurrency->failure_mode};
+    concurrency =
+        ConcurrencyRequest{.key = plan->concurrency->key,
+                           .name = plan->route->name,
+                           .route = plan->route->name,
+                           .config = *plan->concurrency->config,
+                           .failure_mode = plan->concurrency->failure_mode,
+                           .expected_instances = policy->config().store.expected_instances,
+                           .closed_status = policy->config().store.closed_status};
   }
   const Face face = auth                              ? Face::kAuthRequest
                     : (gateway_ != nullptr || !demo_) ? Face::kGateway

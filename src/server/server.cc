@@ -135,8 +135,7 @@ Status Server::Start(std::shared_ptr<Store> store) {
       MakeConcurrencyStore(s.start_config.store, shared);
   if (!cs.ok()) return cs.status();
   s.concurrency_store = std::move(*cs);
-  s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store,
-                                                   s.start_config.store);
+  s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store);
   StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store, shared);
   if (!os.ok()) return os.status();
   s.overrides = std::make_unique<Overrides>(*std::move(os), Clock::System());
@@ -319,6 +318,10 @@ void Server::Impl::ScheduleSweep() {
     }
     ScheduleSweep();
   });
+}
+
+std::shared_ptr<const policy::Policy> Server::CurrentPolicy() const {
+  return impl_->policies.Get();
 }
 
 void Server::AddAdminView(std::string path, std::function<nlohmann::json()> view) {

@@ -80,6 +80,9 @@ class Server {
   // Binds the listener and prepares the faces, deciding with `store`. Logs
   // "listening".
   Status Start(std::shared_ptr<Store> store);
+  // The policy in effect (the last reload's): another face reads the
+  // settings a reload changes from it per call. Any thread.
+  std::shared_ptr<const policy::Policy> CurrentPolicy() const;
   // A read-only JSON view on the admin API (AdminApi::AddView), after Start.
   void AddAdminView(std::string path, std::function<nlohmann::json()> view);
   // Runs until SIGTERM/SIGINT and the drain; returns the exit code.

@@ -162,6 +162,31 @@ TEST(ConfigDaemon, RedisUnreachableAtStartIsSaidAndTheFailureModeServes) {
   EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
 }
 
+// store.closed_status is not restart-bound: after a reload the concurrency
+// limit's closed answer uses the new one, as the rate limits' does (the
+// limiter kept the start config's, while /v1/config showed the new one).
+TEST(ConfigDaemon, AReloadedClosedStatusAppliesToConcurrencyLimits) {
+  TestUpstream upstream;
+  const std::string dir = MakeTempDir();
+  const std::string file = dir + "/c.yaml";
+  auto config = [&](int closed_status) {
+    return "server: {upstream: \"http://127.0.0.1:" + std::to_string(upstream.port()) +
+           "\"}\nstore: {type: redis, url: \"redis://127.0.0.1:" + std::to_string(FreePort()) +
+           "\", failure_mode: closed, closed_status: " + std::to_string(closed_status) +
+           "}\nroutes:\n  - {name: work, path: /, concurrency: {max_in_flight: 2}}\n";
+  };
+  WriteFile(file, config(503));
+  Daemon d({"--config", file});
+  ASSERT_TRUE(d.started()) << d.Log();
+  EXPECT_EQ(Http(d.port(), "GET", "/x").status, 503);  // the leases' Redis is down: closed
+  WriteFile(file, config(429));                        // (the new url waits for a restart)
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", std::chrono::seconds(10))) << d.Log();
+  EXPECT_NE(Http(d.admin_port(), "GET", "/v1/config").body.find("closed_status: 429"),
+            std::string::npos);
+  EXPECT_EQ(Http(d.port(), "GET", "/x").status, 429);
+}
+
 TEST(ConfigDaemon, AnUpstreamWithoutLimitsIsWarnedAbout) {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/c.yaml", "server: {upstream: \"http://127.0.0.1:1\"}\n");

@@ -218,6 +218,46 @@ TEST_P(EnvoyFailure, DeadRedisUnderLoadIsAnsweredInTimeByTheFailureMode) {
       transition.over_bound.size(), during.over_bound.size(), stalls.size(), probes);
 }
 
+// store.failure_mode is not restart-bound: a reload applies it to the gRPC
+// face's next call, as to the HTTP faces' (the face kept the start config's,
+// while /v1/config showed the new one). Redis is not there at all.
+TEST(EnvoyReload, AReloadedStoreFailureModeDecidesTheNextCall) {
+  const std::string dir = rltest::MakeTempDir();
+  std::filesystem::create_directories(dir + "/envoy");
+  rltest::WriteFile(dir + "/envoy/d.yaml",
+                    "domain: d\ndescriptors:\n  - key: client\n"
+                    "    rate_limit: {unit: hour, requests_per_unit: 100}\n");
+  const int grpc_port = rltest::FreePort();
+  const std::string url = "redis://127.0.0.1:" + std::to_string(rltest::FreePort());
+  auto config = [&](const std::string& mode) {
+    return "server:\n  grpc_listen: 127.0.0.1:" + std::to_string(grpc_port) +
+           "\nstore:\n  type: redis\n  url: \"" + url + "\"\n  failure_mode: " + mode +
+           "\nenvoy:\n  config_dir: envoy\n";
+  };
+  rltest::WriteFile(dir + "/ratelimitd.yaml", config("open"));
+  rltest::Daemon d({"--config", dir + "/ratelimitd.yaml"});
+  ASSERT_TRUE(d.WaitForLog("gRPC listening", 10s)) << d.Log();
+  auto stub = pb::RateLimitService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(grpc_port), grpc::InsecureChannelCredentials()));
+  auto call = [&] {
+    pb::RateLimitRequest req;
+    req.set_domain("d");
+    auto* e = req.add_descriptors()->add_entries();
+    e->set_key("client");
+    e->set_value("a");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    pb::RateLimitResponse resp;
+    const grpc::Status s = stub->ShouldRateLimit(&ctx, req, &resp);
+    return Answer(s, resp);
+  };
+  EXPECT_EQ(call(), "OK");  // open
+  rltest::WriteFile(dir + "/ratelimitd.yaml", config("closed"));
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", 10s)) << d.Log();
+  EXPECT_EQ(call(), "OVER_LIMIT") << d.Log();
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EnvoyFailure,
                          ::testing::Values("open", "closed", "local", "error"));
 
