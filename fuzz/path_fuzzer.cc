@@ -2,7 +2,7 @@
 //
 // Invariants of an accepted path: it starts with '/'; no "//", no "." or ".."
 // segment, no trailing '/' (except "/"), no upper-case ASCII letter, no
-// control character. Canonical(Canonical(x)) == Canonical(x) whenever the
+// control character, no '\\'. Canonical(Canonical(x)) == Canonical(x) whenever the
 // first result holds none of the five bytes a second pass reads differently
 // ('%' is decoded again, '?' and '#' end the path, ' ' is refused, ';' starts
 // a segment's parameters): the path is fully decoded by design
@@ -31,6 +31,7 @@ int FuzzPath(const uint8_t* data, size_t size) {
     for (char c : p) {
       RL_FUZZ_CHECK(!(c >= 'A' && c <= 'Z'), detail);
       RL_FUZZ_CHECK(static_cast<unsigned char>(c) >= 0x20 && c != 0x7f, detail);
+      RL_FUZZ_CHECK(c != '\\', detail);  // a separator to WHATWG parsers: refused
     }
     if (in.find('%') == std::string_view::npos) {
       RL_FUZZ_CHECK(p.find(';') == std::string::npos, detail);

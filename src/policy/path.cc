@@ -21,22 +21,29 @@ bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
   return true;
 }
 
-// True when `path` (starting with '/', its query cut off) is its own
-// canonical form, as most are: every segment non-empty and not starting with
-// '.', no percent-escape, no path parameter (';'), no upper case, no control
-// character or space. Then the decoding and the walk over segments below
-// would return it unchanged.
 const Status kAmbiguousParameters = InvalidArgument(
     "request path has parameters on an empty or dot segment (';x', '.;x', '..;x'): upstreams "
     "disagree on what it names");
 
+const Status kAmbiguousLeadingSlashes =
+    InvalidArgument("request path starts with '//': URL parsers read its first segment as a host");
+const Status kAmbiguousBackslash = InvalidArgument(
+    "request path contains a '\\' or '%5C': upstreams disagree on whether it separates "
+    "segments");
+
+// True when `path` (starting with '/', its query cut off) is its own
+// canonical form, as most are: every segment non-empty and not starting with
+// '.', no percent-escape, no path parameter (';'), no '\', no upper case, no control
+// character or space. Then the decoding and the walk over segments below
+// would return it unchanged.
 bool AlreadyCanonical(std::string_view path) {
   if (path == "/") return true;
   for (size_t i = 0; i < path.size(); ++i) {
     const auto c = static_cast<unsigned char>(path[i]);
     if (c == '/') {
       if (i + 1 == path.size() || path[i + 1] == '/' || path[i + 1] == '.') return false;
-    } else if (c == '%' || c == ';' || c <= ' ' || c == 0x7f || (c >= 'A' && c <= 'Z')) {
+    } else if (c == '%' || c == ';' || c == '\\' || c <= ' ' || c == 0x7f ||
+               (c >= 'A' && c <= 'Z')) {
       return false;
     }
   }
@@ -65,6 +72,12 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
   if (target.empty() || target[0] != '/') {
     return InvalidArgument("request target must start with '/'");
   }
+  // A path starting with "//" is a network-path reference to a WHATWG URL
+  // parser (Node's `new URL(req.url, base)`, Deno, Bun, Hono) and to Python's
+  // urlsplit: "//evil/login" is host "evil", path "/login" there, so merging
+  // the slashes (our "/evil/login") would let a client reach /login outside
+  // its route. No one reading is safe for every upstream: refused.
+  if (target.size() >= 2 && target[1] == '/') return kAmbiguousLeadingSlashes;
   if (AlreadyCanonical(target)) return std::string(target);  // the request path's usual case
 
   // Decode, rejecting what would change the path's structure or smuggle bytes,
@@ -94,6 +107,10 @@ StatusOr<std::string> CanonicalPath(std::string_view target) {
         const auto b = static_cast<unsigned char>(c);
         if (!escaped && (IsControl(b) || c == ' ')) {
           refused = InvalidArgument("request path contains a control character or space");
+        } else if (c == '\\') {
+          // WHATWG URL parsers turn a raw '\' into '/' ("/x/..\login" is
+          // "/login" to them), and some servers decode %5C into one too.
+          refused = kAmbiguousBackslash;
         } else if (escaped && b == '/') {
           refused = InvalidArgument("request path contains an encoded '/' (%2F)");
         } else if (escaped && IsControl(b)) {

@@ -17,7 +17,7 @@ TEST(CanonicalPath, Table) {
       {"/", "/"},
       {"/login", "/login"},
       {"/Login", "/login"},
-      {"//login", "/login"},
+      {"/a//login", "/a/login"},
       {"/login/", "/login"},
       {"/./login", "/login"},
       {"/a/../login", "/login"},
@@ -104,7 +104,7 @@ TEST(CanonicalPath, PathParametersAreDroppedAndAnEscapedSemicolonIsData) {
 // escape keeps the second off that shortcut: whatever t, both must give the
 // same answer. Random t over the characters that matter to the rules.
 TEST(CanonicalPath, TheShortcutForCanonicalPathsAgreesWithTheFullWalk) {
-  constexpr std::string_view kAlphabet = "//..aZ9-~%2Ef e\x7f\xc3;;=3B";
+  constexpr std::string_view kAlphabet = "//..aZ9-~%2Ef e\x7f\xc3;;=3B\\5C";
   std::mt19937 rng(20261205);
   size_t shortcut = 0;
   for (int i = 0; i < 200'000; ++i) {
@@ -119,6 +119,25 @@ TEST(CanonicalPath, TheShortcutForCanonicalPathsAgreesWithTheFullWalk) {
     if (*a == plain) ++shortcut;
   }
   EXPECT_GT(shortcut, 1000u);  // the comparison did cover canonical inputs
+}
+
+// A path starting with "//" is a host to WHATWG URL parsers (Node's
+// `new URL(req.url, base)`, Deno, Bun, Hono) and to Python's urlsplit:
+// "//evil/login" is their "/login", not our "/evil/login". They also read a raw
+// '\' as '/' ("/x/..\login" is "/login"), and some servers decode %5C into a
+// separator. All are refused (400) as ambiguous; "//" inside a path is merged.
+TEST(CanonicalPath, LeadingDoubleSlashAndBackslashesAreRefused) {
+  for (std::string_view bad :
+       {"//login", "//evil/login", "///login", "//", "http://h//evil/login", "/x/..\\login",
+        "/\\evil/login", "\\login", "/login\\", "/a\\b", "/a%5Cb", "/a%5cb", "/x/..%5Clogin",
+        "/login;x=%5C", "/login;x\\y"}) {
+    StatusOr<std::string> got = CanonicalPath(bad);
+    ASSERT_FALSE(got.ok()) << bad << " -> " << *got;
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  for (std::string_view good : {"/a//login", "/a///b//", "/login?next=//evil", "/login?a=\\b"}) {
+    EXPECT_TRUE(CanonicalPath(good).ok()) << good;
+  }
 }
 
 TEST(CanonicalPath, RejectsMalformed) {

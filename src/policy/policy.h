@@ -158,7 +158,9 @@ StatusOr<std::string> CanonicalRoutePath(std::string_view path, RouteClass::Matc
 // segments resolved (never above the root), trailing slash dropped (except
 // "/"), lower-cased (route matching is case-insensitive; see
 // docs/configuration.md). The query is dropped. Malformed input (bad
-// percent-encoding, encoded '/' or NUL, not starting with '/') -> kInvalidArgument.
+// percent-encoding, encoded '/' or NUL, not starting with '/') and ambiguous
+// input (parameters on an empty or dot segment, a leading "//" that URL
+// parsers read as a host, a '\' or %5C) -> kInvalidArgument.
 // For policy decisions only: the upstream gets the target as it was sent.
 StatusOr<std::string> CanonicalPath(std::string_view target);
 

@@ -171,9 +171,18 @@ TEST_F(PolicyTest, ClientIpHeaderReadsOnlyTheHeaderTheProxiesSet) {
 }
 
 TEST_F(PolicyTest, LoginSpellingsAllHitTheLoginRoute) {
-  for (std::string_view t : {"/login", "/Login", "//login", "/login/", "/./login", "/a/../login",
-                             "/%6Cogin", "/LOGIN?next=/", "http://h/login"}) {
+  for (std::string_view t : {"/login", "/Login", "/login/", "/./login", "/a/../login", "/%6Cogin",
+                             "/LOGIN?next=/", "http://h/login", "/a//../login"}) {
     EXPECT_EQ(RouteOf("POST", t), "login") << t;
+  }
+  // Spellings that a WHATWG URL parser (Node, Deno, Bun) or Python's urlsplit
+  // serves as /login while merging the slashes would not: refused, never
+  // matched elsewhere ("//evil/login" is host evil, path /login, to them).
+  for (std::string_view t : {"//login", "//evil/login", "/x/..\\login", "/x/..%5Clogin",
+                             "/\\evil/login", "/x/..%5clogin"}) {
+    StatusOr<RequestPlan> p = Resolve("POST", t);
+    ASSERT_FALSE(p.ok()) << t << " -> " << p->canonical_path;
+    EXPECT_EQ(p.status().code(), StatusCode::kInvalidArgument) << t;
   }
   EXPECT_EQ(RouteOf("GET", "/login"), "none");     // methods: [POST]
   EXPECT_EQ(RouteOf("POST", "/login/x"), "none");  // exact

@@ -131,6 +131,37 @@ TEST(Gateway, PathParametersStayInTheirRouteAndReachTheUpstreamAsSent) {
   EXPECT_EQ(r.Header("RateLimit-Limit"), "100");
 }
 
+// A Node, Deno, Bun or Hono upstream (WHATWG `new URL(req.url, base)`) and
+// Python's urlsplit read "//evil/login" as host "evil", path "/login", and a
+// raw '\' as '/': merging the slashes ("/evil/login") would let a POST reach
+// the upstream's /login outside the login route. Refused (400), never
+// forwarded; "//" inside a path is still merged.
+TEST(Gateway, ALeadingDoubleSlashOrABackslashIsRefusedNotForwarded) {
+  TestUpstream upstream;
+  std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream.port()) +
+                "\nlimits:\n"
+                "  cheap: {algorithm: token_bucket, capacity: 100, refill_per_second: 0.01}\n"
+                "  login: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.01}\n"
+                "routes:\n"
+                "  - {name: login, path: /login, match: exact, cost: 10, limits: [login]}\n"
+                "  - {name: all, path: /, limits: [cheap]}\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const int before = upstream.requests();
+  for (const std::string t : {"//evil/login", "//login", "/x/..\\login", "/x/..%5Clogin",
+                              "/x/..%5clogin", "/\\evil/login", "http://h//evil/login"}) {
+    HttpResponse r = Http(d.port(), "POST", t, {}, "u=ada");
+    EXPECT_EQ(r.status, 400) << t << "\n" << r.raw_head << r.body;
+  }
+  EXPECT_EQ(upstream.requests(), before);
+  HttpResponse r = Http(d.port(), "POST", "/a//../login", {}, "u=ada");
+  ASSERT_EQ(r.status, 200) << r.raw_head << r.body;
+  EXPECT_EQ(json::parse(r.body)["target"], "/a//../login");
+  EXPECT_EQ(r.Header("RateLimit-Limit"), "20");
+}
+
 TEST(Gateway, UpstreamDownIs502AndTimeoutIs504) {
   std::string dir = MakeTempDir();
   WriteFile(dir + "/c.yaml", GatewayConfig(FreePort()));
