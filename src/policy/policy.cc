@@ -238,13 +238,38 @@ Identity Policy::Identify(const RequestView& request) const {
   return IdentifyImpl(request, &plan_index);
 }
 
+namespace {
+
+// `method` (as the request sent it) equal to `upper` (a route's method: upper
+// case, checked by Policy::Create) in ASCII upper case.
+bool MethodIs(std::string_view method, std::string_view upper) {
+  if (method.size() != upper.size()) return false;
+  for (size_t i = 0; i < method.size(); ++i) {
+    char c = method[i];
+    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+    if (c != upper[i]) return false;
+  }
+  return true;
+}
+
+// Whether a request's method is one of a route's `methods`. Upper-cased
+// first: Werkzeug (Flask) upper-cases the method it routes on, so "post"
+// reaches a POST view and must not escape a [POST] route. GET implies HEAD:
+// Go 1.22's ServeMux, Express and Flask serve HEAD with the GET handler.
+bool RouteTakesMethod(const std::vector<std::string>& methods, std::string_view method) {
+  const bool head = MethodIs(method, "HEAD");
+  for (const std::string& m : methods) {
+    if (MethodIs(method, m) || (head && m == "GET")) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 int Policy::RouteIndex(std::string_view method, std::string_view path) const {
   for (size_t i = 0; i < config_.routes.size(); ++i) {
     const RouteClass& r = config_.routes[i];
-    if (!r.methods.empty() &&
-        std::find(r.methods.begin(), r.methods.end(), method) == r.methods.end()) {
-      continue;
-    }
+    if (!r.methods.empty() && !RouteTakesMethod(r.methods, method)) continue;
     switch (r.match) {
       case RouteClass::Match::kExact:
         if (path == r.path) return static_cast<int>(i);

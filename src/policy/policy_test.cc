@@ -209,6 +209,24 @@ TEST_F(PolicyTest, PathParametersDoNotEscapeTheRoute) {
   EXPECT_EQ(RouteOf("GET", "/api%3Bsearch"), "none");
 }
 
+// Werkzeug (Flask) upper-cases the method before it routes, so "post /login"
+// is served by the POST view: a [POST] route must not be escaped by case. A
+// route's GET also takes HEAD, which Go 1.22's ServeMux, Express and Flask
+// serve with the GET handler. The method matched is not the one forwarded.
+TEST_F(PolicyTest, MethodsMatchInAnyCaseAndGetTakesHead) {
+  for (std::string_view m : {"POST", "post", "Post", "pOsT"}) {
+    EXPECT_EQ(RouteOf(m, "/login"), "login") << m;
+  }
+  for (std::string_view m : {"GET", "get", "HEAD", "head", "Head"}) {
+    EXPECT_EQ(RouteOf(m, "/api/items/7"), "item") << m;  // methods: [GET]
+    EXPECT_EQ(RouteOf(m, "/login"), "none") << m;        // methods: [POST]
+  }
+  EXPECT_EQ(RouteOf("POST", "/api/items/7"), "api");
+  EXPECT_EQ(RouteOf("POSTX", "/login"), "none");
+  EXPECT_EQ(RouteOf("POS", "/login"), "none");
+  EXPECT_EQ(RouteOf("HEADX", "/api/items/7"), "api");
+}
+
 TEST_F(PolicyTest, RouteMatching) {
   EXPECT_EQ(RouteOf("GET", "/api/search"), "search");
   EXPECT_EQ(RouteOf("GET", "/api/search/deep/x"), "search");
