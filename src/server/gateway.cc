@@ -192,7 +192,7 @@ StatusOr<std::unique_ptr<Gateway>> Gateway::Create(net::io_context& ioc, const s
   return std::unique_ptr<Gateway>(new Gateway(ioc, url, std::move(endpoints), options));
 }
 
-void Gateway::CloseIdle() { pool_.CloseIdle(); }
+void Gateway::CloseIdle() { pool_->CloseIdle(); }
 
 struct UpstreamConnection::Impl : std::enable_shared_from_this<Impl> {
   explicit Impl(const net::any_io_executor& ex) : socket(ex), deadline(ex, &Impl::Expire) {}
@@ -206,6 +206,10 @@ struct UpstreamConnection::Impl : std::enable_shared_from_this<Impl> {
   tcp::socket socket;
   LazyDeadline<Impl> deadline;
   bool timed_out = false;
+  // Idle in the pool: bumped by Park and Unpark, so that a read wait that
+  // completes after the connection was taken does nothing.
+  uint64_t parked = 0;
+  bool went_bad = false;  // a byte or the close arrived while idle, after it was taken
 };
 
 UpstreamConnection::UpstreamConnection(const net::any_io_executor& ex)
@@ -230,6 +234,49 @@ bool UpstreamConnection::timed_out() const { return impl_->timed_out; }
 void UpstreamConnection::ExpiresAfter(std::chrono::milliseconds d) {
   impl_->timed_out = false;
   impl_->deadline.ExpiresAfter(d, *impl_);
+}
+
+void Gateway::Park(std::unique_ptr<UpstreamConnection> c) {
+  // No system call and, with Asio's recycled handler memory, no allocation:
+  // the socket is registered with the reactor already. The wait starts before
+  // the connection is in the pool (after, an exchange could take it first);
+  // it cannot complete before this handler returns (same executor). A
+  // connection the pool has no room for is destroyed here, which cancels it.
+  // What it cannot see: bytes already in the socket when the answer's last
+  // read ended exactly at the answer's end (Asio waits for the next edge of
+  // its edge-triggered epoll), until more arrive; a request that must not be
+  // sent twice still peeks (Op::Send).
+  const std::shared_ptr<UpstreamConnection::Impl>& impl = c->impl_;
+  impl->went_bad = false;
+  impl->socket.async_wait(
+      tcp::socket::wait_read,
+      [pool = std::weak_ptr<Pool>(pool_), impl, generation = ++impl->parked](beast::error_code ec) {
+        if (ec == net::error::operation_aborted || impl->parked != generation) return;
+        const std::shared_ptr<Pool> p = pool.lock();
+        if (p == nullptr) return;  // the gateway is gone (its idle connections with it)
+        // Readable while idle: stray bytes (the end of an answer longer than
+        // it said), or the upstream's close (its idle timeout). Either way the
+        // connection cannot carry a request. Rare: one peek to tell which.
+        char byte = 0;
+        if (::recv(impl->socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+          Log(Level::kWarn, "upstream error",
+              {{"detail", "upstream sent bytes on an idle connection after its answer: closed"}});
+        }
+        std::unique_ptr<UpstreamConnection> dropped =
+            p->TakeIf([&](const UpstreamConnection& u) { return u.impl_ == impl; });
+        // Destroyed (closed) when it was still idle; if an exchange took it
+        // meanwhile, its Unpark (queued behind this handler) sees this.
+        if (dropped == nullptr) impl->went_bad = true;
+      });
+  pool_->GiveBack(std::move(c));
+}
+
+bool Gateway::Unpark(UpstreamConnection& c) {
+  UpstreamConnection::Impl& impl = *c.impl_;
+  ++impl.parked;
+  beast::error_code ignored;
+  impl.socket.cancel(ignored);  // the reactor's queue only: no system call
+  return !std::exchange(impl.went_bad, false);
 }
 
 // One exchange with the upstream. After the response header arrives, the Op
@@ -260,16 +307,23 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 
   Op(Gateway& g, std::string w, std::function<void(Reply&&)> d)
       : gw(g), done(std::move(d)), wire(std::move(w)) {}
-  ~Op() override { gw.pool_.Finish(); }
+  ~Op() override { gw.pool_->Finish(); }
 
   void Start() {
-    stream = gw.pool_.TakeIdle();
+    stream = gw.pool_->TakeIdle();
     reused = stream != nullptr;
     if (!reused) return Connect();
     // A pooled connection is used on its own executor only (its timer's
-    // handler may be running there).
-    if (gw.options_.one_thread) return Send();
-    net::dispatch(stream->get_executor(), [self = shared_from_this()] { self->Send(); });
+    // handler, and its idle read wait's, may be running there).
+    if (gw.options_.one_thread) return SendOnPooled();
+    net::dispatch(stream->get_executor(), [self = shared_from_this()] { self->SendOnPooled(); });
+  }
+
+  void SendOnPooled() {
+    if (Unpark(*stream)) return Send();
+    reused = false;  // the upstream wrote to it or closed it while it was idle
+    stream.reset();
+    Connect();
   }
 
   void Connect() {
@@ -470,11 +524,21 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
         });
   }
 
-  // The response is complete: keep the connection for the next request.
+  // The response is complete: keep the connection for the next request,
+  // unless bytes beyond the message were read with it (the upstream sent
+  // more than it said: a body after a HEAD answer, more than its
+  // Content-Length). Pooled, they would be read as the answer to the next
+  // request, another client's; bytes that come later are Park's.
   void ReleaseConnection() {
     if (!keep || stream == nullptr) return;
+    if (buffer.size() != 0) {
+      Log(Level::kWarn, "upstream error",
+          {{"detail", "bytes after the answer: connection closed"}, {"upstream", gw.url_}});
+      stream.reset();
+      return;
+    }
     stream->ExpiresNever();
-    gw.pool_.GiveBack(std::move(stream));
+    gw.Park(std::move(stream));
   }
 
   void Fail(unsigned status, std::string detail) {
@@ -499,7 +563,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 // a body or the method takes one (Beast's prepare_payload rule).
 void Gateway::Forward(const Request& request, std::string_view peer_ip,
                       std::function<void(Reply&&)> done) {
-  if (!pool_.TryStart()) {
+  if (!pool_->TryStart()) {
     return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
   }
   const HopByHop dropped(request.base());

@@ -18,7 +18,12 @@
 // Upstream refused/reset/garbled -> 502; no answer within `timeout` -> 504.
 // A request that fails on a reused idle connection before any byte of the
 // answer arrived is retried once on a new connection (the upstream closed the
-// idle connection first).
+// idle connection first). A connection is pooled only when nothing is left
+// unread after its answer, and while it is idle a read wait watches it (as
+// nginx's keepalive module does): a byte or the upstream's close meanwhile
+// drops it from the pool, so that bytes the upstream sent beyond an answer (a
+// body after a HEAD answer, more than its Content-Length) are never read as
+// the answer to the next request.
 //
 // Thread-safety: Forward may be called from any thread; `done` runs on a
 // gateway connection's executor (a strand, or the io_context's executor with
@@ -74,6 +79,7 @@ class UpstreamConnection {
   bool timed_out() const;
 
  private:
+  friend class Gateway;  // watches the socket while the connection is idle (Park)
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };
@@ -91,19 +97,30 @@ class Gateway {
 
  private:
   struct Op;
+  using Pool = UpstreamPool<UpstreamConnection>;
   Gateway(net::io_context& ioc, std::string url, tcp::resolver::results_type endpoints,
           GatewayOptions options)
       : ioc_(ioc),
         url_(std::move(url)),
         endpoints_(std::move(endpoints)),
         options_(options),
-        pool_(options.max_idle, options.max_active) {}
+        pool_(std::make_shared<Pool>(options.max_idle, options.max_active)) {}
+
+  // Gives `c` (an answer read whole, nothing left unread; on its executor) to
+  // the pool, with a read wait that drops it from there if the upstream sends
+  // a byte or closes it while it is idle.
+  void Park(std::unique_ptr<UpstreamConnection> c);
+  // Taken from the pool (on its executor): ends the wait. False when the
+  // connection turned bad while idle (the wait saw it after it was taken).
+  static bool Unpark(UpstreamConnection& c);
 
   net::io_context& ioc_;
   const std::string url_;
   const tcp::resolver::results_type endpoints_;
   const GatewayOptions options_;
-  UpstreamPool<UpstreamConnection> pool_;  // max_active and the idle connections
+  // max_active and the idle connections. Shared: an idle connection's wait
+  // holds it weakly, and may complete after the Gateway is gone.
+  const std::shared_ptr<Pool> pool_;
 };
 
 }  // namespace ratelimit::server

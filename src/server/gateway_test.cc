@@ -40,7 +40,13 @@ class FakeUpstream {
     kInterim,          // kEcho, after a 100 Continue and a 103 Early Hints
     kSwitch,           // answers 101 Switching Protocols, then keeps the connection
     kDropSecond,       // answers a connection's first request; reads the second, closes
+    kHeadBody,         // kKeepAlive, but a HEAD answer is followed 50 ms later by kStray
+    kOverlong,         // kKeepAlive, each answer followed by padding and kStray, one write
   };
+  // What a faulty upstream sends beyond an answer: read as the next request's
+  // answer, another client gets it.
+  static constexpr std::string_view kStray =
+      "HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\nsomeone-else's!";
 
   explicit FakeUpstream(Mode mode, int fields = 0)
       : mode_(mode),
@@ -157,10 +163,26 @@ class FakeUpstream {
           mode_ == Mode::kEcho || mode_ == Mode::kEchoLate || mode_ == Mode::kInterim
               ? ShowRequest(req)
               : std::string(req.target());
+      const bool head = req.method() == http::verb::head;
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
-                        body;
+                        (head ? "" : body);
+      if (mode_ == Mode::kOverlong) {
+        // Padding, then kStray where Beast's first read of a response (512
+        // bytes) ends: the padding is read with the answer, kStray stays in
+        // the socket, where the next request on the connection would find it.
+        const size_t pad_head =
+            std::string_view("HTTP/1.1 200 OK\r\nContent-Length: 000\r\n\r\n").size();
+        const size_t pad = 512 - out.size() - pad_head;
+        out += "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(pad) + "\r\n\r\n" +
+               std::string(pad, 'p');
+        out += kStray;
+      }
       net::write(s, net::buffer(out), ec);
+      if (mode_ == Mode::kHeadBody && head && !ec) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        net::write(s, net::buffer(kStray), ec);
+      }
       if (ec || mode_ == Mode::kClose || mode_ == Mode::kDropAfterAnswer) {
         s.shutdown(tcp::socket::shutdown_both, ec);
         closed_by_server_.fetch_add(1);
@@ -452,6 +474,52 @@ TEST_F(GatewayTest, ARequestTheUpstreamTookIsSentAgainOnlyIfIdempotent) {
     const Got g = Forward(req);
     EXPECT_EQ(g.status, c.status) << g.body;
     EXPECT_EQ(up.requests(), c.requests);  // /a, /b, and /b again if retried
+    Sync();
+    gateway_->CloseIdle();
+    Sync();
+    gateway_.reset();
+  }
+}
+
+// An upstream that sends more than its answer (a body after a HEAD answer,
+// more than its Content-Length) must not have the rest read as the answer to
+// the next request on the connection, another client's. Some of it was read
+// with the answer: the connection is not pooled (the rest may still be in the
+// socket, where the watch on an idle connection would not see it until more
+// arrives).
+TEST_F(GatewayTest, BytesReadBeyondAnAnswerKeepItsConnectionOutOfThePool) {
+  FakeUpstream up(FakeUpstream::Mode::kOverlong);
+  Open(up, {});
+  for (const http::verb method : {http::verb::get, http::verb::head}) {
+    Request req{method, "/first", 11};
+    req.set(http::field::host, "upstream.test");
+    EXPECT_EQ(Forward(req).status, 200u);
+    const Got g = Forward("/mine");
+    EXPECT_EQ(g.status, 200u);
+    EXPECT_EQ(g.body, "/mine") << "another request's answer";
+  }
+  EXPECT_EQ(up.connections(), 4);
+}
+
+// What arrives while the connection is idle in the pool (the reviewer's case:
+// a HEAD answered, its "body" 50 ms later): the read wait on the idle
+// connection sees it and drops the connection from the pool.
+TEST_F(GatewayTest, BytesArrivingOnAnIdleConnectionDropItFromThePool) {
+  for (const bool one_thread : {false, true}) {
+    SCOPED_TRACE(one_thread ? "one thread" : "strands");
+    FakeUpstream up(FakeUpstream::Mode::kHeadBody);
+    Open(up, {.one_thread = one_thread});
+    Request head{http::verb::head, "/h", 11};
+    head.set(http::field::host, "upstream.test");
+    EXPECT_EQ(Forward(head).status, 200u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const Got g = Forward("/mine");
+    EXPECT_EQ(g.status, 200u);
+    EXPECT_EQ(g.body, "/mine") << "another request's answer";
+    EXPECT_EQ(up.connections(), 2);
+    // A connection that stays quiet while idle is still reused.
+    EXPECT_EQ(Forward("/again").body, "/again");
+    EXPECT_EQ(up.connections(), 2);
     Sync();
     gateway_->CloseIdle();
     Sync();

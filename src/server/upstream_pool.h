@@ -6,6 +6,7 @@
 //   ... exchange ...
 //   pool.GiveBack(std::move(c));                 // only after a whole, reusable answer
 //   pool.Finish();                               // the exchange is over
+//   pool.TakeIf(is_c);                           // c went bad while idle: drop it
 //
 // Counts the exchanges in progress (at most max_active; TryStart refuses
 // beyond) and keeps at most max_idle idle keep-alive connections, the one
@@ -56,6 +57,20 @@ class UpstreamPool {
     } else {
       dropped = std::move(c);
     }
+  }
+  // Takes the idle connection for which `match` is true out of the pool (the
+  // caller drops it: one the upstream wrote to or closed while it was idle),
+  // or null when none is idle any more (taken by an exchange meanwhile).
+  template <typename Match>
+  std::unique_ptr<Conn> TakeIf(Match match) RL_EXCLUDES(mu_) {
+    LockGuard lock(mu_);
+    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+      if (!match(**it)) continue;
+      std::unique_ptr<Conn> c = std::move(*it);
+      idle_.erase(it);
+      return c;
+    }
+    return nullptr;
   }
   // Drops every idle connection (at shutdown).
   void CloseIdle() RL_EXCLUDES(mu_) {

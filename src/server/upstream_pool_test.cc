@@ -53,6 +53,20 @@ TEST_F(UpstreamPoolTest, TheLastGivenBackIsTakenFirst) {
   EXPECT_EQ(pool.TakeIdle()->id, 1);
 }
 
+// The gateway drops an idle connection the upstream wrote to or closed: out
+// of the pool whatever its place; null once an exchange has taken it.
+TEST_F(UpstreamPoolTest, TakeIfRemovesTheMatchingIdleConnectionOnly) {
+  UpstreamPool<FakeConn> pool(4, 4);
+  for (int i = 1; i <= 3; ++i) pool.GiveBack(std::make_unique<FakeConn>(i));
+  std::unique_ptr<FakeConn> two = pool.TakeIf([](const FakeConn& c) { return c.id == 2; });
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(two->id, 2);
+  EXPECT_EQ(pool.idle(), 2u);
+  EXPECT_EQ(pool.TakeIf([](const FakeConn& c) { return c.id == 2; }), nullptr);
+  EXPECT_EQ(pool.TakeIdle()->id, 3);
+  EXPECT_EQ(pool.TakeIdle()->id, 1);
+}
+
 TEST_F(UpstreamPoolTest, AtMostMaxIdleAreKeptTheRestAreClosed) {
   UpstreamPool<FakeConn> pool(/*max_idle=*/2, /*max_active=*/8);
   for (int i = 1; i <= 5; ++i) pool.GiveBack(std::make_unique<FakeConn>(i));
