@@ -171,6 +171,14 @@ void Session::OnHeader(beast::error_code ec) {
   if (!parser_->chunked() && parser_->get().count(http::field::transfer_encoding) > 0) {
     return Refuse(400, "malformed HTTP request: Transfer-Encoding does not end in chunked");
   }
+  // RFC 9112 3.2: an HTTP/1.1 request has exactly one Host field, and no
+  // request has two. Which one a proxy or an upstream would pick is anyone's
+  // guess (the gateway forwards the fields as they came).
+  if (const size_t hosts = parser_->get().count(http::field::host);
+      hosts > 1 || (hosts == 0 && parser_->get().version() >= 11)) {
+    return Refuse(400, hosts > 1 ? "malformed HTTP request: more than one Host field"
+                                 : "malformed HTTP request: HTTP/1.1 request without Host");
+  }
   if (parser_->is_done()) return Handle();
   body_bytes_ = 0;
   if (parser_->chunked()) head_fields_ = FieldCount();

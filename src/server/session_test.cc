@@ -469,6 +469,32 @@ TEST_F(SessionTest, AChunkedRequestWithTrailerFieldsIsRefused) {
   EXPECT_NE(problem.find("trailer fields"), std::string::npos) << problem;
 }
 
+// RFC 9112 3.2: an HTTP/1.1 request has exactly one Host, and no request
+// has two (which one a proxy or an upstream picks is anyone's guess). HTTP/1.0
+// may go without. Every face is behind the session, so every face refuses.
+TEST_F(SessionTest, AnHttp11RequestWithoutExactlyOneHostIsRefused) {
+  for (const std::string request :
+       {"GET /nohost HTTP/1.1\r\n\r\n", "GET /two HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        "GET /two HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n",
+        "POST /nohost HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"}) {
+    SCOPED_TRACE(request);
+    auto c = Connect();
+    c->Send(request);
+    const std::string problem = ExpectRefused(*c, 400);
+    EXPECT_NE(problem.find("Host"), std::string::npos) << problem;
+  }
+  auto two = Connect();
+  two->Send("GET /two HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n");
+  std::optional<Answer> a = two->Read();
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->result_int(), 400);
+  EXPECT_TRUE(two->ClosedByServer());
+  auto c = Connect();
+  c->Send("GET /old HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(c->Next().result_int(), 200);
+  EXPECT_EQ(handler_.seen().size(), 1u);
+}
+
 TEST_F(SessionTest, BodyAtTheLimitIsServed) {
   auto c = Connect({.max_body_bytes = 16});
   c->Send(Post("/upload", std::string(16, 'b')));

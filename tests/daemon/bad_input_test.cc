@@ -240,6 +240,32 @@ std::vector<Row> Table() {
       {"NUL in header value", Face::kMain,
        std::string("GET /api/x HTTP/1.1\r\nHost: rl\r\nX-A: a\0b\r\n\r\n", 43), 400},
       {"bare LF line ends", Face::kMain, "GET /api/x HTTP/1.1\nHost: rl\n\n", 400},
+      // RFC 9112 3.2: HTTP/1.1 needs exactly one Host; no version may have two.
+      {"gateway: no Host", Face::kMain, "GET /api/x HTTP/1.1\r\nX-A: 1\r\n\r\n", 400, true,
+       "without Host"},
+      {"gateway: two Hosts", Face::kMain, "GET /api/x HTTP/1.1\r\nHost: rl\r\nHost: evil\r\n\r\n",
+       400, true, "more than one Host"},
+      {"HTTP/1.0: two Hosts", Face::kMain, "GET /api/x HTTP/1.0\r\nHost: rl\r\nHost: evil\r\n\r\n",
+       400, true, "more than one Host"},
+      {"check: no Host", Face::kMain,
+       [] {
+         std::string r = Post("/v1/check", CheckBody("\"h\""));
+         return r.erase(r.find("Host: rl\r\n"), 10);
+       }(),
+       400, true, "without Host"},
+      {"HTTP/1.0: no Host is served", Face::kMain,
+       [] {
+         std::string r = Post("/v1/check", CheckBody("\"h10\""));
+         r.erase(r.find("Host: rl\r\n"), 10);
+         return r.replace(r.find("HTTP/1.1"), 8, "HTTP/1.0");
+       }(),
+       200, false},
+      {"auth: no Host", Face::kMain,
+       "GET /v1/auth HTTP/1.1\r\nX-Original-Method: GET\r\nX-Original-URI: /api/x\r\n\r\n", 400,
+       true, "without Host"},
+      {"auth: two Hosts", Face::kMain,
+       Get("/v1/auth", "Host: b\r\nX-Original-Method: GET\r\nX-Original-URI: /api/x\r\n"), 400,
+       true, "more than one Host"},
       // --- gateway ---
       {"gateway: bad percent escape", Face::kMain, Get("/api/%zz"), 400},
       {"gateway: NUL escape in path", Face::kMain, Get("/api/a%00b"), 400},
@@ -290,6 +316,15 @@ std::vector<Row> Table() {
        Admin("/v1/clients/k:" + std::string(300, 'a') + "/state"), 400},
       {"admin: top-denied n=-1", Face::kAdmin, Admin("/v1/top-denied?n=-1"), 400},
       {"admin: top-denied window=abc", Face::kAdmin, Admin("/v1/top-denied?window=abc"), 400},
+      {"admin: no Host", Face::kAdmin,
+       [] {
+         std::string r = Admin("/v1/config");
+         return r.erase(r.find("Host: rl\r\n"), 10);
+       }(),
+       400, true, "without Host"},
+      {"admin: two Hosts", Face::kAdmin,
+       Get("/v1/config", std::string("Host: b\r\nAuthorization: Bearer ") + kToken + "\r\n"), 400,
+       true, "more than one Host"},
       {"admin: huge header", Face::kAdmin,
        [] {
          std::string r = Admin("/v1/config");
