@@ -9,6 +9,7 @@
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
 
+#include "core/ascii.h"
 #include "core/steady_clock.h"
 #include "server/metrics.h"
 #include "server/problem.h"
@@ -35,6 +36,26 @@ namespace {
 std::string_view ReasonPhrase(unsigned status) {
   const std::string_view title = StatusTitle(status);
   return title != StatusTitle(0) ? title : http::obsolete_reason(http::int_to_status(status));
+}
+
+// Whether a request's Transfer-Encoding fields, together, list exactly one
+// coding, chunked (empty list elements aside: RFC 9110 5.6.1).
+bool OnlyChunked(const Request& req) {
+  int codings = 0;
+  bool other = false;
+  for (auto it = req.find(http::field::transfer_encoding);
+       it != req.end() && it->name() == http::field::transfer_encoding; ++it) {
+    std::string_view v = it->value();
+    while (!v.empty()) {
+      const size_t comma = v.find(',');
+      const std::string_view coding = core::Trim(v.substr(0, comma));
+      v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+      if (coding.empty()) continue;
+      ++codings;
+      other = other || !beast::iequals(coding, "chunked");
+    }
+  }
+  return codings == 1 && !other;
 }
 
 policy::IpAddress ToIp(const net::ip::address& a) {
@@ -170,6 +191,13 @@ void Session::OnHeader(beast::error_code ec) {
   // front of ratelimitd): refused, and the connection closed.
   if (!parser_->chunked() && parser_->get().count(http::field::transfer_encoding) > 0) {
     return Refuse(400, "malformed HTTP request: Transfer-Encoding does not end in chunked");
+  }
+  // RFC 9112 6.1: a transfer coding the server does not implement is a 501.
+  // The session decodes chunked only: another coding before it ("gzip,
+  // chunked", or gzip and chunked in two fields) would otherwise be dropped
+  // silently (the gateway forwards the body re-framed, without the field).
+  if (parser_->chunked() && !OnlyChunked(parser_->get())) {
+    return Refuse(501, "Transfer-Encoding other than chunked is not implemented");
   }
   // RFC 9112 3.2: an HTTP/1.1 request has exactly one Host field, and no
   // request has two. Which one a proxy or an upstream would pick is anyone's

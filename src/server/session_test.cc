@@ -425,6 +425,38 @@ TEST_F(SessionTest, ATransferEncodingNotEndingInChunkedIsRefusedAndNothingIsSmug
   }
 }
 
+// RFC 9112 6.1: the session decodes chunked and nothing else; another coding
+// before it was dropped silently (the gateway forwards the body re-framed).
+// 501, and the connection closes, whether the codings share a field or not.
+TEST_F(SessionTest, ATransferCodingOtherThanChunkedIsNotImplemented) {
+  for (std::string_view te :
+       {"gzip, chunked", "gzip\r\nTransfer-Encoding: chunked", "identity, chunked"}) {
+    SCOPED_TRACE(te);
+    auto c = Connect();
+    c->Send("POST /front HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: " + std::string(te) +
+            "\r\n\r\n1\r\nx\r\n0\r\n\r\n" + Get("/smuggled"));
+    const std::string body = ExpectRefused(*c, 501);
+    EXPECT_NE(body.find("Transfer-Encoding"), std::string::npos) << body;
+  }
+  // Beast reads these as not ending in chunked (a second chunked; a coding
+  // with parameters): 400, as in the test above.
+  for (std::string_view te : {"chunked, chunked", "x;p=1, chunked"}) {
+    SCOPED_TRACE(te);
+    auto c = Connect();
+    c->Send("POST /front HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: " + std::string(te) +
+            "\r\n\r\n1\r\nx\r\n0\r\n\r\n" + Get("/smuggled"));
+    ExpectRefused(*c, 400);
+  }
+  // One chunked, in any case and with empty list elements: served.
+  for (std::string_view te : {"Chunked", " , chunked ,"}) {
+    SCOPED_TRACE(te);
+    auto c = Connect();
+    c->Send("POST /one HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: " + std::string(te) +
+            "\r\n\r\n1\r\nx\r\n0\r\n\r\n");
+    EXPECT_EQ(c->Next().body(), "POST /one x");
+  }
+}
+
 TEST_F(SessionTest, AChunkedBodyWithExtensionsIsServedAndThePipelinedNextRequestToo) {
   auto c = Connect();
   c->Send(

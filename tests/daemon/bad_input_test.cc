@@ -216,6 +216,16 @@ std::vector<Row> Table() {
       {"Transfer-Encoding without chunked", Face::kMain,
        "POST /api/x HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: gzip\r\n\r\n" + Get("/api/smuggled"),
        400, true, "Transfer-Encoding does not end in chunked"},
+      // RFC 9112 6.1: only chunked is decoded; the rest would be dropped.
+      {"gzip then chunked", Face::kMain,
+       "POST /api/x HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+       "2\r\n{}\r\n0\r\n\r\n" +
+           Get("/api/smuggled"),
+       501, true, "not implemented"},
+      {"gzip and chunked in two fields", Face::kMain,
+       "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: "
+       "chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+       501, true, "not implemented"},
       {"bad chunk size", Face::kMain,
        "POST /v1/check HTTP/1.1\r\nHost: rl\r\nTransfer-Encoding: "
        "chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
