@@ -245,6 +245,13 @@ void Session::ReadBody() {
     if (ec || used == 0) break;
   }
   if (parser_->is_done()) return OnBody();
+  // Beast looks for CRLF only: a chunk line or trailer ending in a bare LF
+  // would be waited on until the read timeout. What the parser holds back
+  // here is framing (it takes chunk data as it arrives), where no LF may
+  // stand without its CR: a prompt 400, as for the head.
+  if (parser_->chunked() && HeldFramingHasBareLf()) {
+    return Refuse(400, "malformed HTTP request: a chunk line ends in a bare LF");
+  }
   const size_t held = body_bytes_ + buffer_.size();
   if (held > max) {
     return Refuse(
@@ -258,6 +265,16 @@ void Session::ReadBody() {
                             self->buffer_.commit(n);
                             self->ReadBody();
                           });
+}
+
+bool Session::HeldFramingHasBareLf() const {
+  const auto* data = static_cast<const char*>(buffer_.data().data());
+  const std::string_view held(data, buffer_.size());
+  for (size_t lf = held.find('\n'); lf != std::string_view::npos; lf = held.find('\n', lf + 1)) {
+    // At 0, its CR would have been taken without it: Beast takes a CRLF whole.
+    if (lf == 0 || held[lf - 1] != '\r') return true;
+  }
+  return false;
 }
 
 size_t Session::FieldCount() const {

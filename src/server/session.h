@@ -109,6 +109,9 @@ class Session : public std::enable_shared_from_this<Session>, public Holder {
   void ReadHeader();
   void ReadHead();
   void OnHeader(beast::error_code ec);
+  // Whether the bytes the parser holds back in a chunked body (framing: a
+  // chunk line, the trailer) have an LF without its CR.
+  bool HeldFramingHasBareLf() const;
   void ReadBody();
   void OnBody();
   size_t FieldCount() const;  // the request's header fields (and trailer, once read)

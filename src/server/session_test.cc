@@ -457,6 +457,32 @@ TEST_F(SessionTest, ATransferCodingOtherThanChunkedIsNotImplemented) {
   }
 }
 
+// Beast looks for CRLF only: chunk lines ending in a bare LF were waited on
+// until the read timeout, without an answer. A prompt 400 now, as for a head
+// with bare LFs, wherever the bare LF is (size line, after the data, the last
+// chunk, the trailer), also when it arrives after the head.
+TEST_F(SessionTest, ChunkLinesEndingInABareLfAre400NotATimeout) {
+  const SessionLimits limits{.read_timeout = std::chrono::milliseconds(5000)};
+  const std::string head = "POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (const std::string body : {"1\nx\n0\n\n", "1\r\nx\n0\r\n\r\n", "1\r\nx\r\n0\n\n",
+                                 "1\r\nx\r\n0\r\n\n", "1\r\nx\r\n0\r\nX-T: 1\n\r\n"}) {
+    SCOPED_TRACE(body);
+    for (const bool later : {false, true}) {
+      auto c = Connect(limits);
+      const auto start = std::chrono::steady_clock::now();
+      if (later) {
+        c->Send(head);
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        c->Send(body);
+      } else {
+        c->Send(head + body);
+      }
+      ExpectRefused(*c, 400);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+    }
+  }
+}
+
 TEST_F(SessionTest, AChunkedBodyWithExtensionsIsServedAndThePipelinedNextRequestToo) {
   auto c = Connect();
   c->Send(
@@ -525,6 +551,27 @@ TEST_F(SessionTest, AnHttp11RequestWithoutExactlyOneHostIsRefused) {
   c->Send("GET /old HTTP/1.0\r\n\r\n");
   EXPECT_EQ(c->Next().result_int(), 200);
   EXPECT_EQ(handler_.seen().size(), 1u);
+}
+
+// RFC 9110 8.6: a Content-Length list of identical values (or the same value
+// in two fields) is one length; differing ones are a 400 (BadInput rows "two
+// Content-Lengths", "Content-Length list"). The gateway re-frames the body,
+// so the upstream sees one Content-Length either way.
+TEST_F(SessionTest, RepeatedIdenticalContentLengthsCountAsOne) {
+  for (std::string_view cl : {"2, 3", "2\r\nContent-Length: 3"}) {
+    SCOPED_TRACE(cl);
+    auto c = Connect();
+    c->Send("POST /cl HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::string(cl) + "\r\n\r\nabc");
+    ExpectRefused(*c, 400);
+  }
+  for (std::string_view cl : {"2, 2", "2\r\nContent-Length: 2"}) {
+    SCOPED_TRACE(cl);
+    auto c = Connect();
+    c->Send("POST /cl HTTP/1.1\r\nHost: t\r\nContent-Length: " + std::string(cl) + "\r\n\r\nab" +
+            Get("/next"));
+    EXPECT_EQ(c->Next().body(), "POST /cl ab");
+    EXPECT_EQ(c->Next().body(), "GET /next ");
+  }
 }
 
 TEST_F(SessionTest, BodyAtTheLimitIsServed) {
