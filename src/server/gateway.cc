@@ -564,7 +564,9 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
 void Gateway::Forward(const Request& request, std::string_view peer_ip,
                       std::function<void(Reply&&)> done) {
   if (!pool_->TryStart()) {
-    return done(ProblemReply(503, "too many concurrent upstream requests", request.target()));
+    Reply r = ProblemReply(503, "too many concurrent upstream requests", request.target());
+    r.Add("Retry-After", "1");  // places free as exchanges end: soon
+    return done(std::move(r));
   }
   const HopByHop dropped(request.base());
 

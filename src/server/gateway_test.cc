@@ -211,6 +211,7 @@ struct Got {
   std::string body;
   bool body_ok = true;
   size_t fields = 0;  // header fields in the reply
+  std::string retry_after;
 };
 
 // Pulls a streamed body to its end (the connection goes back to the pool
@@ -275,8 +276,13 @@ class GatewayTest : public ::testing::Test {
   }
   std::future<Got> Start(const Request& req, std::promise<Got>& promise) {
     gateway_->Forward(req, "192.0.2.1", [&promise](Reply r) {
-      if (r.body_stream == nullptr)
-        return promise.set_value(Got{r.status, r.body, true, r.headers.size()});
+      if (r.body_stream == nullptr) {
+        Got g{r.status, r.body, true, r.headers.size()};
+        for (const auto& [name, value] : r.headers) {
+          if (name == "Retry-After") g.retry_after = value;
+        }
+        return promise.set_value(g);
+      }
       std::make_shared<Drainer>(std::move(r), &promise)->Pull();
     });
     return promise.get_future();
@@ -544,6 +550,7 @@ TEST_F(GatewayTest, BeyondMaxActiveTheAnswerIs503AndAPlaceFreesWhenAnExchangeEnd
   Got second = Forward("/second");  // answered at once, without the upstream
   EXPECT_EQ(second.status, 503u);
   EXPECT_NE(second.body.find("too many concurrent upstream requests"), std::string::npos);
+  EXPECT_EQ(second.retry_after, "1");
   ASSERT_EQ(f.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   EXPECT_EQ(f.get().status, 504u);  // the upstream never answered
   Sync();
