@@ -34,6 +34,45 @@ GroupOutcome Decide(Enforcer& e, const Limit& limit, FailureMode mode, int insta
   return out;
 }
 
+// A GET of `target` from 127.0.0.1 with no headers, enforced as the gateway
+// enforces it.
+Outcome EnforceGet(Enforcer& e, const std::shared_ptr<const policy::Policy>& policy,
+                   const std::string& target) {
+  auto plan = policy->Resolve(policy::RequestView{
+      .method = "GET",
+      .target = target,
+      .peer = policy::IpAddress::FromV4(0x7f000001),
+      .header = [](std::string_view) -> std::optional<std::string_view> { return std::nullopt; }});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  Outcome out;
+  if (plan.ok()) {
+    e.Enforce(policy, *std::move(plan), target, Face::kGateway,
+              [&out](Outcome o) { out = std::move(o); });
+  }
+  return out;
+}
+
+// /chat metered from the X-Usage response header (reserve 1000) on a
+// 10,000-token bucket, after `prefix` (e.g. a store section); nullptr if the
+// config is refused.
+std::shared_ptr<const policy::Policy> MeteredChat(const std::string& prefix) {
+  auto c = policy::ParseConfig(prefix + R"(
+limits:
+  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 100}
+routes:
+  - name: chat
+    path: /chat
+    limits: [tokens]
+    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}
+)",
+                               "metered.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  auto p = policy::Policy::Create(*std::move(c));
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *std::move(p) : nullptr;
+}
+
 TEST(Enforcer, FailOpenAllowsDegraded) {
   Enforcer e(std::make_shared<FailingStore>(Unavailable("redis down")), 100);
   Limit l = *Limit::TokenBucket("burst", 10, 1);
@@ -137,31 +176,12 @@ class CheckFailsStore final : public Store {
 TEST(Enforcer, ADegradedMeteredRequestIsNotSettled) {
   for (const char* mode : {"open", "local"}) {
     SCOPED_TRACE(mode);
-    auto c = policy::ParseConfig(std::string("store: {failure_mode: ") + mode + R"(}
-limits:
-  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 100}
-routes:
-  - name: chat
-    path: /chat
-    limits: [tokens]
-    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}
-)",
-                                 "degraded.yaml");
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    std::shared_ptr<const policy::Policy> policy = *policy::Policy::Create(*std::move(c));
+    const std::shared_ptr<const policy::Policy> policy =
+        MeteredChat(std::string("store: {failure_mode: ") + mode + "}\n");
+    ASSERT_NE(policy, nullptr);
     auto store = std::make_shared<CheckFailsStore>();
     Enforcer e(store, 100);
-    auto plan = policy->Resolve(
-        policy::RequestView{.method = "GET",
-                            .target = "/chat",
-                            .peer = policy::IpAddress::FromV4(0x7f000001),
-                            .header = [](std::string_view) -> std::optional<std::string_view> {
-                              return std::nullopt;
-                            }});
-    ASSERT_TRUE(plan.ok());
-    Outcome out;
-    e.Enforce(policy, *std::move(plan), "/chat", Face::kGateway,
-              [&out](Outcome o) { out = std::move(o); });
+    const Outcome out = EnforceGet(e, policy, "/chat");
     EXPECT_TRUE(out.allowed());
     EXPECT_TRUE(out.degraded);
     EXPECT_TRUE(out.charged.empty());
@@ -175,30 +195,12 @@ routes:
 // refused the larger delta, the settlement counted as an error and the
 // client paid only its reservation.
 TEST(Enforcer, ACostAboveTheLargestSettlementDebitsTheMost) {
-  auto c = policy::ParseConfig(R"(
-limits:
-  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 100}
-routes:
-  - name: chat
-    path: /chat
-    limits: [tokens]
-    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}
-)",
-                               "huge.yaml");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  std::shared_ptr<const policy::Policy> policy = *policy::Policy::Create(*std::move(c));
+  const std::shared_ptr<const policy::Policy> policy = MeteredChat("");
+  ASSERT_NE(policy, nullptr);
   ManualClock clock;
   auto store = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
   Enforcer e(store, 100);
-  auto plan = policy->Resolve(policy::RequestView{
-      .method = "GET",
-      .target = "/chat",
-      .peer = policy::IpAddress::FromV4(0x7f000001),
-      .header = [](std::string_view) -> std::optional<std::string_view> { return std::nullopt; }});
-  ASSERT_TRUE(plan.ok());
-  Outcome out;
-  e.Enforce(policy, *std::move(plan), "/chat", Face::kGateway,
-            [&out](Outcome o) { out = std::move(o); });
+  const Outcome out = EnforceGet(e, policy, "/chat");
   ASSERT_TRUE(out.allowed());
   Metrics& m = Metrics::Global();
   const uint64_t settled = m.Settlements(Metrics::SettleOutcome::kSettled).value();
@@ -237,18 +239,7 @@ routes:
   ManualClock clock;
   Enforcer e(std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock}), 100);
   for (int i = 0; i < 2; ++i) {
-    auto plan = policy->Resolve(
-        policy::RequestView{.method = "GET",
-                            .target = "/api",
-                            .peer = policy::IpAddress::FromV4(0x7f000001),
-                            .header = [](std::string_view) -> std::optional<std::string_view> {
-                              return std::nullopt;
-                            }});
-    ASSERT_TRUE(plan.ok());
-    Outcome out;
-    e.Enforce(policy, *std::move(plan), "/api", Face::kGateway,
-              [&out](Outcome o) { out = std::move(o); });
-    EXPECT_TRUE(out.allowed());  // shadow: never blocks
+    EXPECT_TRUE(EnforceGet(e, policy, "/api").allowed());  // shadow: never blocks
   }
   const std::vector<DenialEntry> denials = e.denials().ForClient("ip:127.0.0.1");
   ASSERT_EQ(denials.size(), 1u);

@@ -90,6 +90,18 @@ TEST(Gateway, ForwardsStripsHopByHopAppendsXffAndLimits) { ExpectForwardingAndLi
 // executor, without strands; the gateway must behave the same.
 TEST(Gateway, OneThreadForwardsTheSame) { ExpectForwardingAndLimits("  threads: 1\n"); }
 
+// A gateway in front of `upstream_port` whose /login (exact) costs 10 of a
+// 20-token bucket, and everything else 1 of a 100-token one.
+std::string LoginGatewayConfig(int upstream_port) {
+  return "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream_port) +
+         "\nlimits:\n"
+         "  cheap: {algorithm: token_bucket, capacity: 100, refill_per_second: 0.01}\n"
+         "  login: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.01}\n"
+         "routes:\n"
+         "  - {name: login, path: /login, match: exact, cost: 10, limits: [login]}\n"
+         "  - {name: all, path: /, limits: [cheap]}\n";
+}
+
 // An upstream such as Tomcat, Jetty or Spring serves "/login;x=1" as
 // "/login": a path parameter must not take a request out of the /login
 // route's class (cost 10) into the cheap catch-all. The upstream still gets
@@ -97,14 +109,7 @@ TEST(Gateway, OneThreadForwardsTheSame) { ExpectForwardingAndLimits("  threads: 
 TEST(Gateway, PathParametersStayInTheirRouteAndReachTheUpstreamAsSent) {
   TestUpstream upstream;
   std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml",
-            "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream.port()) +
-                "\nlimits:\n"
-                "  cheap: {algorithm: token_bucket, capacity: 100, refill_per_second: 0.01}\n"
-                "  login: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.01}\n"
-                "routes:\n"
-                "  - {name: login, path: /login, match: exact, cost: 10, limits: [login]}\n"
-                "  - {name: all, path: /, limits: [cheap]}\n");
+  WriteFile(dir + "/c.yaml", LoginGatewayConfig(upstream.port()));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
   HttpResponse r = Http(d.port(), "POST", "/login;jsessionid=0A1B?next=/", {}, "u=ada");
@@ -139,14 +144,7 @@ TEST(Gateway, PathParametersStayInTheirRouteAndReachTheUpstreamAsSent) {
 TEST(Gateway, ALeadingDoubleSlashOrABackslashIsRefusedNotForwarded) {
   TestUpstream upstream;
   std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml",
-            "server:\n  upstream: http://127.0.0.1:" + std::to_string(upstream.port()) +
-                "\nlimits:\n"
-                "  cheap: {algorithm: token_bucket, capacity: 100, refill_per_second: 0.01}\n"
-                "  login: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.01}\n"
-                "routes:\n"
-                "  - {name: login, path: /login, match: exact, cost: 10, limits: [login]}\n"
-                "  - {name: all, path: /, limits: [cheap]}\n");
+  WriteFile(dir + "/c.yaml", LoginGatewayConfig(upstream.port()));
   Daemon d({"--config", dir + "/c.yaml"});
   ASSERT_TRUE(d.started()) << d.Log();
   const int before = upstream.requests();
