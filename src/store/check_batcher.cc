@@ -175,7 +175,8 @@ void CheckBatcher::Flush() {
     // meanwhile: they leave as replies free calls, or fail at their
     // deadline there as any queued check does.
     LockGuard lock(mu_);
-    queue_.insert(queue_.begin(), std::make_move_iterator(batch.begin() + next),
+    queue_.insert(queue_.begin(),
+                  std::make_move_iterator(batch.begin() + static_cast<std::ptrdiff_t>(next)),
                   std::make_move_iterator(batch.end()));
   }
   // What stayed (a remainder held back by the call just sent, or checks
