@@ -477,10 +477,10 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     }
     if (action == "blocks") {
       if (req.method() == http::verb::delete_) {
-        return Blocks(std::move(*who), true, instance, std::move(done));
+        return Blocks(std::move(policy), std::move(*who), true, instance, std::move(done));
       }
       if (!get) return done(AdminMethodNotAllowed(path, "GET, DELETE"));
-      return Blocks(std::move(*who), false, instance, std::move(done));
+      return Blocks(std::move(policy), std::move(*who), false, instance, std::move(done));
     }
     if (action == "denials") {
       if (!get) return done(AdminMethodNotAllowed(path, "GET"));
@@ -616,6 +616,18 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
   });
 }
 
+namespace {
+// Whether two limits of one name and algorithm keep their state under the
+// same keys: a calendar quota's windows are named by their starts, which its
+// period and time zone decide.
+bool SameWindows(const Limit& a, const Limit& b) {
+  const Calendar* ca = a.calendar();
+  const Calendar* cb = b.calendar();
+  if (ca == nullptr || cb == nullptr) return ca == cb;
+  return WindowText(a) == WindowText(b) && ca->zone().name() == cb->zone().name();
+}
+}  // namespace
+
 struct AdminApi::ResetOp {
   std::shared_ptr<const policy::Policy> policy;
   std::shared_ptr<const OverrideTable> overrides;  // holds the override's limits
@@ -633,11 +645,13 @@ void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, s
   op->groups = std::move(who.groups);
   // With an override, the configured limits too: after a reset the client
   // finds full limits with the override and, once it is gone, without it.
-  // (A limit of the same name and algorithm is the same state.)
+  // (A limit of the same name and algorithm is the same state, but for a
+  // calendar quota of another period or time zone: its windows are other keys.)
   for (const policy::CheckGroup& g : who.configured) {
     for (const LimitCheck& c : g.checks) {
       const auto same = [&](const LimitCheck& o) {
-        return o.limit->name() == c.limit->name() && o.limit->algorithm() == c.limit->algorithm();
+        return o.limit->name() == c.limit->name() && o.limit->algorithm() == c.limit->algorithm() &&
+               SameWindows(*o.limit, *c.limit);
       };
       const bool listed = std::any_of(op->groups.begin(), op->groups.end(), [&](const auto& og) {
         return og.key == g.key && std::any_of(og.checks.begin(), og.checks.end(), same);
@@ -689,6 +703,9 @@ void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
 // group is one store key: the client's, or its IP's).
 struct AdminApi::BlocksOp {
   std::vector<std::pair<std::string, std::vector<const Limit*>>> groups;  // key, limits
+  // Hold the limits while the store answers: a reload may replace the policy
+  // meanwhile (the configured limits), an override change the table.
+  std::shared_ptr<const policy::Policy> policy;
   std::shared_ptr<const OverrideTable> overrides;  // holds the override's limits
   std::string client, instance;
   bool lift = false;
@@ -697,9 +714,10 @@ struct AdminApi::BlocksOp {
   std::function<void(Reply&&)> done;
 };
 
-void AdminApi::Blocks(Client who, bool lift, std::string instance,
-                      std::function<void(Reply&&)> done) {
+void AdminApi::Blocks(std::shared_ptr<const policy::Policy> policy, Client who, bool lift,
+                      std::string instance, std::function<void(Reply&&)> done) {
   auto op = std::make_shared<BlocksOp>();
+  op->policy = std::move(policy);
   for (const policy::CheckGroup& g : who.groups) {
     std::vector<const Limit*> ls;
     for (const LimitCheck& c : g.checks) {

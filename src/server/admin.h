@@ -98,7 +98,8 @@ class AdminApi {
   void ResetNext(std::shared_ptr<ResetOp> op);
   // GET shows the client's block periods in force, DELETE lifts them (issue 21).
   struct BlocksOp;
-  void Blocks(Client who, bool lift, std::string instance, std::function<void(Reply&&)> done);
+  void Blocks(std::shared_ptr<const policy::Policy> policy, Client who, bool lift,
+              std::string instance, std::function<void(Reply&&)> done);
   void BlocksNext(std::shared_ptr<BlocksOp> op);
   void Ready(std::shared_ptr<const policy::Policy> policy, std::function<void(Reply&&)> done);
   bool Authorized(const Request& request) const;

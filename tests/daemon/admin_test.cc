@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "harness.h"
+#include "support/redis_server.h"
 #include "json_calls.h"
 
 namespace rltest {
@@ -316,6 +317,42 @@ routes:
   HttpResponse next = Ping(d, "ada");
   EXPECT_EQ(next.status, 200) << next.body;
   EXPECT_EQ(next.Header("RateLimit-Remaining"), "1");
+}
+
+// A reset with an override clears the configured calendar quota's windows
+// too when the override moves it to another time zone (its windows are other
+// keys): once the override is gone, the client finds the quota full. Before,
+// a limit of the same name and algorithm counted as the same state and the
+// configured windows kept their count.
+// On Redis, where each window is a key named by its start (the memory store
+// keeps one state for the limit's name).
+TEST(AdminOverrides, AResetClearsTheConfiguredQuotaAnOverrideMovedToAnotherZone) {
+  ratelimit::testing::RedisServer redis;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", "store: {type: redis, url: \"" + redis.url() + R"("}
+server: {demo: true}
+limits:
+  monthly: {algorithm: fixed_window, limit: 2, window: 1mo, align: calendar, timezone: UTC}
+plans:
+  free: {limits: [monthly]}
+api_keys: {ada: free}
+routes:
+  - {name: ping, methods: [GET], path: /api/ping, match: exact,
+     limits: [{name: loose, algorithm: token_bucket, capacity: 100, refill_per_second: 1}]}
+)");
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  ASSERT_EQ(Ping(d, "ada").status, 200);
+  ASSERT_EQ(Ping(d, "ada").status, 200);
+  ASSERT_EQ(Ping(d, "ada").status, 429);  // the month's 2 are used
+  HttpResponse put =
+      Http(d.admin_port(), "PUT", "/v1/overrides/k:ada", {{"Content-Type", "application/json"}},
+           R"({"limits": {"monthly": {"timezone": "America/New_York"}}})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  ASSERT_EQ(Admin(d, "POST", "/v1/clients/k:ada/reset").status, 200);
+  ASSERT_EQ(Admin(d, "DELETE", "/v1/overrides/k:ada").status, 200);
+  HttpResponse next = Ping(d, "ada");
+  EXPECT_EQ(next.status, 200) << next.body;
 }
 
 // API keys that share their first characters stay apart in the admin views
