@@ -571,7 +571,13 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
   const HopByHop dropped(request.base());
 
   const std::string_view body = request.body();
-  const http::verb method = request.method();
+  // Beast reads the method case-sensitively ("head" is verb::unknown), as
+  // RFC 9110 has it; upstreams that upper-case it (Werkzeug) answer "head"
+  // as a HEAD, with no body, and routes match it so (policy.cc). Read so
+  // here too, or the exchange would wait for a body that never comes.
+  const http::verb method = request.method() != http::verb::unknown
+                                ? request.method()
+                                : http::string_to_verb(core::AsciiUpper(request.method_string()));
   const bool has_length = !body.empty() || method == http::verb::options ||
                           method == http::verb::put || method == http::verb::post;
   const Decimal length(body.size());

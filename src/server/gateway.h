@@ -22,8 +22,11 @@
 // unread after its answer, and while it is idle a read wait watches it (as
 // nginx's keepalive module does): a byte or the upstream's close meanwhile
 // drops it from the pool, so that bytes the upstream sent beyond an answer (a
-// body after a HEAD answer, more than its Content-Length) are never read as
-// the answer to the next request.
+// body after a HEAD answer, more than its Content-Length) are not read as the
+// answer to the next request. Two narrow races remain (Gateway::Park): bytes
+// all in the socket before the wait starts, and a wait that completes as an
+// exchange takes the connection; a request that must not be sent twice peeks
+// at the socket first.
 //
 // Thread-safety: Forward may be called from any thread; `done` runs on a
 // gateway connection's executor (a strand, or the io_context's executor with

@@ -163,7 +163,8 @@ class FakeUpstream {
           mode_ == Mode::kEcho || mode_ == Mode::kEchoLate || mode_ == Mode::kInterim
               ? ShowRequest(req)
               : std::string(req.target());
-      const bool head = req.method() == http::verb::head;
+      // As Werkzeug: the method upper-cased ("head" is a HEAD).
+      const bool head = beast::iequals(req.method_string(), "HEAD");
       std::string out = "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) +
                         "\r\n" + (mode_ == Mode::kClose ? "Connection: close\r\n" : "") + "\r\n" +
                         (head ? "" : body);
@@ -531,6 +532,25 @@ TEST_F(GatewayTest, BytesArrivingOnAnIdleConnectionDropItFromThePool) {
     Sync();
     gateway_.reset();
   }
+}
+
+// A lower-case "head" reaches an upstream that upper-cases methods as a
+// HEAD: its answer has no body whatever its Content-Length says, and the
+// exchange ends with the head (it waited for the body until the timeout,
+// then cut the answer and closed the connection).
+TEST_F(GatewayTest, ALowerCaseHeadIsAnsweredWithoutABody) {
+  FakeUpstream up(FakeUpstream::Mode::kKeepAlive);
+  Open(up, {.timeout = std::chrono::milliseconds(500)});
+  Request head{http::verb::unknown, "/h", 11};
+  head.method_string("head");
+  head.set(http::field::host, "upstream.test");
+  const Got g = Forward(head);
+  EXPECT_EQ(g.status, 200u);
+  EXPECT_EQ(g.body, "");
+  // The exchange ended with the head: its connection went back to the pool
+  // (cut at the timeout, it was closed).
+  EXPECT_EQ(Forward("/after").body, "/after");
+  EXPECT_EQ(up.connections(), 1);
 }
 
 TEST_F(GatewayTest, CloseIdleClosesThePooledConnections) {
