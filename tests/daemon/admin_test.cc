@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "harness.h"
-#include "support/redis_server.h"
 #include "json_calls.h"
+#include "support/redis_server.h"
 
 namespace rltest {
 namespace {
