@@ -30,6 +30,13 @@ if [[ "$bad" != "0" ]]; then
   exit 1
 fi
 echo "lint: $(echo "$files" | wc -l) files formatted"
+# Boost 1.74's beast::iequals reads one byte past its first argument when the
+# two differ only in case (ASan caught it): core::EqualsIgnoreCase instead.
+if hits=$(git grep -n 'beast::iequals' -- '*.h' '*.cc'); then
+  echo "$hits" | sed 's/^/beast::iequals: /'
+  echo "lint: use core::EqualsIgnoreCase (src/core/ascii.h)"
+  exit 1
+fi
 [[ ${LINT_TIDY:-1} == 0 ]] && exit 0
 
 for tool in clang clang++ clang-tidy run-clang-tidy cmake ninja python3; do

@@ -52,7 +52,7 @@ bool OnlyChunked(const Request& req) {
       v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
       if (coding.empty()) continue;
       ++codings;
-      other = other || !beast::iequals(coding, "chunked");
+      other = other || !core::EqualsIgnoreCase(coding, "chunked");
     }
   }
   return codings == 1 && !other;
@@ -214,7 +214,7 @@ void Session::OnHeader(beast::error_code ec) {
   const auto expect = parser_->get()[http::field::expect];
   // RFC 9110 10.1.1: an HTTP/1.0 client knows no interim answers; its
   // expectation is ignored.
-  if (parser_->get().version() >= 11 && beast::iequals(expect, "100-continue")) {
+  if (parser_->get().version() >= 11 && core::EqualsIgnoreCase(expect, "100-continue")) {
     http::async_write(socket_, continue_,
                       [self = shared_from_this()](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
