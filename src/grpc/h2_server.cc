@@ -17,6 +17,7 @@
 #include <charconv>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -34,9 +35,8 @@ using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr size_t kPrefix = 5;               // gRPC's message prefix: flag + length
-constexpr size_t kMaxPendingOut = 1 << 20;  // stop reading while this much is unsent
-constexpr size_t kMaxQueuedFrames = 4096;   // or while nghttp2 holds this many frames
+constexpr size_t kPrefix = 5;              // gRPC's message prefix: flag + length
+constexpr size_t kMaxQueuedFrames = 4096;  // stop reading while nghttp2 holds this many frames
 
 nghttp2_nv Header(std::string_view name, std::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -80,7 +80,8 @@ struct GrpcCall::Stream {
   std::string body;  // gRPC-framed
   bool too_big = false;
   bool crowded = false;  // refused: max_pending_request_bytes
-  bool expired = false;  // reset: incomplete after request_timeout
+  bool expired = false;  // reset: not handed to its handler within request_timeout
+  bool held = false;     // complete, in Conn::held (the answers are full)
   size_t pending = 0;    // body bytes counted in Conn::pending_bytes
   SteadyClock::time_point began;
   SteadyClock::time_point deadline = SteadyClock::time_point::max();
@@ -89,10 +90,18 @@ struct GrpcCall::Stream {
   bool started = false;     // response headers submitted with a data provider
   bool finished = false;    // Finish called: trailers follow the data
   bool closed = false;      // nghttp2 closed the stream, or the connection went
+  bool stuck = false;       // reset: its answer moved no byte within write_timeout
   std::string out;          // framed messages not yet handed to nghttp2
-  size_t out_off = 0;
+  size_t out_off = 0;       // (out.size() - out_off counts in Conn::answer_bytes)
+  // Since when its answer has waited without a byte leaving (Waiting()).
+  SteadyClock::time_point progress;
   std::string status, message;      // the trailers
   std::function<void()> on_closed;  // GrpcCall::OnClosed
+
+  size_t Unsent() const { return out.size() - out_off; }
+  // An answer has begun and not all of it left: its bytes wait for the
+  // client's window (or for nghttp2's queue), or its end does.
+  bool Waiting() const { return !closed && (finished || Unsent() > 0); }
 
   // The stream is over (runs on_closed once).
   void Closed() {
@@ -119,7 +128,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
         shared(std::move(sh)),
         handshake(socket.get_executor()),
         write_timer(socket.get_executor()),
-        request_timer(socket.get_executor()) {}
+        request_timer(socket.get_executor()),
+        answer_timer(socket.get_executor()) {}
 
   ~Conn() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -137,8 +147,10 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   net::steady_timer handshake;
   net::steady_timer write_timer;    // armed while an async_write waits (write_timeout)
   net::steady_timer request_timer;  // the oldest incomplete request's request_timeout
-  bool request_timer_armed = false;
-  size_t pending_bytes = 0;  // bodies of requests not yet complete
+  net::steady_timer answer_timer;   // the oldest waiting answer's write_timeout
+  bool request_timer_armed = false, answer_timer_armed = false;
+  size_t pending_bytes = 0;  // bodies of requests not yet handed to their handler
+  size_t answer_bytes = 0;   // the streams' answers not yet handed to nghttp2 (Stream::Unsent)
   uint64_t writes = 0;       // async_writes begun
   nghttp2_session* session = nullptr;
   std::array<uint8_t, 16 << 10> in{};
@@ -150,6 +162,9 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   bool flush_deferred = false;  // a Flush waits for the CompletionBatch's end
   std::unordered_map<int32_t, std::shared_ptr<Stream>> streams;
   std::vector<std::shared_ptr<Stream>> ready;  // complete requests, dispatched after mem_recv
+  // Complete requests waiting for the answers to drop below
+  // max_unsent_answer_bytes, in arrival order (open streams only).
+  std::deque<std::shared_ptr<Stream>> held;
 
   void Start() {
     nghttp2_session_callbacks* cb = nullptr;
@@ -178,7 +193,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   // Reads while what waits to be sent is bounded: a client that sends
   // without reading its answers stops being read (TCP then stops it).
   void Read() {
-    if (reading || closed || out.size() > kMaxPendingOut ||
+    if (reading || closed || out.size() > shared->options.max_unsent_answer_bytes ||
         nghttp2_session_get_outbound_queue_size(session) > kMaxQueuedFrames)
       return;
     reading = true;
@@ -205,11 +220,21 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   void Flush() {
     if (closed || writing || batch > 0) return;
     for (;;) {
-      const uint8_t* data = nullptr;
-      const ssize_t n = nghttp2_session_mem_send(session, &data);
-      if (n < 0) return Close();
-      if (n == 0) break;
-      out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      for (;;) {
+        const uint8_t* data = nullptr;
+        const ssize_t n = nghttp2_session_mem_send(session, &data);
+        if (n < 0) return Close();
+        if (n == 0) break;
+        out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+      }
+      // Answers left (the client's window opened, or a stuck one was reset):
+      // the requests that waited for room go to their handlers, and what
+      // they answer at once goes out with the rest.
+      if (held.empty() || AnswersFull()) break;
+      ++batch;
+      DispatchHeld();
+      --batch;
+      if (closed) return;
     }
     if (out.empty()) {
       if (nghttp2_session_want_read(session) == 0 && nghttp2_session_want_write(session) == 0)
@@ -254,7 +279,10 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     handshake.cancel();
     write_timer.cancel();
     request_timer.cancel();
+    answer_timer.cancel();
     pending_bytes = 0;
+    answer_bytes = 0;
+    held.clear();
     boost::system::error_code ignored;
     socket.shutdown(tcp::socket::shutdown_both, ignored);
     socket.close(ignored);
@@ -268,25 +296,44 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   }
 
   // A request's bytes stop counting against max_pending_request_bytes: it is
-  // complete, refused, reset or closed.
+  // handed to its handler, refused, reset or closed.
   void Release(Stream& s) {
     pending_bytes -= s.pending;
     s.pending = 0;
+  }
+  // Answers hold max_unsent_answer_bytes or more: complete requests wait.
+  bool AnswersFull() const {
+    return out.size() + answer_bytes >= shared->options.max_unsent_answer_bytes;
+  }
+  // `s` no longer waits for room (it closed, or expired).
+  void Unhold(const std::shared_ptr<Stream>& s) {
+    if (!s->held) return;
+    s->held = false;
+    std::erase(held, s);
   }
   size_t PendingCap() const {
     return std::max(shared->options.max_pending_request_bytes,
                     kPrefix + shared->options.max_message_bytes);
   }
 
-  // One timer per connection, at the oldest incomplete request's deadline.
+  // A timer of the connection's streams, armed once at the earliest
+  // deadline it keeps: `expire` looks at every stream and arms it again for
+  // the next one.
+  void ArmOnce(net::steady_timer& timer, bool& armed, SteadyClock::time_point at,
+               void (Conn::*expire)()) {
+    if (armed || closed) return;
+    armed = true;
+    timer.expires_at(at);
+    timer.async_wait(
+        [self = shared_from_this(), &armed, expire](const boost::system::error_code& ec) {
+          armed = false;
+          if (!ec && !self->closed) (self.get()->*expire)();
+        });
+  }
+
+  // At the oldest incomplete request's deadline.
   void ArmRequestTimer(SteadyClock::time_point at) {
-    if (request_timer_armed || closed) return;
-    request_timer_armed = true;
-    request_timer.expires_at(at);
-    request_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      self->request_timer_armed = false;
-      if (!ec && !self->closed) self->ExpireRequests();
-    });
+    ArmOnce(request_timer, request_timer_armed, at, &Conn::ExpireRequests);
   }
   void ExpireRequests() {
     const SteadyClock::time_point now = SteadyClock::now();
@@ -303,12 +350,58 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     }
     for (const std::shared_ptr<Stream>& s : expired) {
       s->expired = true;
+      Unhold(s);
       Release(*s);
       std::string().swap(s->body);
       nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
     }
     if (next != SteadyClock::time_point::max()) ArmRequestTimer(next);
     if (!expired.empty()) Flush();
+  }
+
+  // At the oldest waiting answer's write_timeout: an answer that has moved no byte for that long (a
+  // client that keeps its flow-control window shut) has its stream reset, and its bytes freed.
+  void ArmAnswerTimer(SteadyClock::time_point at) {
+    ArmOnce(answer_timer, answer_timer_armed, at, &Conn::ExpireAnswers);
+  }
+  void ExpireAnswers() {
+    const SteadyClock::time_point now = SteadyClock::now();
+    const auto timeout = shared->options.write_timeout;
+    SteadyClock::time_point next = SteadyClock::time_point::max();
+    std::vector<std::shared_ptr<Stream>> stuck;
+    for (auto& [id, s] : streams) {
+      if (!s->Waiting() || s->stuck) continue;
+      if (s->progress + timeout > now) {
+        next = std::min(next, s->progress + timeout);
+      } else if (Stalled(*s)) {
+        stuck.push_back(s);
+      } else {
+        // Behind the socket (write_timer's part) or nghttp2's queue: its
+        // wait counts from now.
+        s->progress = now;
+        next = std::min(next, now + timeout);
+      }
+    }
+    for (const std::shared_ptr<Stream>& s : stuck) {
+      s->stuck = true;
+      DropAnswer(*s);
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
+    }
+    if (next != SteadyClock::time_point::max()) ArmAnswerTimer(next);
+    if (!stuck.empty()) Flush();
+  }
+  // The client holds `s` up: its window (the stream's or the connection's)
+  // is shut, or the answer has all left and its request never ended (an
+  // early refusal: too big, crowded).
+  bool Stalled(const Stream& s) const {
+    if (nghttp2_session_get_stream_local_close(session, s.id) == 1) return true;
+    return nghttp2_session_get_stream_remote_window_size(session, s.id) <= 0 ||
+           nghttp2_session_get_remote_window_size(session) <= 0;
+  }
+  void DropAnswer(Stream& s) {
+    answer_bytes -= s.Unsent();
+    std::string().swap(s.out);
+    s.out_off = 0;
   }
 
   void GoAway() {
@@ -319,10 +412,36 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     Flush();
   }
 
-  // A complete request: the handler for its path, or the server's answer.
+  // A complete request (or one refused before its end): to its handler now,
+  // or, while the answers are full, once they have room.
   void Dispatch(const std::shared_ptr<Stream>& s) {
-    if (s->closed || s->dispatched) return;
+    if (s->closed || s->dispatched || s->expired || s->held) return;
+    // The server's own refusals answer at once and free what they held.
+    if (!s->too_big && !s->crowded && (!held.empty() || AnswersFull())) {
+      s->held = true;
+      held.push_back(s);
+      return;
+    }
+    Take(s);
+  }
+  void DispatchHeld() {
+    while (!held.empty() && !AnswersFull() && !closed) {
+      const std::shared_ptr<Stream> s = std::move(held.front());
+      held.pop_front();
+      s->held = false;
+      if (!s->closed && !s->dispatched && !s->expired) Take(s);
+    }
+  }
+  // The handler has the request, and then its bytes are freed: an answer
+  // that waits (for the store, for the client's window) keeps none.
+  void Take(const std::shared_ptr<Stream>& s) {
     s->dispatched = true;
+    Release(*s);
+    Route(s);
+    std::string().swap(s->body);
+  }
+  // The handler for the request's path, or the server's answer.
+  void Route(const std::shared_ptr<Stream>& s) {
     GrpcCall call(shared_from_this(), s);
     if (s->method != "POST") return RespondHttp(*s, "405");
     if (s->content_type.rfind("application/grpc", 0) != 0) return RespondHttp(*s, "415");
@@ -338,7 +457,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     }
     if (s->crowded) {
       return call.Finish(GrpcCode::kResourceExhausted,
-                         "incomplete requests on this connection hold more than " +
+                         "requests waiting on this connection hold more than " +
                              std::to_string(PendingCap()) + " bytes");
     }
     if (s->body.size() < kPrefix) return call.Finish(GrpcCode::kInternal, "no request message");
@@ -374,13 +493,19 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
 
   // On the strand: `message` (if any) joins the answer; `finish` ends it.
   void Answer(Stream& s, const std::string* message, bool finish, GrpcCode code, std::string why) {
-    if (closed || s.closed || s.finished) return;
-    if (message != nullptr) AppendFramed(s.out, *message);
+    if (closed || s.closed || s.finished || s.stuck) return;
+    const bool was_waiting = s.Waiting();
+    if (message != nullptr) {
+      const size_t before = s.out.size();
+      AppendFramed(s.out, *message);
+      answer_bytes += s.out.size() - before;
+    }
+    const SteadyClock::time_point now = SteadyClock::now();
     if (finish) {
-      if (code == GrpcCode::kOk && SteadyClock::now() > s.deadline) {
+      if (code == GrpcCode::kOk && now > s.deadline) {
         code = GrpcCode::kDeadlineExceeded;
         why = "the deadline passed before the answer";
-        if (!s.started) s.out.clear();
+        if (!s.started) DropAnswer(s);
       }
       s.finished = true;
       s.status = std::to_string(static_cast<int>(code));
@@ -401,6 +526,10 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       const nghttp2_nv nv[] = {Header(":status", "200"), Header("content-type", "application/grpc"),
                                Header("grpc-status", s.status), Header("grpc-message", s.message)};
       nghttp2_submit_response(session, s.id, nv, s.message.empty() ? 3 : 4, nullptr);
+    }
+    if (!was_waiting && s.Waiting()) {
+      s.progress = now;
+      ArmAnswerTimer(now + shared->options.write_timeout);
     }
   }
 
@@ -431,11 +560,16 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   }
 
   static ssize_t ReadOut(nghttp2_session* session, int32_t id, uint8_t* buf, size_t length,
-                         uint32_t* flags, nghttp2_data_source* source, void*) {
+                         uint32_t* flags, nghttp2_data_source* source, void* p) {
     auto* s = static_cast<Stream*>(source->ptr);
-    const size_t n = std::min(length, s->out.size() - s->out_off);
+    if (s->stuck) return NGHTTP2_ERR_DEFERRED;  // its RST_STREAM is on the way
+    const size_t n = std::min(length, s->Unsent());
     s->out.copy(reinterpret_cast<char*>(buf), n, s->out_off);
     s->out_off += n;
+    if (n > 0) {
+      Self(p).answer_bytes -= n;
+      s->progress = SteadyClock::now();
+    }
     if (s->out_off == s->out.size()) {
       s->out.clear();
       s->out_off = 0;
@@ -525,9 +659,10 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     Stream* s = Find(session, frame->hd.stream_id);
     if (s == nullptr || s->expired) return 0;
     // An oversized message is refused as soon as it is seen, not at its end.
+    // (A complete request's bytes count until its handler has it.)
     if (end || s->too_big || s->crowded) {
       Conn& c = Self(p);
-      c.Release(*s);
+      if (s->too_big || s->crowded) c.Release(*s);
       if (auto it = c.streams.find(s->id); it != c.streams.end()) c.ready.push_back(it->second);
     }
     return 0;
@@ -535,10 +670,15 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
 
   static int OnClose(nghttp2_session* session, int32_t id, uint32_t, void* p) {
     Conn& c = Self(p);
-    if (Stream* s = Find(session, id); s != nullptr) c.Release(*s);
+    if (Stream* s = Find(session, id); s != nullptr) {
+      c.Release(*s);
+      c.DropAnswer(*s);
+    }
     if (auto it = c.streams.find(id); it != c.streams.end()) {
       const std::shared_ptr<Stream> s = std::move(it->second);
       c.streams.erase(it);
+      c.Unhold(s);
+      std::string().swap(s->body);
       s->Closed();
     }
     return 0;

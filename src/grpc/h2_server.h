@@ -73,12 +73,24 @@ struct H2ServerOptions {
   size_t max_message_bytes = 4 << 20;
   // SETTINGS_MAX_CONCURRENT_STREAMS: calls one connection may have open.
   uint32_t max_concurrent_streams = 1024;
-  // Request bytes one connection may hold for requests not yet complete
-  // (never less than one message of max_message_bytes): the stream whose
-  // bytes would pass it is refused (RESOURCE_EXHAUSTED) and what it held is
-  // freed. Without it a client could pin max_concurrent_streams messages of
-  // max_message_bytes (4 GiB) per connection by never ending its requests.
+  // Request bytes one connection may hold for requests not yet handed to
+  // their handler (incomplete, or complete and waiting for room among the
+  // answers: max_unsent_answer_bytes), never less than one message of
+  // max_message_bytes: the stream whose bytes would pass it is refused
+  // (RESOURCE_EXHAUSTED) and what it held is freed. Without it a client
+  // could pin max_concurrent_streams messages of max_message_bytes (4 GiB)
+  // per connection by never ending its requests. A request's bytes are
+  // freed once its handler has it (GrpcCall::request).
   size_t max_pending_request_bytes = 8 << 20;
+  // Answer bytes one connection may hold unsent: written to a socket that
+  // did not take them yet, or waiting for the client's HTTP/2 flow-control
+  // window. While its socket holds more, the connection is not read (a
+  // client that sends without reading is held back by TCP); while its
+  // answers do, complete requests wait (counted in
+  // max_pending_request_bytes, reset after request_timeout) instead of
+  // going to their handler: a client that grants no window (an
+  // INITIAL_WINDOW_SIZE of 0, no WINDOW_UPDATE) cannot pile up answers.
+  size_t max_unsent_answer_bytes = 1 << 20;
   // A request still incomplete this long after its headers arrived has its
   // stream reset (RST_STREAM CANCEL) and its bytes freed: a request that
   // stops half-way would otherwise hold them as long as its connection.
@@ -93,7 +105,11 @@ struct H2ServerOptions {
   // A connection whose answers have waited this long for the socket (the
   // client stopped reading and the socket's buffers are full) is closed:
   // otherwise it would keep its place among max_connections and up to
-  // kMaxPendingOut bytes of answers for as long as the client likes.
+  // max_unsent_answer_bytes of answers for as long as the client likes. A
+  // stream whose answer has moved no byte this long (the client's
+  // flow-control window stays shut) is reset (RST_STREAM CANCEL), and its
+  // answer freed: otherwise it would stay open, and keep its slot among
+  // max_concurrent_streams, for as long as the connection.
   std::chrono::milliseconds write_timeout{10'000};
 };
 
@@ -103,8 +119,9 @@ class H2Server;
 // copy is the same call.
 class GrpcCall {
  public:
-  // The request message (without gRPC's 5-byte prefix). Valid while a copy
-  // of this handle lives.
+  // The request message (without gRPC's 5-byte prefix). Valid during the
+  // handler's call only: its bytes are freed when the handler returns (a
+  // call answered later keeps no request body); empty afterwards.
   std::string_view request() const;
   // From `grpc-timeout` (time_point::max() when none).
   std::chrono::steady_clock::time_point deadline() const;

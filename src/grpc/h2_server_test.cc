@@ -21,6 +21,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -532,6 +533,87 @@ TEST_F(H2ServerTest, ARequestStillIncompleteAfterTheRequestTimeoutIsReset) {
   }
   ASSERT_TRUE(answer.has_value());
   EXPECT_EQ(answer->Header("grpc-status"), "0");
+  close(fd);
+}
+
+// A client that grants no flow-control window (SETTINGS_INITIAL_WINDOW_SIZE
+// 0, and no WINDOW_UPDATE) cannot make a connection hold its requests and
+// answers for as long as it likes: a request's bytes are freed once its
+// handler has it; while unsent answers hold max_unsent_answer_bytes,
+// complete requests wait instead of going to their handler; and a stream
+// whose answer has moved no byte within write_timeout is reset (CANCEL).
+// Before, every request went to its handler and kept its bytes, and its
+// stream stayed open with its answer (200 requests of 1 MB held 201 MB).
+TEST_F(H2ServerTest, AClientThatGrantsNoWindowHoldsBoundedBytesAndItsStreamsAreReset) {
+  struct Seen {
+    std::mutex mu;
+    std::vector<size_t> taken;     // request sizes, as the handler got them
+    std::vector<size_t> at_close;  // request().size() when their streams closed
+  };
+  auto seen = std::make_shared<Seen>();
+  handlers_.emplace_back(kCheck, [seen](GrpcCall call) {
+    {
+      std::lock_guard lock(seen->mu);
+      seen->taken.push_back(call.request().size());
+    }
+    call.OnClosed([seen, call] {
+      std::lock_guard lock(seen->mu);
+      seen->at_close.push_back(call.request().size());
+    });
+    call.Reply(std::string(600, 'a'));  // 605 bytes framed
+  });
+  auto taken = [&] {
+    std::lock_guard lock(seen->mu);
+    return seen->taken;
+  };
+  Start({.max_unsent_answer_bytes = 1000, .write_timeout = 1s});
+  const int fd = Connect(server_->port());
+  ServerFrames frames(fd);
+  const std::string headers = RequestHeaders(kCheck);
+  const std::string no_window = std::string("\x00\x04", 2) + Be32(0);  // INITIAL_WINDOW_SIZE
+  std::string out = std::string(kPreface) + Frame(0x4, 0, 0, no_window);
+  for (uint32_t id : {1, 3, 5})
+    out += Frame(0x1, 0x4, id, headers) + Frame(0x0, 0x1, id, Framed(1000 + id / 2));
+  const auto sent = std::chrono::steady_clock::now();
+  ASSERT_TRUE(SendAll(fd, out));
+
+  // Two answers (1,210 bytes) fill the connection's 1,000: the third
+  // request waits.
+  for (int i = 0; i < 500 && taken().size() < 2; ++i) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(taken(), (std::vector<size_t>{1000, 1001}));
+
+  // Their answers never move: reset after write_timeout, and then the third
+  // request goes to its handler (its answer is stuck as well).
+  std::set<uint32_t> reset;
+  while (reset.size() < 2) {
+    std::optional<ServerFrames::Frame> f = frames.Next();
+    ASSERT_TRUE(f.has_value()) << "streams 1 and 3 were not reset";
+    if (f->type != 0x3) continue;
+    EXPECT_EQ(f->payload, Be32(0x8));  // CANCEL
+    reset.insert(f->stream);
+  }
+  EXPECT_EQ(reset, (std::set<uint32_t>{1, 3}));
+  EXPECT_GE(std::chrono::steady_clock::now() - sent, 900ms);
+  ASSERT_TRUE(frames.Await(0x3, 5).has_value()) << "stream 5 was not reset";
+  EXPECT_EQ(taken(), (std::vector<size_t>{1000, 1001, 1002}));
+  {
+    std::lock_guard lock(seen->mu);
+    EXPECT_EQ(seen->at_close, (std::vector<size_t>(3, 0)));  // no request kept its bytes
+  }
+
+  // A window opens: the connection serves on.
+  const std::string window = std::string("\x00\x04", 2) + Be32(65535);
+  ASSERT_TRUE(SendAll(
+      fd, Frame(0x4, 0, 0, window) + Frame(0x1, 0x4, 7, headers) + Frame(0x0, 0x1, 7, Framed(10))));
+  std::optional<ServerFrames::Frame> data = frames.Await(0x0, 7);
+  ASSERT_TRUE(data.has_value());
+  EXPECT_EQ(data->payload.size(), 605u);
+  std::optional<ServerFrames::Frame> trailers;
+  while ((trailers = frames.Await(0x1, 7)) && trailers->Header("grpc-status").empty()) {
+  }
+  ASSERT_TRUE(trailers.has_value());
+  EXPECT_EQ(trailers->Header("grpc-status"), "0");
   close(fd);
 }
 
