@@ -241,7 +241,9 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
   for (size_t i = 0; i < request.descriptors.size(); ++i) {
     const Descriptor& d = request.descriptors[i];
     DescriptorPlan& p = plan.descriptors[i];
-    if (d.entries.empty()) return InvalidArgument("a descriptor has no entries");
+    // A descriptor without entries (Envoy sends one when a request_headers
+    // action with skip_if_absent finds no header) matches no rule: OK, no
+    // limit, as in envoyproxy/ratelimit, and the others are decided.
     if (d.limit) {
       // requests_per_unit 0 blocks, as in a config file (envoyproxy/ratelimit
       // builds the override's rule as it builds a configured one).

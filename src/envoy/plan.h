@@ -104,11 +104,13 @@ inline size_t CheckOf(const RequestPlan& plan, const DescriptorPlan& p, size_t r
   return plan.check_of.empty() ? p.first_check + rule : plan.check_of[p.first_limit + rule];
 }
 
-// InvalidArgument for an empty domain, no descriptors, a descriptor without
-// entries, more than kMaxLimitsPerRequest limits, an override with an
-// unknown unit, or two descriptors that name one counter with different
-// limits (a `limit` override beside the configured rule of the same entries
-// and unit, with another requests_per_unit).
+// InvalidArgument for an empty domain, no descriptors, more than
+// kMaxLimitsPerRequest limits, an override with an unknown unit, or two
+// descriptors that name one counter with different limits (a `limit`
+// override beside the configured rule of the same entries and unit, with
+// another requests_per_unit). A descriptor without entries matches no rule
+// (OK, no limit); with a `limit` override it counts on the domain's counter
+// of no entries, as envoyproxy/ratelimit's override does.
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
 
 // A denied request's descriptors whose cost did not fit what their limits had

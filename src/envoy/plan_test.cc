@@ -84,6 +84,37 @@ TEST_F(EnvoyPlan, UnknownDomainAndNoMatchAreOkWithoutLimit) {
   EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
 }
 
+// A descriptor without entries (what Envoy sends for a request_headers
+// action with skip_if_absent when the header is missing) matches no rule:
+// OK, no limit, as in envoyproxy/ratelimit, and the request's other
+// descriptors are decided and counted. Before, the whole request was
+// INVALID_ARGUMENT, which Envoy lets through: a client that left out the
+// header passed every other limit (per IP, per user) as well.
+TEST_F(EnvoyPlan, ADescriptorWithoutEntriesHasNoLimitAndTheOthersCount) {
+  Request req{.domain = "d",
+              .descriptors = {Descriptor{}, Descriptor{.entries = {{"key3", "ip"}}}}};
+  for (uint32_t left : {9u, 8u}) {
+    Response r = Ask(req);
+    ASSERT_EQ(r.statuses.size(), 2u);
+    EXPECT_EQ(r.overall, Code::kOk);
+    EXPECT_EQ(r.statuses[0].code, Code::kOk);
+    EXPECT_FALSE(r.statuses[0].has_limit);
+    EXPECT_EQ(r.statuses[0].limit_remaining, 0u);
+    EXPECT_TRUE(r.statuses[1].has_limit);
+    EXPECT_EQ(r.statuses[1].limit_remaining, left);  // key3: 10 an hour, counted
+  }
+  Response alone = Ask({.domain = "d", .descriptors = {Descriptor{}}});
+  EXPECT_EQ(alone.overall, Code::kOk);
+  EXPECT_FALSE(alone.statuses[0].has_limit);
+  // With a `limit` override it is limited, on the domain's one counter of no
+  // entries (envoyproxy/ratelimit's override keys on the entries it has).
+  Request o{.domain = "d",
+            .descriptors = {Descriptor{
+                .limit = Descriptor::Override{.requests_per_unit = 1, .unit = Unit::kHour}}}};
+  EXPECT_EQ(Ask(o).overall, Code::kOk);
+  EXPECT_EQ(Ask(o).overall, Code::kOverLimit);
+}
+
 // A limit's name is part of its counters' keys (in Redis too): the same
 // request must name the same counter in every version, or an upgrade would
 // start every client's count again. "e" and 16 hex digits of a hash of the

@@ -293,6 +293,27 @@ TEST_F(GrpcFaceTest, IdenticalDescriptorsAreAnsweredEachInTurn) {
   EXPECT_EQ(next.overall_code(), rls::RateLimitResponse::OVER_LIMIT);
 }
 
+// Through the face, as Envoy sends it: a descriptor without entries (a
+// request_headers action with skip_if_absent, its header missing) is OK
+// without a limit, and the request's other descriptor still counts. Before,
+// the call failed with INVALID_ARGUMENT, and Envoy let the request through
+// past every limit.
+TEST_F(GrpcFaceTest, ADescriptorWithoutEntriesHasNoLimitAndTheOthersCount) {
+  rls::RateLimitResponse r;
+  grpc::Status s = Ask(Channel(), {Descriptor(), Desc("k", "no-header")}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(r.statuses_size(), 2);
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).code(), rls::RateLimitResponse::OK);
+  EXPECT_FALSE(r.statuses(0).has_current_limit());
+  EXPECT_EQ(r.statuses(1).current_limit().requests_per_unit(), 1u);
+  s = Ask(Channel(), {Descriptor(), Desc("k", "no-header")}, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.overall_code(), rls::RateLimitResponse::OVER_LIMIT);  // k: 1 a minute, spent
+  EXPECT_EQ(r.statuses(0).code(), rls::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(1).code(), rls::RateLimitResponse::OVER_LIMIT);
+}
+
 // A request's `limit` override of requests_per_unit 0 blocks, as
 // `requests_per_unit: 0` in the config does; before, INVALID_ARGUMENT.
 TEST_F(GrpcFaceTest, AnOverrideOfZeroBlocks) {
