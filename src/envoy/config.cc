@@ -135,7 +135,13 @@ class Parser {
       return Error(n["unit"].IsDefined() ? n["unit"] : n,
                    "invalid rate limit unit " + Quote(unit_text));
     } else {
-      r->period = UnitLength(r->unit) * (multiplier == 0 ? 1 : static_cast<int64_t>(multiplier));
+      // Checked before the product, which overflows int64 (a year x 300,000
+      // came out negative and passed the check below).
+      const int64_t unit_us = UnitLength(r->unit).count();
+      const int64_t times = multiplier == 0 ? 1 : static_cast<int64_t>(multiplier);
+      if (times > Limit::kMaxWindowMicros / unit_us)
+        return Error(n, "the period is longer than a year");
+      r->period = std::chrono::microseconds(unit_us * times);
     }
     if (!period.empty() && multiplier != 0)
       return Error(n["period"], "give 'period' or 'unit_multiplier', not both");
@@ -170,6 +176,14 @@ class Parser {
         return Error(n["burst"], "'burst' needs 'requests_per_unit' above 0");
       if (r->period > std::chrono::microseconds(Limit::kMaxWindowMicros))
         return Error(n, "the period is longer than a year");
+      // The store's limit is built per request from the rule: one it
+      // cannot build is refused here, not with every matching request.
+      if (StatusOr<Limit> l = RuleLimit(*r, "x"); !l.ok()) {
+        std::string why = l.status().message();
+        if (constexpr std::string_view kOf = "limit 'x': "; why.starts_with(kOf))
+          why.erase(0, kOf.size());
+        return Error(n, "cannot apply this rate_limit: " + why);
+      }
     }
     return Status::Ok();
   }
@@ -263,6 +277,23 @@ class Parser {
 };
 
 }  // namespace
+
+StatusOr<Limit> RuleLimit(const Rule& r, std::string name) {
+  const int64_t rpu = std::clamp<int64_t>(r.requests_per_unit, 1, Limit::kMaxCount);
+  const int64_t count = r.burst != 0 ? r.burst : rpu;
+  const double per_second =
+      static_cast<double>(r.requests_per_unit == 0 ? 1 : r.requests_per_unit) * 1e6 /
+      static_cast<double>(r.period.count());
+  switch (r.algorithm) {
+    case Algorithm::kTokenBucket: return Limit::TokenBucket(std::move(name), count, per_second);
+    case Algorithm::kLeakyBucket: return Limit::LeakyBucket(std::move(name), count, per_second);
+    case Algorithm::kSlidingWindow: return Limit::SlidingWindow(std::move(name), rpu, r.period);
+    case Algorithm::kSlidingLog: return Limit::SlidingLog(std::move(name), rpu, r.period);
+    case Algorithm::kFixedWindow: break;
+  }
+  if (r.calendar) return Limit::CalendarQuota(std::move(name), rpu, r.calendar);
+  return Limit::FixedWindow(std::move(name), rpu, r.period);
+}
 
 std::chrono::microseconds UnitLength(Unit unit) {
   switch (unit) {

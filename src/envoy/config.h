@@ -54,6 +54,14 @@ struct Rule {
   std::shared_ptr<const Calendar> calendar;
 };
 
+// The store's limit for `rule` (not `unlimited`), named `name`. A block
+// (requests_per_unit 0) is answered by the plan, not the store, which has no
+// limit of 0: the store is asked about a limit of 1 without counting. Above
+// Limit::kMaxCount the store counts to kMaxCount (the plan reports the
+// remainder on top). Loading refuses a rule it fails for (file:line), so
+// for a loaded rule only an invalid `name` can make it fail.
+StatusOr<Limit> RuleLimit(const Rule& rule, std::string name);
+
 struct Node {
   std::string key;          // "" for a domain's root
   std::string value;        // "" = any value of `key`

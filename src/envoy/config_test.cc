@@ -125,5 +125,55 @@ TEST(EnvoyConfig, MoreErrors) {
             "f.yaml:4: 'align' must be calendar or epoch, got 'lunar'");
 }
 
+// A rule the store cannot apply is refused when the file loads (and by
+// --check-config), with its file:line. Before, each of these loaded, and
+// every request that matched it failed (INVALID_ARGUMENT, which Envoy lets
+// through): the store's limit was built per request. A period of a year
+// times 300,000 overflowed int64 (undefined; it came out negative and
+// passed the check of the period's length).
+TEST(EnvoyConfig, ARuleTheStoreCannotApplyIsRefusedAtLoad) {
+  auto rule = [](const std::string& fields) {
+    Config c;
+    Status s = ParseDomain(
+        "domain: x\ndescriptors:\n  - key: a\n    rate_limit: {" + fields + "}\n", "f.yaml", c);
+    return s.ok() ? std::string("OK") : s.message();
+  };
+  const std::string refused = "f.yaml:4: cannot apply this rate_limit: ";
+  EXPECT_EQ(rule("algorithm: sliding_window, unit: year, requests_per_unit: 1000000"),
+            refused +
+                "limit x window (in ms) must stay below 2^53; use a smaller limit or window, or "
+                "fixed_window");
+  EXPECT_EQ(rule("algorithm: sliding_log, unit: day, requests_per_unit: 200000"),
+            refused + "limit must be at most 100000 for sliding_log");
+  EXPECT_EQ(rule("algorithm: token_bucket, unit: second, requests_per_unit: 2000000"),
+            refused + "refill_per_second must be at most 1000000 (one token per microsecond)");
+  EXPECT_EQ(rule("algorithm: token_bucket, unit: day, requests_per_unit: 1, burst: 1000"),
+            refused + "a full refill would take longer than 366 days; raise refill_per_second");
+  EXPECT_EQ(rule("algorithm: sliding_window, period: 1500us, requests_per_unit: 5"),
+            refused + "a sliding_window window must be whole milliseconds");
+  EXPECT_EQ(rule("unit: year, unit_multiplier: 300000, requests_per_unit: 5"),
+            "f.yaml:4: the period is longer than a year");
+  EXPECT_EQ(rule("unit: day, unit_multiplier: 367, requests_per_unit: 5"),
+            "f.yaml:4: the period is longer than a year");
+  // Their neighbours within the bounds load, and every rule that loads can
+  // be built.
+  for (const char* fine :
+       {"algorithm: sliding_window, unit: year, requests_per_unit: 200000",
+        "algorithm: sliding_log, unit: day, requests_per_unit: 100000",
+        "algorithm: token_bucket, unit: second, requests_per_unit: 1000000",
+        "algorithm: token_bucket, unit: day, requests_per_unit: 1, burst: 300",
+        "unit: day, unit_multiplier: 366, requests_per_unit: 5", "unit: year, requests_per_unit: 0",
+        "unit: second, requests_per_unit: 4294967295"}) {
+    SCOPED_TRACE(fine);
+    EXPECT_EQ(rule(fine), "OK");
+    Config c;
+    ASSERT_TRUE(ParseDomain(std::string("domain: x\ndescriptors:\n  - key: a\n    rate_limit: {") +
+                                fine + "}\n",
+                            "f.yaml", c)
+                    .ok());
+    EXPECT_TRUE(RuleLimit(c.domains.at("x").root.children.at("a").rules[0], "e0").ok());
+  }
+}
+
 }  // namespace
 }  // namespace ratelimit::envoy

@@ -75,27 +75,6 @@ struct Fnv {
   }
 };
 
-// The store's limit for `r`. requests_per_unit 0 (a block) is answered by the
-// plan, not the store, which has no limit of 0: the store is asked about a
-// limit of 1 without counting. Above Limit::kMaxCount the store counts to
-// kMaxCount (Respond reports the remainder on top).
-StatusOr<Limit> BuildLimit(const Rule& r, std::string name) {
-  const int64_t rpu = std::clamp<int64_t>(r.requests_per_unit, 1, Limit::kMaxCount);
-  const int64_t count = r.burst != 0 ? r.burst : rpu;
-  const double per_second =
-      static_cast<double>(r.requests_per_unit == 0 ? 1 : r.requests_per_unit) * 1e6 /
-      static_cast<double>(r.period.count());
-  switch (r.algorithm) {
-    case Algorithm::kTokenBucket: return Limit::TokenBucket(std::move(name), count, per_second);
-    case Algorithm::kLeakyBucket: return Limit::LeakyBucket(std::move(name), count, per_second);
-    case Algorithm::kSlidingWindow: return Limit::SlidingWindow(std::move(name), rpu, r.period);
-    case Algorithm::kSlidingLog: return Limit::SlidingLog(std::move(name), rpu, r.period);
-    case Algorithm::kFixedWindow: break;
-  }
-  if (r.calendar) return Limit::CalendarQuota(std::move(name), rpu, r.calendar);
-  return Limit::FixedWindow(std::move(name), rpu, r.period);
-}
-
 std::string MetricPath(const Node& node, const Descriptor& d) {
   if (!node.detailed_metric) return node.metric_path;
   std::string path;
@@ -308,7 +287,7 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
       std::string name(17, '0');
       name[0] = 'e';
       for (uint64_t v = h.h, i = 16; i > 0; --i, v >>= 4) name[i] = "0123456789abcdef"[v & 15];
-      StatusOr<Limit> limit = BuildLimit(rule, std::move(name));
+      StatusOr<Limit> limit = RuleLimit(rule, std::move(name));
       if (!limit.ok()) return limit.status();
       if (cost > limit->limit() || (rule.requests_per_unit == 0 && cost > 0)) {
         if (!p.too_big) p.too_big_rule = r;
