@@ -11,6 +11,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <csignal>
+#include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -155,7 +157,11 @@ struct GrpcFace::Impl {
   net::signal_set signals;
   std::unique_ptr<net::posix::stream_descriptor> watch;
   net::steady_timer debounce;
-  char watch_buf[4096];
+  alignas(inotify_event) char watch_buf[4096];
+  // The inotify watches (touched by the watch's read handler only, one at a
+  // time): per watch, the names of the path's components it watches ("" for
+  // the config directory itself: any change in it).
+  std::unordered_map<int, std::vector<std::string>> watches;
 
   std::shared_ptr<const envoy::Config> Config() const {
     LockGuard lock(config_mu);
@@ -319,14 +325,81 @@ struct GrpcFace::Impl {
     });
   }
 
+  // Watches the config directory by its path, not the directory first
+  // found there: the directory itself, and each directory on the way to it
+  // for the name of the next step. So a symlink on the way swapped for
+  // another (envoyproxy/ratelimit's RUNTIME_ROOT deployment with
+  // RUNTIME_WATCH_ROOT: `current -> v2` renamed over `current -> v1`), or
+  // the directory renamed or replaced, moves the watch to what the path
+  // names now, and reloads. Watches nothing that is gone.
+  void Rewatch() {
+    namespace fs = std::filesystem;
+    const int fd = watch->native_handle();
+    std::error_code ec;
+    fs::path dir = fs::absolute(options.envoy_config_dir, ec).lexically_normal();
+    if (!dir.has_filename()) dir = dir.parent_path();  // "conf/" (and "/")
+    constexpr uint32_t kSteps = IN_CREATE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
+                                IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR | IN_MASK_ADD;
+    constexpr uint32_t kDir = kSteps | IN_CLOSE_WRITE;
+    std::unordered_map<int, std::vector<std::string>> now;
+    if (const int wd = inotify_add_watch(fd, dir.c_str(), kDir); wd >= 0) now[wd].emplace_back();
+    fs::path step = dir;
+    for (fs::path up = dir.parent_path(); !step.filename().empty(); up = up.parent_path()) {
+      if (const int wd = inotify_add_watch(fd, up.c_str(), kSteps); wd >= 0)
+        now[wd].push_back(step.filename().string());
+      if (up == up.parent_path()) break;  // the root
+      step = up;
+    }
+    for (const auto& [wd, names] : watches) {
+      if (!now.contains(wd)) inotify_rm_watch(fd, wd);  // its IN_IGNORED is not ours
+    }
+    watches = std::move(now);
+  }
+
+  // What the events read say: reload (a change in the directory), and
+  // whether the path now names another directory (a step of it changed, or
+  // a watch ended).
+  struct Seen {
+    bool reload = false, rewatch = false;
+  };
+  Seen Events(size_t n) const {
+    Seen seen;
+    for (size_t at = 0; at + sizeof(inotify_event) <= n;) {
+      inotify_event e;
+      std::memcpy(&e, watch_buf + at, sizeof e);
+      const std::string_view name(watch_buf + at + sizeof e,
+                                  e.len == 0 ? 0 : strnlen(watch_buf + at + sizeof e, e.len));
+      at += sizeof e + e.len;
+      if ((e.mask & IN_Q_OVERFLOW) != 0) {
+        seen.reload = seen.rewatch = true;
+        continue;
+      }
+      const auto it = watches.find(e.wd);
+      if (it == watches.end()) continue;
+      const bool ended = (e.mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) != 0;
+      for (const std::string& step : it->second) {
+        if (ended || (!step.empty() && step == name)) {
+          seen.reload = seen.rewatch = true;
+        } else if (step.empty()) {
+          seen.reload = true;  // a file of the directory
+        }
+      }
+    }
+    return seen;
+  }
+
   void WatchDir() {
     watch->async_read_some(net::buffer(watch_buf),
-                           [this](const boost::system::error_code& ec, size_t) {
+                           [this](const boost::system::error_code& ec, size_t n) {
                              if (ec) return;
-                             debounce.expires_after(std::chrono::milliseconds(100));
-                             debounce.async_wait([this](const boost::system::error_code& e) {
-                               if (!e) (void)Reload();
-                             });
+                             const Seen seen = Events(n);
+                             if (seen.rewatch) Rewatch();
+                             if (seen.reload) {
+                               debounce.expires_after(std::chrono::milliseconds(100));
+                               debounce.async_wait([this](const boost::system::error_code& e) {
+                                 if (!e) (void)Reload();
+                               });
+                             }
                              WatchDir();
                            });
   }
@@ -368,9 +441,8 @@ StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
     Impl::Publish(*initial);
     const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
     if (fd >= 0) {
-      inotify_add_watch(fd, impl->options.envoy_config_dir.c_str(),
-                        IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE);
       impl->watch = std::make_unique<net::posix::stream_descriptor>(impl->ioc, fd);
+      impl->Rewatch();
       impl->WatchDir();
     }
   }

@@ -16,7 +16,9 @@
 //
 // The config directory is reloaded on SIGHUP and when a file in it changes
 // (inotify; 100 ms after the last change), atomically: a broken file is
-// logged and the config in use stays.
+// logged and the config in use stays. The watch follows the configured
+// path: a symlink on the way swapped (or the directory replaced) reloads
+// from what the path names now.
 //
 // The gRPC server under it is ours (h2_server.h: nghttp2's HTTP/2 and gRPC's
 // wire format on Asio), not gRPC C++: docs/envoy.md says why.

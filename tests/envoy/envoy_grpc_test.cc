@@ -301,6 +301,48 @@ TEST(EnvoyGrpc, ReloadsOnChangeAndSighupAndKeepsTheOldConfigOnError) {
   EXPECT_TRUE(d.daemon->started());
 }
 
+// envoyproxy/ratelimit's reload deployment (RUNTIME_ROOT a symlink,
+// RUNTIME_WATCH_ROOT=true): the config directory is reached through `cur ->
+// v1`, and a new version goes live by renaming a new symlink `cur -> v2`
+// over it. The swap reloads, and so does a change in v2 afterwards. Before,
+// the watch stayed on v1: neither was seen (its one event came when v1 was
+// deleted, and the watch died with it).
+TEST(EnvoyGrpc, ReloadsWhenASymlinkOnThePathIsSwapped) {
+  ASSERT_NO_FATAL_FAILURE(EnsureNodeModules());
+  const std::string root = MakeTempDir();
+  auto rule = [](int n) {
+    return "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: " +
+           std::to_string(n) + "}\n";
+  };
+  // Whether the face answers with `n` within 10 s (each call is a node
+  // process of its own).
+  auto serves = [](int port, int n) {
+    const std::string want = "\"requests_per_unit\":" + std::to_string(n) + ",";
+    for (const auto end = std::chrono::steady_clock::now() + 10s;;) {
+      if (Limit(port).find(want) != std::string::npos) return true;
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(100ms);
+    }
+  };
+  for (const char* v : {"v1", "v2"}) fs::create_directories(root + "/" + v + "/config");
+  WriteFile(root + "/v1/config/r.yaml", rule(5));
+  WriteFile(root + "/v2/config/r.yaml", rule(7));
+  fs::create_directory_symlink("v1", root + "/cur");
+  GrpcDaemon d({}, root + "/cur/config");
+  EXPECT_TRUE(serves(d.grpc_port, 5));
+
+  fs::create_directory_symlink("v2", root + "/cur.new");
+  fs::rename(root + "/cur.new", root + "/cur");  // atomic, as `mv -T` does
+  EXPECT_TRUE(serves(d.grpc_port, 7)) << d.daemon->Log();
+
+  WriteFile(root + "/v2/config/.r.yaml.tmp", rule(9));
+  fs::rename(root + "/v2/config/.r.yaml.tmp", root + "/v2/config/r.yaml");
+  EXPECT_TRUE(serves(d.grpc_port, 9)) << d.daemon->Log();
+  fs::remove_all(root + "/v1");  // the old version goes: nothing changes
+  std::this_thread::sleep_for(300ms);
+  EXPECT_TRUE(serves(d.grpc_port, 9));
+}
+
 // `align: calendar` on the gRPC face: a month of Berlin's calendar;
 // duration_until_reset is the time to local midnight on the 1st (by glibc's
 // reading of tzdata), allowed or over the limit, on the memory store and on
