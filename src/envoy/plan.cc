@@ -203,10 +203,16 @@ Decision Part(Decision d, int64_t asked, int64_t upto, bool taken, bool charged)
 
 }  // namespace
 
+Status TooManyDescriptors() {
+  return InvalidArgument("the request has more than " + std::to_string(kMaxDescriptorsPerRequest) +
+                         " descriptors");
+}
+
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
   if (request.domain.empty()) return InvalidArgument("rate limit domain must not be empty");
   if (request.descriptors.empty())
     return InvalidArgument("rate limit descriptor list must not be empty");
+  if (request.descriptors.size() > kMaxDescriptorsPerRequest) return TooManyDescriptors();
   RequestPlan plan;
   plan.store_key = "envoy:" + request.domain;
   plan.descriptors.resize(request.descriptors.size());

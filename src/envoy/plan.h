@@ -93,6 +93,12 @@ struct RequestPlan {
   RequestPlan& operator=(RequestPlan&&) = default;
 };
 
+// The most descriptors one request may have. Envoy sends one per
+// `rate_limits` entry of a route that applies (a handful); each costs the
+// plan and the answer hundreds of times its size on the wire (an empty
+// descriptor is 2 bytes: a 4 MiB request of them held about 1 GB).
+inline constexpr size_t kMaxDescriptorsPerRequest = 1024;
+
 // The most limits one request may apply: 32 descriptors of the config's
 // largest `rate_limits:` (8). More than kMaxChecksPerRequest are decided in
 // several store steps (grpc/decide.cc); this bounds how many.
@@ -105,13 +111,15 @@ inline size_t CheckOf(const RequestPlan& plan, const DescriptorPlan& p, size_t r
 }
 
 // InvalidArgument for an empty domain, no descriptors, more than
-// kMaxLimitsPerRequest limits, an override with an unknown unit, or two
-// descriptors that name one counter with different limits (a `limit`
-// override beside the configured rule of the same entries and unit, with
-// another requests_per_unit). A descriptor without entries matches no rule
-// (OK, no limit); with a `limit` override it counts on the domain's counter
-// of no entries, as envoyproxy/ratelimit's override does.
+// kMaxDescriptorsPerRequest descriptors, more than kMaxLimitsPerRequest limits, an override with an
+// unknown unit, or two descriptors that name one counter with different limits (a `limit` override
+// beside the configured rule of the same entries and unit, with another requests_per_unit). A
+// descriptor without entries matches no rule (OK, no limit); with a `limit` override it counts on
+// the domain's counter of no entries, as envoyproxy/ratelimit's override does.
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
+// MakePlan's answer to more than kMaxDescriptorsPerRequest descriptors (the
+// gRPC face gives it before parsing such a request).
+Status TooManyDescriptors();
 
 // A denied request's descriptors whose cost did not fit what their limits had
 // left are charged anyway, as envoyproxy/ratelimit's counters count every

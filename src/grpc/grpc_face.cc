@@ -21,6 +21,7 @@
 #include "envoy/describe.h"
 #include "envoy/plan.h"
 #include "envoy/service/ratelimit/v3/rls.pb.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "grpc/h2_server.h"
 #include "grpc/health/v1/health.pb.h"
 #include "ratelimit/clock.h"
@@ -49,6 +50,40 @@ bool ParseRequest(const GrpcCall& call, Message& m) {
   if (m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return true;
   call.Finish(GrpcCode::kInternal, "cannot parse the " + m.GetDescriptor()->name());
   return false;
+}
+
+// How many descriptors (field 2) the bytes of a RateLimitRequest hold,
+// counted up to `stop` without parsing them: a parsed descriptor costs a
+// hundred times its size on the wire or more, an empty one is 2 bytes.
+// Malformed bytes end the count (the parse then refuses them).
+size_t DescriptorsIn(std::string_view bytes, size_t stop) {
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  size_t n = 0;
+  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+    switch (tag & 7) {
+      case 0: {  // varint
+        uint64_t v = 0;
+        if (!in.ReadVarint64(&v)) return n;
+        break;
+      }
+      case 1:  // fixed64
+        if (!in.Skip(8)) return n;
+        break;
+      case 5:  // fixed32
+        if (!in.Skip(4)) return n;
+        break;
+      case 2: {  // length-delimited
+        uint32_t len = 0;
+        if (!in.ReadVarint32(&len) || len > bytes.size() || !in.Skip(static_cast<int>(len)))
+          return n;
+        if (tag >> 3 == 2 && ++n > stop) return n;
+        break;
+      }
+      default: return n;  // groups: not in this message
+    }
+  }
+  return n;
 }
 
 envoy::Request FromProto(const pb::RateLimitRequest& in) {
@@ -210,6 +245,11 @@ struct GrpcFace::Impl {
   }
 
   void ShouldRateLimit(GrpcCall call) {
+    // Refused before the parse, which would allocate for each descriptor.
+    if (DescriptorsIn(call.request(), envoy::kMaxDescriptorsPerRequest) >
+        envoy::kMaxDescriptorsPerRequest) {
+      return call.Finish(GrpcCode::kInvalidArgument, envoy::TooManyDescriptors().message());
+    }
     pb::RateLimitRequest request;
     if (!ParseRequest(call, request)) return;
     struct Pending {
