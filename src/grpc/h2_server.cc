@@ -37,6 +37,10 @@ namespace {
 
 constexpr size_t kPrefix = 5;              // gRPC's message prefix: flag + length
 constexpr size_t kMaxQueuedFrames = 4096;  // stop reading while nghttp2 holds this many frames
+// A drain's final GOAWAY follows its notice after the client acks the PING
+// sent with it (one round trip), or after this long at most.
+constexpr std::chrono::milliseconds kGoAwayNoticeWait{1000};
+constexpr uint8_t kDrainPing[8] = {'r', 'l', '-', 'd', 'r', 'a', 'i', 'n'};
 
 nghttp2_nv Header(std::string_view name, std::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
@@ -129,7 +133,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
         handshake(socket.get_executor()),
         write_timer(socket.get_executor()),
         request_timer(socket.get_executor()),
-        answer_timer(socket.get_executor()) {}
+        answer_timer(socket.get_executor()),
+        goaway_timer(socket.get_executor()) {}
 
   ~Conn() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -148,6 +153,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   net::steady_timer write_timer;    // armed while an async_write waits (write_timeout)
   net::steady_timer request_timer;  // the oldest incomplete request's request_timeout
   net::steady_timer answer_timer;   // the oldest waiting answer's write_timeout
+  net::steady_timer goaway_timer;   // a drain's notice: kGoAwayNoticeWait
   bool request_timer_armed = false, answer_timer_armed = false;
   size_t pending_bytes = 0;  // bodies of requests not yet handed to their handler
   size_t answer_bytes = 0;   // the streams' answers not yet handed to nghttp2 (Stream::Unsent)
@@ -156,6 +162,9 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   std::array<uint8_t, 16 << 10> in{};
   std::string out;  // being written
   bool writing = false, reading = false, closed = false, greeted = false;
+  // A drain: the notice (GOAWAY of 2^31-1) is out; its PING came back; the
+  // final GOAWAY is out.
+  bool noticed = false, drain_pinged = false, gone_away = false;
   int batch = 0;  // > 0: inside a read's dispatch; one Flush at its end
   // Answers handed to the strand and not yet given (GrpcCall; any thread).
   std::atomic<int> queued_answers{0};
@@ -205,6 +214,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       if (rv < 0) return self->Close();
       ++self->batch;
       for (std::shared_ptr<Stream>& s : std::exchange(self->ready, {})) self->Dispatch(s);
+      // After the streams the client sent before it saw the notice.
+      if (self->drain_pinged) self->FinalGoAway();
       --self->batch;
       self->Flush();
       self->Read();
@@ -280,6 +291,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     write_timer.cancel();
     request_timer.cancel();
     answer_timer.cancel();
+    goaway_timer.cancel();
     pending_bytes = 0;
     answer_bytes = 0;
     held.clear();
@@ -404,8 +416,27 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     s.out_off = 0;
   }
 
+  // A drain, in RFC 9113's two steps (section 6.8): a GOAWAY of 2^31-1
+  // (nghttp2's shutdown notice) tells the client to open no more streams,
+  // and a PING measures the round trip; once it is back (or after
+  // kGoAwayNoticeWait) the final GOAWAY names the last stream taken. The
+  // streams the client opened before the notice reached it are served: a
+  // single GOAWAY with the last stream processed so far refused them.
   void GoAway() {
-    if (closed) return;
+    if (closed || noticed) return;
+    noticed = true;
+    nghttp2_submit_shutdown_notice(session);
+    nghttp2_submit_ping(session, NGHTTP2_FLAG_NONE, kDrainPing);
+    goaway_timer.expires_after(kGoAwayNoticeWait);
+    goaway_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->FinalGoAway();
+    });
+    Flush();
+  }
+  void FinalGoAway() {
+    if (closed || gone_away) return;
+    gone_away = true;
+    goaway_timer.cancel();
     nghttp2_submit_goaway(session, NGHTTP2_FLAG_NONE,
                           nghttp2_session_get_last_proc_stream_id(session), NGHTTP2_NO_ERROR,
                           nullptr, 0);
@@ -652,6 +683,11 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
         c.greeted = true;
         c.handshake.cancel();
       }
+      return 0;
+    }
+    if (frame->hd.type == NGHTTP2_PING && (frame->hd.flags & NGHTTP2_FLAG_ACK) != 0 &&
+        std::memcmp(frame->ping.opaque_data, kDrainPing, sizeof kDrainPing) == 0) {
+      Self(p).drain_pinged = true;  // the read's end sends the final GOAWAY
       return 0;
     }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;

@@ -169,7 +169,9 @@ class H2Server {
   // Writes to the connections' sockets so far (each Flush that had bytes).
   uint64_t socket_writes() const;
 
-  // Stops accepting and sends GOAWAY on every connection: the calls in
+  // Stops accepting and sends GOAWAY on every connection, in RFC 9113's two
+  // steps (a notice, and the final GOAWAY a round trip or at most 1 s
+  // later: the calls the client sent meanwhile are taken): the calls in
   // flight finish, a connection closes when it has none. Does not block; any
   // thread (an io_context thread too); idempotent.
   void Drain();

@@ -690,6 +690,79 @@ TEST(H2ServerAccept, AnAcceptErrorIsRetriedAfterAPauseNotAtOnce) {
   EXPECT_EQ(WEXITSTATUS(status), 0) << "1: the acceptor spun; 2, 3: the setup failed";
 }
 
+// A drain's GOAWAY comes in RFC 9113's two steps (section 6.8): a notice
+// (last stream 2^31-1) with a PING, then, once the PING is back or after a
+// second, the final GOAWAY naming the last stream taken. A request the
+// client sent before the notice reached it is served. Before, one GOAWAY
+// named the last stream processed so far, and such a request was refused.
+TEST_F(H2ServerTest, ADrainServesTheStreamsSentBeforeTheClientSawIt) {
+  handlers_.emplace_back(kCheck, [](GrpcCall call) { call.Reply(""); });
+  Start();
+  // Two clients: one answers the drain's PING, one never does.
+  const int acks = Connect(server_->port()), mute = Connect(server_->port());
+  ServerFrames a(acks), m(mute);
+  for (ServerFrames* frames : {&a, &m}) {
+    ASSERT_TRUE(SendAll(frames == &a ? acks : mute, std::string(kPreface) + Frame(0x4, 0, 0, "")));
+    ASSERT_TRUE(frames->Await(0x4, 0).has_value());  // the server's SETTINGS: it has the connection
+  }
+  const auto drained = std::chrono::steady_clock::now();
+  server_->Drain();
+  // The notice and its PING (in either order); the PING's payload.
+  auto notice = [](ServerFrames& frames) {
+    bool noticed = false;
+    std::string ping;
+    while (!noticed || ping.empty()) {
+      std::optional<ServerFrames::Frame> f = frames.Next();
+      if (!f) return std::string();
+      if (f->type == 0x7) {
+        EXPECT_EQ(f->payload.substr(0, 8), Be32(0x7fffffff) + Be32(0));  // 2^31-1, NO_ERROR
+        noticed = true;
+      }
+      if (f->type == 0x6 && (f->flags & 0x1) == 0) ping = f->payload;
+    }
+    return ping;
+  };
+  // Then the request's answer and the final GOAWAY (in either order), and
+  // when that came.
+  struct End {
+    std::string status, goaway;
+    std::chrono::steady_clock::time_point at;
+  };
+  auto end = [](ServerFrames& frames) {
+    End e;
+    while (e.status.empty() || e.goaway.empty()) {
+      std::optional<ServerFrames::Frame> f = frames.Next();
+      if (!f) break;
+      if (f->type == 0x1 && f->stream == 1) e.status = f->Header("grpc-status");
+      if (f->type == 0x7) {
+        e.goaway = f->payload.substr(0, 8);
+        e.at = std::chrono::steady_clock::now();
+      }
+    }
+    return e;
+  };
+  const std::string request =
+      Frame(0x1, 0x4, 1, RequestHeaders(kCheck)) + Frame(0x0, 0x1, 1, Framed(0));
+  const std::string ping = notice(a);
+  ASSERT_EQ(ping.size(), 8u) << "no notice and PING";
+  ASSERT_TRUE(SendAll(acks, request + Frame(0x6, 0x1, 0, ping)));
+  const End acked = end(a);
+  EXPECT_EQ(acked.status, "0");
+  EXPECT_EQ(acked.goaway, Be32(1) + Be32(0));  // stream 1 was taken
+  EXPECT_LT(acked.at - drained, 900ms);        // at the PING's return
+  EXPECT_TRUE(ClosedByServer(acks));
+
+  ASSERT_EQ(notice(m).size(), 8u) << "no notice and PING";
+  ASSERT_TRUE(SendAll(mute, request));
+  const End waited = end(m);
+  EXPECT_EQ(waited.status, "0");
+  EXPECT_EQ(waited.goaway, Be32(1) + Be32(0));
+  EXPECT_GE(waited.at - drained, 900ms);  // no PING back: a second
+  EXPECT_TRUE(ClosedByServer(mute));
+  close(acks);
+  close(mute);
+}
+
 TEST_F(H2ServerTest, ShutdownLetsCallsInFlightFinishAndRefusesNewOnes) {
   std::promise<GrpcCall> held;
   handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
