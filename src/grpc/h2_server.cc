@@ -134,7 +134,8 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
         write_timer(socket.get_executor()),
         request_timer(socket.get_executor()),
         answer_timer(socket.get_executor()),
-        goaway_timer(socket.get_executor()) {}
+        goaway_timer(socket.get_executor()),
+        idle_timer(socket.get_executor()) {}
 
   ~Conn() {
     if (session != nullptr) nghttp2_session_del(session);
@@ -150,10 +151,12 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   tcp::socket socket;
   std::shared_ptr<Shared> shared;
   net::steady_timer handshake;
-  net::steady_timer write_timer;    // armed while an async_write waits (write_timeout)
-  net::steady_timer request_timer;  // the oldest incomplete request's request_timeout
-  net::steady_timer answer_timer;   // the oldest waiting answer's write_timeout
-  net::steady_timer goaway_timer;   // a drain's notice: kGoAwayNoticeWait
+  net::steady_timer write_timer;       // armed while an async_write waits (write_timeout)
+  net::steady_timer request_timer;     // the oldest incomplete request's request_timeout
+  net::steady_timer answer_timer;      // the oldest waiting answer's write_timeout
+  net::steady_timer goaway_timer;      // a drain's notice: kGoAwayNoticeWait
+  net::steady_timer idle_timer;        // idle_timeout, from idle_since
+  SteadyClock::time_point idle_since;  // when the last stream closed (or the connection began)
   bool request_timer_armed = false, answer_timer_armed = false;
   size_t pending_bytes = 0;  // bodies of requests not yet handed to their handler
   size_t answer_bytes = 0;   // the streams' answers not yet handed to nghttp2 (Stream::Unsent)
@@ -195,8 +198,29 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     handshake.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
       if (!ec && !self->greeted) self->Close();
     });
+    idle_since = SteadyClock::now();
+    ArmIdleTimer(idle_since + shared->options.idle_timeout);
     Flush();
     Read();
+  }
+
+  // A connection with no stream for idle_timeout is drained (GoAway) and
+  // closes: otherwise a client that connects and then sends nothing would
+  // keep its place among max_connections for good.
+  void ArmIdleTimer(SteadyClock::time_point at) {
+    if (shared->options.idle_timeout.count() <= 0 || closed) return;
+    idle_timer.expires_at(at);
+    idle_timer.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->CheckIdle();
+    });
+  }
+  void CheckIdle() {
+    if (closed || noticed) return;
+    const SteadyClock::time_point now = SteadyClock::now();
+    const auto timeout = shared->options.idle_timeout;
+    if (!streams.empty()) return ArmIdleTimer(now + timeout);
+    if (idle_since + timeout > now) return ArmIdleTimer(idle_since + timeout);
+    GoAway();
   }
 
   // Reads while what waits to be sent is bounded: a client that sends
@@ -292,6 +316,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     request_timer.cancel();
     answer_timer.cancel();
     goaway_timer.cancel();
+    idle_timer.cancel();
     pending_bytes = 0;
     answer_bytes = 0;
     held.clear();
@@ -713,6 +738,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     if (auto it = c.streams.find(id); it != c.streams.end()) {
       const std::shared_ptr<Stream> s = std::move(it->second);
       c.streams.erase(it);
+      if (c.streams.empty()) c.idle_since = SteadyClock::now();
       c.Unhold(s);
       std::string().swap(s->body);
       s->Closed();

@@ -111,6 +111,11 @@ struct H2ServerOptions {
   // answer freed: otherwise it would stay open, and keep its slot among
   // max_concurrent_streams, for as long as the connection.
   std::chrono::milliseconds write_timeout{10'000};
+  // A connection with no open stream this long is drained as Drain does it
+  // (GOAWAY in two steps) and closes: a client that connects and then sends
+  // nothing would otherwise keep its place among max_connections for good.
+  // 0: never. (Envoy reconnects when it needs the connection again.)
+  std::chrono::milliseconds idle_timeout{300'000};
 };
 
 class H2Server;

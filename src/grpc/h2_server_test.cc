@@ -763,6 +763,34 @@ TEST_F(H2ServerTest, ADrainServesTheStreamsSentBeforeTheClientSawIt) {
   close(mute);
 }
 
+// A connection with no open stream for idle_timeout is drained (the two
+// GOAWAYs) and closed; one with a call open is not, and its idle time starts
+// when its last stream closes. Before, a client that sent the preface and
+// SETTINGS and then nothing kept one of the max_connections for good.
+TEST_F(H2ServerTest, AConnectionIdleForTheIdleTimeoutIsClosed) {
+  std::promise<GrpcCall> held;
+  handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
+  Start({.idle_timeout = 300ms});
+  const auto began = std::chrono::steady_clock::now();
+  const std::string hello = std::string(kPreface) + Frame(0x4, 0, 0, "");
+  const int idle = Connect(server_->port()), busy = Connect(server_->port());
+  ASSERT_TRUE(SendAll(idle, hello));
+  ASSERT_TRUE(SendAll(
+      busy, hello + Frame(0x1, 0x4, 1, RequestHeaders(kCheck)) + Frame(0x0, 0x1, 1, Framed(0))));
+  std::future<GrpcCall> arrived = held.get_future();
+  ASSERT_EQ(arrived.wait_for(5s), std::future_status::ready) << "the call never arrived";
+  GrpcCall call = arrived.get();
+
+  EXPECT_TRUE(ClosedByServer(idle)) << "the idle connection stayed open";
+  EXPECT_GE(std::chrono::steady_clock::now() - began, 300ms);
+  for (int i = 0; i < 200 && server_->connections() > 1; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(server_->connections(), 1u);  // the one with a call open, well past 300 ms
+  call.Reply("");
+  EXPECT_TRUE(ClosedByServer(busy)) << "idle after its call, it stayed open";
+  close(idle);
+  close(busy);
+}
+
 TEST_F(H2ServerTest, ShutdownLetsCallsInFlightFinishAndRefusesNewOnes) {
   std::promise<GrpcCall> held;
   handlers_.emplace_back(kCheck, [&held](GrpcCall call) { held.set_value(call); });
