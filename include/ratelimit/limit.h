@@ -172,14 +172,16 @@ class Limit {
   // "token_bucket(capacity=10, refill_per_second=5)", "leaky_bucket(depth=10, rate_per_second=5)"
   std::string ToString() const;
 
-  // A 64-bit hash of the name and algorithm (the limit's identity in a
-  // store), computed once when the limit is built.
+  // A 64-bit hash of the limit's identity in a store (SharesState): the
+  // name and algorithm and, for a fixed or sliding window, its windows.
+  // Computed once when the limit is built.
   uint64_t identity_hash() const { return identity_hash_; }
 
   friend bool operator==(const Limit&, const Limit&) = default;
 
  private:
   Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, int64_t interval_us);
+  uint64_t ComputeIdentity() const;
   static StatusOr<Limit> Gcra(std::string name, Algorithm a, int64_t count, double per_second);
   static StatusOr<Limit> Window(std::string name, Algorithm a, int64_t limit,
                                 std::chrono::microseconds window);
@@ -197,5 +199,16 @@ class Limit {
 
 // Names are 1..64 characters of [A-Za-z0-9_.-]; they become part of store keys.
 Status ValidateLimitName(std::string_view name);
+
+// Whether `a` and `b` keep one state per client in a store: the same name
+// and algorithm and, for a fixed or sliding window, the same windows (their
+// length; for a calendar quota its unit and time zone; epoch or calendar
+// alignment). The state of a window limit is counts per window, which other
+// windows would misread (a window index of another length), so a limit whose
+// window changes (a reload, an override) starts from fresh counts. A bucket
+// keeps its state across a new rate (one time, re-priced: docs/admin.md), a
+// sliding log across a new window (timestamps). Limit::identity_hash hashes
+// exactly this.
+bool SharesState(const Limit& a, const Limit& b);
 
 }  // namespace ratelimit

@@ -19,7 +19,8 @@
 // unique keys cannot reset a real client's limit.
 //
 // Keys are identified by a 64-bit keyed hash (random seed per store) of the
-// client key and the limit's name and algorithm; two distinct (key, limit)
+// client key and the limit's identity (its name and algorithm, and a window
+// limit's windows: SharesState, include/ratelimit/limit.h); two distinct (key, limit)
 // pairs share state only on a hash collision (about 1 in 3.7e7 at 1,000,000
 // keys) and the seed makes collisions impossible to aim at.
 //

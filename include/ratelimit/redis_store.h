@@ -3,7 +3,9 @@
 // Each request's limits are decided by one Lua script call, atomically inside
 // Redis, all or nothing, with the time taken from Redis TIME (or, for managed
 // Redis that refuses TIME in scripts, from the caller's Clock). Keys look like
-// `<prefix>{<client>}<limit name>` (`rl:{ip:127.0.0.1}burst`): all of a
+// `<prefix>{<client>}<limit name>` (`rl:{ip:127.0.0.1}burst`; a fixed or
+// sliding window adds its window, `rl:{ip:127.0.0.1}hourly:1h`, so that a
+// limit whose window changes starts afresh: src/store/redis_keys.h): all of a
 // client's limits share a hash tag, so one script call stays in one Redis
 // Cluster slot. (No separator
 // follows the '}': braces in client text are escaped, so the key is

@@ -21,14 +21,39 @@ Limit::Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, in
       limit_(limit),
       window_us_(window_us),
       interval_us_(interval_us) {
-  // FNV-1a over the algorithm as one byte, then the name. (The algorithm
-  // XORed into the offset basis instead made token bucket "b" and fixed
-  // window "c" one identity: 0 ^ 'b' == 1 ^ 'c'.)
+  identity_hash_ = ComputeIdentity();
+}
+
+// FNV-1a over the algorithm as one byte, then the name. (The algorithm
+// XORed into the offset basis instead made token bucket "b" and fixed
+// window "c" one identity: 0 ^ 'b' == 1 ^ 'c'.) A fixed or sliding window
+// adds its windows (SharesState): after a byte no name has, the window's
+// length and, for a calendar quota, its unit and time zone.
+uint64_t Limit::ComputeIdentity() const {
   uint64_t h = 0xcbf29ce484222325ULL;
   auto add = [&h](unsigned char c) { h = (h ^ c) * 0x100000001b3ULL; };
-  add(static_cast<unsigned char>(a));
+  add(static_cast<unsigned char>(algorithm_));
   for (unsigned char c : name_) add(c);
-  identity_hash_ = h;
+  if (algorithm_ == Algorithm::kFixedWindow || algorithm_ == Algorithm::kSlidingWindow) {
+    add(0xff);
+    for (int i = 0; i < 8; ++i) add(static_cast<unsigned char>(window_us_ >> (8 * i)));
+    if (calendar_) {
+      add(static_cast<unsigned char>(calendar_->unit()));
+      for (unsigned char c : calendar_->zone().name()) add(c);
+    }
+  }
+  return h;
+}
+
+bool SharesState(const Limit& a, const Limit& b) {
+  if (a.name() != b.name() || a.algorithm() != b.algorithm()) return false;
+  if (a.algorithm() != Algorithm::kFixedWindow && a.algorithm() != Algorithm::kSlidingWindow) {
+    return true;
+  }
+  const Calendar* ca = a.calendar();
+  const Calendar* cb = b.calendar();
+  if (a.window_micros() != b.window_micros() || (ca == nullptr) != (cb == nullptr)) return false;
+  return ca == nullptr || (ca->unit() == cb->unit() && ca->zone().name() == cb->zone().name());
 }
 
 std::string_view AlgorithmName(Algorithm a) {
@@ -200,6 +225,7 @@ StatusOr<Limit> Limit::CalendarQuota(std::string name, int64_t limit,
                              std::chrono::microseconds(calendar->nominal_micros()));
   if (!l.ok()) return l;
   l->calendar_ = std::move(calendar);
+  l->identity_hash_ = l->ComputeIdentity();
   return l;
 }
 StatusOr<Limit> Limit::SlidingWindow(std::string name, int64_t limit,

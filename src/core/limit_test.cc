@@ -67,6 +67,34 @@ TEST(Limit, IdentityDiffersAcrossAlgorithmsAndNames) {
   EXPECT_EQ(seen.size(), static_cast<size_t>(made));
 }
 
+// A window limit's state is per window: another length, calendar unit,
+// time zone or alignment is another state (a new identity); a bucket's
+// rate and a window's limit are not (the state carries over).
+TEST(Limit, AWindowLimitsIdentityIsItsNameAndWindows) {
+  using std::chrono::hours;
+  const Limit a = *Limit::FixedWindow("q", 10, hours(24));
+  const Limit others[] = {*Limit::FixedWindow("q", 10, hours(1)),
+                          *Limit::CalendarQuota("q", 10, CalendarUnit::kDay, "UTC"),
+                          *Limit::CalendarQuota("q", 10, CalendarUnit::kDay, "Europe/London"),
+                          *Limit::CalendarQuota("q", 10, CalendarUnit::kMonth, "UTC"),
+                          *Limit::SlidingWindow("q", 10, hours(24))};
+  for (const Limit& o : others) {
+    EXPECT_FALSE(SharesState(a, o)) << o.ToString();
+    EXPECT_NE(a.identity_hash(), o.identity_hash()) << o.ToString();
+  }
+  EXPECT_FALSE(SharesState(others[1], others[2]));
+  EXPECT_NE(others[1].identity_hash(), others[2].identity_hash());
+  const Limit same[][2] = {
+      {a, *Limit::FixedWindow("q", 99, hours(24))},
+      {others[2], *Limit::CalendarQuota("q", 99, CalendarUnit::kDay, "Europe/London")},
+      {*Limit::TokenBucket("b", 10, 1), *Limit::TokenBucket("b", 50, 7)},
+      {*Limit::SlidingLog("l", 10, hours(1)), *Limit::SlidingLog("l", 5, hours(2))}};
+  for (const auto& [x, y] : same) {
+    EXPECT_TRUE(SharesState(x, y)) << x.ToString() << " " << y.ToString();
+    EXPECT_EQ(x.identity_hash(), y.identity_hash()) << x.ToString();
+  }
+}
+
 TEST(Limit, WindowsRejectBadParameters) {
   ExpectInvalid(Limit::FixedWindow("f", 0, seconds(1)), "limit must be positive");
   ExpectInvalid(Limit::FixedWindow("f", 5, microseconds(0)), "window must be positive");

@@ -616,18 +616,6 @@ void AdminApi::PeekNext(std::shared_ptr<StateOp> op) {
   });
 }
 
-namespace {
-// Whether two limits of one name and algorithm keep their state under the
-// same keys: a calendar quota's windows are named by their starts, which its
-// period and time zone decide.
-bool SameWindows(const Limit& a, const Limit& b) {
-  const Calendar* ca = a.calendar();
-  const Calendar* cb = b.calendar();
-  if (ca == nullptr || cb == nullptr) return ca == cb;
-  return WindowText(a) == WindowText(b) && ca->zone().name() == cb->zone().name();
-}
-}  // namespace
-
 struct AdminApi::ResetOp {
   std::shared_ptr<const policy::Policy> policy;
   std::shared_ptr<const OverrideTable> overrides;  // holds the override's limits
@@ -646,13 +634,10 @@ void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, s
   // With an override, the configured limits too: after a reset the client
   // finds full limits with the override and, once it is gone, without it.
   // (A limit of the same name and algorithm is the same state, but for a
-  // calendar quota of another period or time zone: its windows are other keys.)
+  // window limit of other windows, SharesState: its counts are other keys.)
   for (const policy::CheckGroup& g : who.configured) {
     for (const LimitCheck& c : g.checks) {
-      const auto same = [&](const LimitCheck& o) {
-        return o.limit->name() == c.limit->name() && o.limit->algorithm() == c.limit->algorithm() &&
-               SameWindows(*o.limit, *c.limit);
-      };
+      const auto same = [&](const LimitCheck& o) { return SharesState(*o.limit, *c.limit); };
       const bool listed = std::any_of(op->groups.begin(), op->groups.end(), [&](const auto& og) {
         return og.key == g.key && std::any_of(og.checks.begin(), og.checks.end(), same);
       });

@@ -49,6 +49,68 @@ TEST_F(MemoryStoreTest, LimitsOfOneKeyKeepTheirOwnState) {
   EXPECT_EQ(Check("k", c, 1).remaining, 6);
 }
 
+// A window limit's state is its counts per window, read by the limit's
+// window: a limit whose window changes (a reload, an override) is another
+// state and starts from fresh counts (docs/admin.md). The state kept only
+// its expiry and counts, and the new window re-derived the window from the
+// expiry: an hour's 30 read as a minute's 59 minutes ahead (denied for
+// 3300 s), a sliding hour's for 6762 s.
+TEST_F(MemoryStoreTest, AWindowThatShrinksStartsFromFreshCounts) {
+  using std::chrono::hours;
+  using std::chrono::minutes;
+  clock_.Set(int64_t{472'223} * 3'600'000'000 + 5 * 60'000'000);  // 23:05 UTC
+  const Limit hourly = *Limit::FixedWindow("w", 100, hours(1));
+  ASSERT_TRUE(store_.DecideOne("k", hourly, 30)->allowed);
+  Decision d = *store_.DecideOne("k", *Limit::FixedWindow("w", 10, minutes(1)), 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 9);
+  EXPECT_EQ(d.reset_after, minutes(1));
+  // The hour's state is its own still: the same window again finds its count.
+  EXPECT_EQ(store_.DecideOne("k", hourly, 1)->remaining, 69);
+
+  ASSERT_TRUE(store_.DecideOne("s", *Limit::SlidingWindow("w", 100, hours(1)), 30)->allowed);
+  d = *store_.DecideOne("s", *Limit::SlidingWindow("w", 10, minutes(1)), 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 9);
+  EXPECT_EQ(d.retry_after, std::chrono::microseconds(0));
+}
+
+// The other way: a minute's count that ends on the hour was read as the
+// hour's (10 of the minute's 10, 89 of 100 left instead of 99).
+TEST_F(MemoryStoreTest, AWindowThatGrowsStartsFromFreshCounts) {
+  using std::chrono::hours;
+  using std::chrono::minutes;
+  clock_.Set(int64_t{472'223} * 3'600'000'000 + int64_t{59} * 60'000'000 + 30'000'000);  // 23:59:30
+  ASSERT_TRUE(store_.DecideOne("k", *Limit::FixedWindow("w", 10, minutes(1)), 10)->allowed);
+  Decision d = *store_.DecideOne("k", *Limit::FixedWindow("w", 100, hours(1)), 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 99);
+  EXPECT_EQ(d.reset_after, seconds(30));
+}
+
+// Epoch and calendar windows, and calendar windows of another unit, are
+// other states too (docs/configuration.md: "starts its counts afresh"). An
+// epoch day's 500 were read as the next UTC day's: 499 left that day, and
+// the day after still 498; a day's count on the 1st as the month's.
+TEST_F(MemoryStoreTest, EpochAndCalendarWindowsKeepTheirOwnCounts) {
+  const int64_t kDay = 86'400'000'000;
+  clock_.Set(1'700'000'000'000'000);  // 2023-11-14 22:13:20 UTC
+  const Limit epoch = *Limit::FixedWindow("daily", 1000, std::chrono::hours(24));
+  const Limit calendar = *Limit::CalendarQuota("daily", 1000, CalendarUnit::kDay, "UTC");
+  ASSERT_TRUE(store_.DecideOne("k", epoch, 500)->allowed);
+  EXPECT_EQ(store_.DecideOne("k", calendar, 1)->remaining, 999);
+  clock_.Advance(std::chrono::microseconds(kDay));
+  EXPECT_EQ(store_.DecideOne("k", calendar, 1)->remaining, 999);
+  // Calendar to epoch: the same UTC day, yet another state.
+  ASSERT_TRUE(store_.DecideOne("c", calendar, 500)->allowed);
+  EXPECT_EQ(store_.DecideOne("c", epoch, 1)->remaining, 999);
+  // A day to a month on the 1st, when both windows start at one time.
+  clock_.Set(int64_t{1'772'323'200} * 1'000'000 + 3'600'000'000);  // 2026-03-01 01:00 UTC
+  const Limit monthly = *Limit::CalendarQuota("daily", 1000, CalendarUnit::kMonth, "UTC");
+  ASSERT_TRUE(store_.DecideOne("m", calendar, 500)->allowed);
+  EXPECT_EQ(store_.DecideOne("m", monthly, 1)->remaining, 999);
+}
+
 TEST_F(MemoryStoreTest, SeveralLimitsAreAllOrNothing) {
   LimitCheck both[] = {{&burst_, 1}, {&daily_, 1}};
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(store_.CheckSync({"ada", both})->overall.allowed);

@@ -19,9 +19,10 @@ std::optional<uint64_t> OverLimitCache::Fingerprint(const CheckRequest& request)
     // block must reach the store (it could not start one from here).
     if (c.cost != 1 || c.limit->block_for().count() > 0) return std::nullopt;
     const Limit& l = *c.limit;
-    h = Mix(h ^ Hash64(l.name(), seed_), static_cast<uint64_t>(l.window_micros()) * 31 +
-                                             static_cast<uint64_t>(l.limit()) +
-                                             static_cast<uint64_t>(l.algorithm()));
+    // (identity_hash: a calendar quota's time zone, which the numbers miss.)
+    h = Mix(h ^ Hash64(l.name(), seed_),
+            static_cast<uint64_t>(l.window_micros()) * 31 + static_cast<uint64_t>(l.limit()) +
+                static_cast<uint64_t>(l.algorithm()) + l.identity_hash());
   }
   return h;
 }

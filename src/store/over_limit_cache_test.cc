@@ -57,6 +57,20 @@ TEST(OverLimitCache, DenialAfterLastUnitMatchesTheAlgorithm) {
   EXPECT_FALSE(OverLimitCache::DenialAfterLastUnit(sw.algorithm(), sw.window_micros(), 0, d));
 }
 
+// A cached denial answers only for the limit's own state (SharesState): a
+// calendar quota moved to another time zone (an override) has other
+// windows, which a denial cached for the old zone (until the end of its
+// window, up to a year) must not answer for.
+TEST(OverLimitCache, ACalendarQuotaOfAnotherZoneIsAnotherEntry) {
+  OverLimitCache cache({});
+  const Limit utc = *Limit::CalendarQuota("monthly", 5, CalendarUnit::kMonth, "UTC");
+  const Limit berlin = *Limit::CalendarQuota("monthly", 5, CalendarUnit::kMonth, "Europe/Berlin");
+  LimitCheck a[] = {{&utc, 1}};
+  LimitCheck b[] = {{&berlin, 1}};
+  EXPECT_NE(cache.Fingerprint({"k", a}), cache.Fingerprint({"k", b}));
+  EXPECT_EQ(cache.Fingerprint({"k", a}), cache.Fingerprint({"k", a}));
+}
+
 TEST(TokenPrefetch, HotKeysGetLeasesThatLapse) {
   Limit l = *Limit::TokenBucket("hot", 100, 10)->WithPrefetch(5);  // lifetime 500 ms
   EXPECT_EQ(TokenPrefetch::LifetimeMicros(l), 500'000);

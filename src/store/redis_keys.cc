@@ -33,6 +33,16 @@ std::string EncodeClientKey(std::string_view key) {
 
 namespace store {
 
+std::string RedisKeys::StateName(const Limit& limit) {
+  if (limit.algorithm() != Algorithm::kFixedWindow &&
+      limit.algorithm() != Algorithm::kSlidingWindow) {
+    return limit.name();
+  }
+  std::string s = limit.name() + ":" + WindowText(limit);
+  if (const Calendar* c = limit.calendar()) s += ":" + c->zone().name();
+  return s;
+}
+
 std::string RedisKeys::Make(std::string_view client_key, std::string_view kind,
                             std::string_view name) const {
   std::string k;

@@ -107,13 +107,13 @@ struct RedisStore::Impl {
       if (c.limit->calendar() != nullptr) {
         AddCalendar(p.call, req.key, *c.limit, c.cost, now_local);
       } else {
-        p.call.keys.push_back(keys.Rate(req.key, c.limit->name()));
+        p.call.keys.push_back(keys.State(req.key, *c.limit));
         p.call.limits.push_back({.spec = store::lua::WireOf(*c.limit), .cost = c.cost});
       }
       // Declared like the state's key: check.lua touches no other key
       // (store::lua::KeysPerLimit).
       if (c.limit->block_for().count() > 0) {
-        p.call.keys.push_back(keys.Block(req.key, c.limit->name()));
+        p.call.keys.push_back(keys.Block(req.key, *c.limit));
       }
     }
     if (p.want > 1) p.call.SetPrefetch(p.want);
@@ -133,15 +133,15 @@ struct RedisStore::Impl {
   void AddCalendar(store::lua::CheckCall& call, std::string_view client, const Limit& limit,
                    int64_t cost, int64_t now) const {
     const store::lua::CalendarCall cal = store::lua::CalendarCallOf(limit, now, cost);
-    call.keys.push_back(keys.Window(client, limit.name(), cal.start));
-    call.keys.push_back(keys.Window(client, limit.name(), cal.next_start));
+    call.keys.push_back(keys.Window(client, limit, cal.start));
+    call.keys.push_back(keys.Window(client, limit, cal.next_start));
     call.limits.push_back(cal.call);
   }
 
   // The keys that hold `limit`'s state for `client`: a calendar quota's
   // current and next windows', by the store's clock.
   std::vector<std::string> KeysOf(std::string_view client, const Limit& limit) const {
-    if (limit.calendar() == nullptr) return {keys.Rate(client, limit.name())};
+    if (limit.calendar() == nullptr) return {keys.State(client, limit)};
     store::lua::CheckCall call;
     AddCalendar(call, client, limit, 0, clock->NowMicros());
     return std::move(call.keys);
@@ -310,7 +310,7 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
   for (const Limit* l : limits) {
     for (std::string& k : impl_->KeysOf(key, *l)) owned.push_back(std::move(k));
   }
-  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
+  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, *l));
   std::vector<std::string_view> args = {"DEL"};
   args.insert(args.end(), owned.begin(), owned.end());  // the keys share one slot
   // Cleared again once the keys are gone: a check sent before the DEL may
@@ -334,7 +334,7 @@ void RedisStore::Blocks(std::string_view key, std::span<const Limit* const> limi
                         BlocksCallback done) {
   if (limits.empty()) return done(std::vector<std::chrono::microseconds>());
   std::vector<std::string> owned;
-  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
+  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, *l));
   std::vector<std::string_view> args = {"MGET"};
   args.insert(args.end(), owned.begin(), owned.end());
   const size_t n = limits.size();
@@ -359,7 +359,7 @@ void RedisStore::Unblock(std::string_view key, std::span<const Limit* const> lim
   if (limits.empty()) return done(Status::Ok());
   impl_->admission.Clear();  // a cached denial may be the block's
   std::vector<std::string> owned;
-  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, l->name()));
+  for (const Limit* l : limits) owned.push_back(impl_->keys.Block(key, *l));
   std::vector<std::string_view> args = {"DEL"};
   args.insert(args.end(), owned.begin(), owned.end());
   impl_->backend->GuardedExecute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
@@ -410,7 +410,7 @@ void RedisStore::Settle(const SettleRequest& request, CheckCallback done) {
   if (Status s = ValidateSettle(request, m.opts.max_key_length); !s.ok()) return done(s);
   auto call = std::make_shared<store::lua::SettleCall>();
   for (const LimitSettle& l : request.settlements) {
-    call->keys.push_back(m.keys.Rate(request.key, l.limit->name()));
+    call->keys.push_back(m.keys.State(request.key, *l.limit));
     call->limits.push_back({.spec = store::lua::WireOf(*l.limit), .cost = l.delta});
   }
   if (!request.once.empty()) {

@@ -114,6 +114,27 @@ TEST_F(RedisStoreClusterTest, ResetDeletesTheClientsKeys) {
   EXPECT_TRUE(store->CheckSync({"r", c})->overall.allowed);
 }
 
+// A Cluster (node calls across slots, the default) keys a window limit's
+// state by its window as one Redis does: a window that grows from a minute to
+// an hour starts from fresh counts instead of counting in the minute's index
+// read as an hour's (a window thousands of years away).
+TEST_F(RedisStoreClusterTest, AWindowThatGrowsStartsFromFreshCounts) {
+  ManualClock clock(int64_t{472'223} * 3'600'000'000 + 5 * 60'000'000);
+  auto store = MustCreate({.url = cluster_.url(),
+                           .deadline = seconds(2),
+                           .time_source = RedisStore::TimeSource::kLocal,
+                           .clock = &clock});
+  std::vector<std::string> clients;
+  for (int i = 0; i < 60; ++i) clients.push_back("grow-" + std::to_string(i));
+  CheckAllAtOnce(*store, *Limit::FixedWindow("w", 10, std::chrono::minutes(1)), clients, 9);
+  const Limit hourly = *Limit::FixedWindow("w", 100, std::chrono::hours(1));
+  CheckAllAtOnce(*store, hourly, clients, 99);
+  const std::string key = store->KeyFor(clients[0], hourly);
+  EXPECT_EQ(key, "rl:{grow-0}w:1h");
+  EXPECT_LE(std::stoll(cluster_.node(cluster_.MasterOfSlot(KeySlot(key))).Cli("PTTL", key)),
+            55 * 60'000 + 1'000);
+}
+
 // One check's outcome, for the load tests.
 struct Sample {
   double at_s;  // since the test's start

@@ -177,7 +177,7 @@ TEST_F(RedisStoreTest, CalendarQuotaKeysAreNamedByTheirWindowAndExpireAtItsEnd) 
   Decision d = Check(*local_, "cal", monthly, 2);
   EXPECT_EQ(d.reset_after, seconds(3600));
   const std::string key = local_->KeyFor("cal", monthly);
-  EXPECT_EQ(key, "rl:{cal}monthly@1772319600");  // 2026-03-01 00:00 CET
+  EXPECT_EQ(key, "rl:{cal}monthly:1mo:Europe/Berlin@1772319600");  // 2026-03-01 00:00 CET
   EXPECT_EQ(server_.Cli("GET", key), "2");
   const long long pttl = std::stoll(server_.Cli("PTTL", key));
   EXPECT_GT(pttl, 3'600'000);  // the boundary an hour away, plus the margin
@@ -185,12 +185,12 @@ TEST_F(RedisStoreTest, CalendarQuotaKeysAreNamedByTheirWindowAndExpireAtItsEnd) 
   // The next window is another key: April starts at zero.
   clock_.Set(int64_t{1'774'994'400} * 1'000'000);  // 22:00 UTC: April 1st, 00:00 CEST
   EXPECT_EQ(Check(*local_, "cal", monthly).remaining, 4);
-  EXPECT_EQ(local_->KeyFor("cal", monthly), "rl:{cal}monthly@1774994400");
+  EXPECT_EQ(local_->KeyFor("cal", monthly), "rl:{cal}monthly:1mo:Europe/Berlin@1774994400");
   const Limit* limits[] = {&monthly};
   std::promise<Status> reset;
   local_->Reset("cal", limits, [&](Status s) { reset.set_value(s); });
   ASSERT_TRUE(reset.get_future().get().ok());
-  EXPECT_EQ(server_.Cli("EXISTS", "rl:{cal}monthly@1774994400"), "0");
+  EXPECT_EQ(server_.Cli("EXISTS", "rl:{cal}monthly:1mo:Europe/Berlin@1774994400"), "0");
   EXPECT_EQ(Check(*local_, "cal", monthly).remaining, 4);
 }
 
@@ -209,7 +209,8 @@ TEST_F(RedisStoreTest, CalendarQuotaWindowIsPickedByRedisClock) {
   EXPECT_TRUE(d.allowed);
   EXPECT_NEAR(static_cast<double>(d.reset_after.count()), static_cast<double>(today.end - real),
               2e6);
-  const std::string today_key = "rl:{skew-behind}daily@" + std::to_string(today.start / 1'000'000);
+  const std::string today_key =
+      "rl:{skew-behind}daily:1d:UTC@" + std::to_string(today.start / 1'000'000);
   EXPECT_EQ(server_.Cli("GET", today_key), "1");
 
   skewed.Set(real + kDayUs);
@@ -218,7 +219,8 @@ TEST_F(RedisStoreTest, CalendarQuotaWindowIsPickedByRedisClock) {
   EXPECT_TRUE(d.allowed);
   EXPECT_NEAR(static_cast<double>(d.reset_after.count()),
               static_cast<double>(today.end + kDayUs - real), 2e6);
-  const std::string tomorrow_key = "rl:{skew-ahead}daily@" + std::to_string(today.end / 1'000'000);
+  const std::string tomorrow_key =
+      "rl:{skew-ahead}daily:1d:UTC@" + std::to_string(today.end / 1'000'000);
   EXPECT_EQ(server_.Cli("GET", tomorrow_key), "1");
 }
 
@@ -232,14 +234,77 @@ TEST_F(RedisStoreTest, CalendarQuotaBlockIsTheLimitsAcrossWindows) {
   Decision d = Check(*store_, "cal-block", daily);
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.retry_after, std::chrono::hours(2));
-  const std::string ends = server_.Cli("GET", "rl:{cal-block}daily!b");
+  const std::string ends = server_.Cli("GET", "rl:{cal-block}daily:1d:UTC!b");
   EXPECT_FALSE(ends.empty());
   LimitCheck both[] = {{&burst_, 1}, {&daily, 1}};
   StatusOr<CheckResult> r = store_->CheckSync({"cal-block", both});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_FALSE(r->overall.allowed);
   EXPECT_GT(r->decisions[1].retry_after.count(), 7'000'000'000);
-  EXPECT_EQ(server_.Cli("GET", "rl:{cal-block}daily!b"), ends);  // not moved by a blocked check
+  // Not moved by a blocked check:
+  EXPECT_EQ(server_.Cli("GET", "rl:{cal-block}daily:1d:UTC!b"), ends);
+}
+
+// A window limit's key names its window (src/store/redis_keys.h): a limit
+// whose window changes (a reload, an override) starts from fresh counts
+// (docs/admin.md). Under one key, a window that grew found the stored index
+// of the shorter window later than its own and counted there: a window
+// thousands of years away, its key's TTL as long, locked out for good once
+// the limit was used up.
+TEST_F(RedisStoreTest, AWindowThatGrowsOrShrinksStartsFromFreshCounts) {
+  using std::chrono::hours;
+  using std::chrono::minutes;
+  clock_.Set(int64_t{472'223} * 3'600'000'000 + 5 * 60'000'000);  // 23:05 UTC
+  const Limit minute = *Limit::FixedWindow("w", 10, minutes(1));
+  const Limit hourly = *Limit::FixedWindow("w", 100, hours(1));
+  ASSERT_TRUE(Check(*local_, "grow", minute, 10).allowed);
+  Decision d = Check(*local_, "grow", hourly, 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 99);
+  EXPECT_EQ(d.reset_after, minutes(55));
+  EXPECT_EQ(local_->KeyFor("grow", hourly), "rl:{grow}w:1h");
+  EXPECT_LE(std::stoll(server_.Cli("PTTL", "rl:{grow}w:1h")), 55 * 60'000 + 1'000);
+  EXPECT_TRUE(Check(*local_, "grow", hourly, 99).allowed);
+  clock_.Advance(minutes(55));  // the next hour: the limit's again
+  EXPECT_EQ(Check(*local_, "grow", hourly, 1).remaining, 99);
+  // Shrinking, a fixed and a sliding window; the longer window's state is
+  // its own still.
+  const Limit sliding_hour = *Limit::SlidingWindow("s", 100, hours(1));
+  const Limit sliding_minute = *Limit::SlidingWindow("s", 10, minutes(1));
+  ASSERT_TRUE(Check(*local_, "shrink", hourly, 30).allowed);
+  ASSERT_TRUE(Check(*local_, "shrink", sliding_hour, 30).allowed);
+  for (const Limit* l : {&minute, &sliding_minute}) {
+    d = Check(*local_, "shrink", *l, 1);
+    EXPECT_TRUE(d.allowed) << l->ToString();
+    EXPECT_EQ(d.remaining, 9) << l->ToString();
+  }
+  EXPECT_EQ(Check(*local_, "shrink", hourly, 1).remaining, 69);
+  // And back to a minute from the sliding hour, growing: fresh again.
+  ASSERT_TRUE(Check(*local_, "grow-s", sliding_minute, 10).allowed);
+  d = Check(*local_, "grow-s", sliding_hour, 1);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 99);
+  EXPECT_LE(d.reset_after, hours(2));
+}
+
+// Epoch and calendar windows, and calendar windows of another unit or time
+// zone, keep their own counts too. A calendar key was named by its window's
+// start alone: on the 1st a day's count was the month's, and a day of UTC
+// was a day of London in winter.
+TEST_F(RedisStoreTest, EpochAndCalendarWindowsKeepTheirOwnCounts) {
+  clock_.Set(int64_t{1'772'323'200} * 1'000'000 + 3'600'000'000);  // 2026-03-01 01:00 UTC
+  const Limit epoch = *Limit::FixedWindow("q", 1000, std::chrono::hours(24));
+  const Limit daily = *Limit::CalendarQuota("q", 1000, CalendarUnit::kDay, "UTC");
+  const Limit monthly = *Limit::CalendarQuota("q", 1000, CalendarUnit::kMonth, "UTC");
+  const Limit london = *Limit::CalendarQuota("q", 1000, CalendarUnit::kDay, "Europe/London");
+  ASSERT_TRUE(Check(*local_, "e", epoch, 500).allowed);
+  EXPECT_EQ(Check(*local_, "e", daily, 1).remaining, 999);
+  EXPECT_EQ(Check(*local_, "e", epoch, 1).remaining, 499);
+  ASSERT_TRUE(Check(*local_, "d", daily, 500).allowed);
+  EXPECT_EQ(Check(*local_, "d", monthly, 1).remaining, 999);
+  EXPECT_EQ(Check(*local_, "d", london, 1).remaining, 999);
+  EXPECT_EQ(Check(*local_, "d", daily, 1).remaining, 499);
+  EXPECT_EQ(local_->KeyFor("d", london), "rl:{d}q:1d:Europe/London@1772323200");
 }
 
 TEST_F(RedisStoreTest, RecoversFromScriptFlush) {

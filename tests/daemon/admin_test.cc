@@ -324,8 +324,8 @@ routes:
 // keys): once the override is gone, the client finds the quota full. Before,
 // a limit of the same name and algorithm counted as the same state and the
 // configured windows kept their count.
-// On Redis, where each window is a key named by its start (the memory store
-// keeps one state for the limit's name).
+// On Redis, where each window is a key named by its start (and a calendar
+// quota's unit and time zone; the memory store keys it the same way).
 TEST(AdminOverrides, AResetClearsTheConfiguredQuotaAnOverrideMovedToAnotherZone) {
   ratelimit::testing::RedisServer redis;
   const std::string dir = MakeTempDir();

@@ -95,9 +95,10 @@ TEST(CalendarQuota, DecisionApiAndAuthRequestPointAtTheBoundaryOnRedis) {
   Daemon d({"--config", dir + "/c.yaml", "--redis", redis.url()});
   ASSERT_TRUE(d.started()) << d.Log();
   ChecksPointAtTheBoundary(d);
-  // The window's key, named by its start, expires at the boundary (+1 s).
-  const std::string keys = redis.Cli("KEYS", "*monthly@*");
-  ASSERT_NE(keys.find("monthly@"), std::string::npos) << keys;
+  // The window's key, named by its unit, zone and start, expires at the
+  // boundary (+1 s).
+  const std::string keys = redis.Cli("KEYS", "*monthly:1mo:Europe/Berlin@*");
+  ASSERT_NE(keys.find("monthly:1mo:Europe/Berlin@"), std::string::npos) << keys;
   const long long pttl = std::stoll(redis.Cli("PTTL", keys.substr(0, keys.find('\n'))));
   const int64_t month_end = NextLocalMidnight("Europe/Berlin", time(nullptr), true);
   ExpectNear(pttl / 1000, month_end - time(nullptr) + 1, "PTTL");
