@@ -133,6 +133,32 @@ TEST(TokenBucket, ExpiresWhenFull) {
   EXPECT_EQ(stored.decision, fresh.decision);
 }
 
+// A bucket never admits noticeably more than its rate: over a second of a
+// request every microsecond, a bucket of 1 admits at most 1% above the rate
+// (its interval is whole microseconds, rounded), for every rate the factory
+// takes; a rate whose interval would round further is refused. 700000/s and
+// 450000/s ran at 1000000/s and 500000/s (intervals 1 and 2 us).
+TEST(TokenBucket, NeverAdmitsMoreThanOnePercentAboveItsRate) {
+  for (double rate :
+       {1e6, 700'000.0, 450'000.0, 333'333.0, 30'303.0, 30'000.0, 20'202.0, 19'999.0, 1'234.5}) {
+    for (bool leaky : {false, true}) {
+      StatusOr<Limit> l =
+          leaky ? Limit::LeakyBucket("k", 1, rate) : Limit::TokenBucket("b", 1, rate);
+      if (!l.ok()) {
+        EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument);
+        continue;
+      }
+      Timeline tl(*l);
+      int admitted = 0;
+      for (int64_t t = 0; t < kS; ++t) admitted += tl.At(kT0 + t).allowed ? 1 : 0;
+      EXPECT_LE(admitted, rate * 1.01 + 1) << l->ToString();
+      EXPECT_GE(admitted, rate * 0.99) << l->ToString();
+    }
+  }
+  EXPECT_FALSE(Limit::TokenBucket("b", 1, 700'000).ok());
+  EXPECT_FALSE(Limit::LeakyBucket("k", 1, 450'000).ok());
+}
+
 // ---- leaky bucket ----------------------------------------------------------
 
 TEST(LeakyBucket, BurstOfTenAtFivePerSecondDepthTenIsSpread200msApart) {

@@ -10,6 +10,22 @@ namespace ratelimit {
 namespace {
 
 constexpr int64_t kMaxExact = int64_t{1} << 53;  // doubles in Redis Lua stay exact below this
+// How far a bucket's rate may be from the one configured: its interval is
+// whole microseconds (Limit::Gcra).
+constexpr double kMaxRateError = 0.01;
+
+// A rate as a person writes it: at most two decimals, no trailing zeros
+// ("29411.76", "500000", "0.5").
+std::string RateText(double r) {
+  std::ostringstream o;
+  o.setf(std::ios::fixed);
+  o.precision(2);
+  o << r;
+  std::string s = o.str();
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s;
+}
 
 using core::Quote;
 
@@ -162,7 +178,22 @@ StatusOr<Limit> Limit::Gcra(std::string name, Algorithm a, int64_t count, double
     return InvalidArgument(what + rate_name + " must be at most 1000000 (one " +
                            (leaky ? "request" : "token") + " per microsecond)");
   }
-  const double interval = std::round(1e6 / per_second);
+  // The interval is whole microseconds: a rate it cannot keep to within 1%
+  // is refused rather than run at another (700000/s rounded to 1 us ran at
+  // 1000000/s). Every rate up to 20,000/s is kept (intervals of 50 us and
+  // more round by at most 1%); above, those near 1e6 / n.
+  const double exact = 1e6 / per_second;
+  const double interval = std::round(exact);
+  if (std::abs(exact - interval) > kMaxRateError * interval) {
+    const double slower = std::ceil(exact), faster = std::floor(exact);
+    const std::string unit = leaky ? "a request" : "a token";
+    return InvalidArgument(
+        what + rate_name + " " + RateText(per_second) + " cannot be kept to within 1%: " + unit +
+        " every whole number of microseconds is the resolution; the nearest "
+        "rates that can are " +
+        RateText(1e6 / slower) + " (" + unit + " every " + RateText(slower) + " us) and " +
+        RateText(1e6 / faster) + " (every " + RateText(faster) + " us)");
+  }
   const double full = interval * static_cast<double>(count);
   if (full > static_cast<double>(kMaxWindowMicros)) {
     return InvalidArgument(what + (leaky ? "draining a full queue" : "a full refill") +

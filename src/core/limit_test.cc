@@ -32,6 +32,34 @@ TEST(Limit, TokenBucketRejectsBadParameters) {
   ExpectInvalid(Limit::TokenBucket("b", 1000, 1e-6), "longer than 366 days");
 }
 
+// A rate is kept as a whole number of microseconds per token: one that
+// cannot be kept to within 1% is refused, naming the nearest that can
+// (Bucket(1, 700000) ran with an interval of 1 us: 1000000/s).
+TEST(Limit, ARateItsWholeMicrosecondIntervalCannotKeepIsRefused) {
+  ExpectInvalid(Limit::TokenBucket("b", 1, 700'000),
+                "limit 'b': refill_per_second 700000 cannot be kept to within 1%: a token every "
+                "whole number of microseconds is the resolution; the nearest rates that can are "
+                "500000 (a token every 2 us) and 1000000 (every 1 us)");
+  ExpectInvalid(Limit::TokenBucket("b", 10, 450'000), "333333.33 (a token every 3 us) and 500000");
+  ExpectInvalid(Limit::TokenBucket("b", 10, 30'000), "29411.76 (a token every 34 us) and 30303.03");
+  ExpectInvalid(Limit::LeakyBucket("k", 10, 700'000),
+                "rate_per_second 700000 cannot be kept to within 1%: a request every whole number");
+  // Every rate up to 20,000/s is kept to within 1%, and those above near 1e6 / n.
+  for (double r = 0.001; r <= 1e6; r *= 1.0137) {
+    StatusOr<Limit> l = Limit::TokenBucket("b", 1, r);
+    if (r <= 20'000) {
+      ASSERT_TRUE(l.ok()) << r << ": " << l.status().ToString();
+    }
+    if (!l.ok()) continue;
+    EXPECT_NEAR(l->refill_per_second(), r, r * 0.01) << r;
+  }
+  for (int64_t n : {1, 2, 3, 7, 33, 49, 50}) {
+    const Limit l = *Limit::TokenBucket("b", 1, 1e6 / static_cast<double>(n));
+    EXPECT_EQ(l.interval_micros(), n);
+  }
+  EXPECT_EQ(Limit::TokenBucket("b", 1, 30'303)->interval_micros(), 33);
+}
+
 TEST(Limit, LeakyBucketRejectsBadParametersByTheirNames) {
   ExpectInvalid(Limit::LeakyBucket("k", 0, 5), "depth must be positive");
   ExpectInvalid(Limit::LeakyBucket("k", 10, 0), "rate_per_second must be a positive");
