@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -23,11 +24,20 @@ constexpr double kHz = 3e9;                            // 3 ticks per ns
 struct Fake {
   std::atomic<uint64_t> ticks{1'000'000};
   std::atomic<int64_t> ref{kStart};
+  // Run (once) when the reference is read: a re-anchor is under way.
+  std::function<void()> during_reanchor;
+  bool ran = false;
 };
 struct FakeSources {
   Fake* f;
   uint64_t Ticks() const { return f->ticks.load(std::memory_order_relaxed); }
-  int64_t ReferenceNanos() const { return f->ref.load(std::memory_order_relaxed); }
+  int64_t ReferenceNanos() const {
+    if (f->during_reanchor && !f->ran) {
+      f->ran = true;
+      f->during_reanchor();
+    }
+    return f->ref.load(std::memory_order_relaxed);
+  }
 };
 using Clock = TscClock<FakeSources>;
 constexpr Clock::Options kOpts{.period_ns = 10'000'000, .max_slew_back_ns = 50'000'000};
@@ -91,6 +101,52 @@ TEST(TscClock, ALargeStepBackIsFollowed) {
   f.ref.fetch_sub(10'000'000'000);  // 10 s back: holding would stop every refill
   Elapse(f, 10'000'001, 0);
   EXPECT_EQ(c.NowNanos(), f.ref.load());
+}
+
+// A counter that went back (reset by a resume from suspend; a CPU whose
+// counter lags far behind) re-anchors at once. The counter behind the
+// anchor read as the anchor itself, with no re-anchor, so the clock stood
+// still until the counter passed the old anchor: here 1000 s of uptime,
+// the minute asleep never seen.
+TEST(TscClock, ACounterThatWentBackIsFollowedAtOnce) {
+  Fake f;
+  f.ticks = 3'000'000'000'000;  // 1000 s of uptime
+  Clock c(FakeSources{&f}, kHz, kOpts);
+  Elapse(f, 11'000'000, 0);
+  int64_t last = c.NowNanos();      // re-anchored
+  f.ticks = 1000;                   // reset while suspended
+  f.ref.fetch_add(60'000'000'000);  // a minute asleep
+  for (int i = 0; i < 600; ++i) {   // 6 s in steps of 10 ms
+    Elapse(f, 10'000'000, 0);
+    const int64_t now = c.NowNanos();
+    ASSERT_GE(now, last) << "step " << i;
+    ASSERT_LE(std::abs(now - f.ref.load()), kOpts.period_ns) << "step " << i;
+    last = now;
+  }
+  // A counter a little behind the anchor (another CPU's, a few ticks late)
+  // reads as the anchor: no re-anchor, no step.
+  f.ticks.fetch_sub(3'000);
+  EXPECT_EQ(c.NowNanos(), last);
+}
+
+// A reader that finds the anchor old while another thread re-anchors goes on
+// from the old anchor, but at most a period on: a counter that ran an hour
+// ahead of the reference gave that reader a time an hour ahead, and every
+// reading after the re-anchor (the reference's) went back from it.
+TEST(TscClock, AReaderDuringAReanchorReadsAtMostAPeriodOn) {
+  Fake f;
+  Clock c(FakeSources{&f}, kHz, kOpts);
+  const int64_t start = c.NowNanos();
+  f.ticks.fetch_add(uint64_t{3600} * 3'000'000'000);  // the counter jumped an hour
+  f.ref.fetch_add(11'000'000);                        // 11 ms went by
+  int64_t during = 0;
+  f.during_reanchor = [&] { during = c.NowNanos(); };  // busy_ is held meanwhile
+  const int64_t after = c.NowNanos();
+  ASSERT_TRUE(f.ran);
+  EXPECT_GE(during, start);
+  EXPECT_LE(during, start + kOpts.period_ns + 1);
+  EXPECT_EQ(after, f.ref.load());  // a step back of an hour less 11 ms: the reference's
+  EXPECT_GE(after, during);
 }
 
 TEST(TscClock, NeverDecreasesWithinAThreadWhileAnotherDrivesAndSteps) {

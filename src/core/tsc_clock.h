@@ -21,6 +21,11 @@
 //  - Ahead by more (the system clock was set back: CLOCK_REALTIME only):
 //    follow it, as the reference does; holding still for longer would stop
 //    every refill.
+// A counter behind the anchor by more than a little (reset by a resume from
+// suspend, or a CPU whose counter lags the anchoring one's) re-anchors at
+// once too: it would otherwise read the anchor's time until it passed the
+// anchor again, as long as the uptime before. A reader that finds the anchor
+// old while another thread re-anchors reads at most a period past it.
 // Readings never decrease within a thread, but for such a step (a
 // per-thread floor covers the sub-nanosecond overlap of two anchors' lines); between re-anchors
 // they stay within the rate's error (a few ppm of `period`) of the reference.
@@ -51,6 +56,7 @@ class TscClock {
     rate_ = static_cast<uint64_t>(mult);
     period_ticks_ =
         static_cast<uint64_t>(static_cast<double>(opts_.period_ns) * ticks_per_second / 1e9);
+    behind_tolerance_ = period_ticks_ / 1000;
     const uint64_t t = src_.Ticks();
     const int64_t rt = src_.ReferenceNanos();
     ref_ticks_ = t;
@@ -67,8 +73,25 @@ class TscClock {
       std::atomic_thread_fence(std::memory_order_acquire);
       if ((s1 & 1) != 0 || seq_.load(std::memory_order_relaxed) != s1) continue;
       const uint64_t t = src_.Ticks();
-      const uint64_t d = t > a_ticks ? t - a_ticks : 0;
-      if (d > period_ticks_ && Reanchor()) continue;
+      uint64_t d = t - a_ticks;  // ticks behind the anchor wrap to above any period
+      if (d > period_ticks_) [[unlikely]] {
+        // A period old, or behind the anchor: a counter that lags the
+        // anchoring CPU's by a little reads as the anchor itself; by more (a
+        // counter reset by a resume from suspend, or a CPU far out of step)
+        // re-anchors, as an old anchor does, rather than read the anchor's
+        // time until the counter passes it again. While another thread
+        // re-anchors, at most a period on: a counter that jumped ahead of
+        // the reference must not give a time far ahead once and go back
+        // after.
+        const bool behind = t < a_ticks;
+        if (behind && a_ticks - t <= behind_tolerance_) {
+          d = 0;
+        } else if (Reanchor()) {
+          continue;
+        } else {
+          d = behind ? 0 : period_ticks_;
+        }
+      }
       int64_t ns = a_ns + Scale(d, mult);
       // Within a thread, never below the last reading of this clock, but
       // for a deliberate step back (more than a microsecond).
@@ -120,7 +143,7 @@ class TscClock {
     // than 2% off the last rate: a step, not the counter), averaged.
     const uint64_t dt = t - ref_ticks_;
     const int64_t dns = rt - ref_ns_;
-    if (tight && dt > 0 && dns > 0) {
+    if (tight && t > ref_ticks_ && dns > 0) {  // not across a counter that went back
       const uint64_t measured =
           static_cast<uint64_t>((static_cast<unsigned __int128>(dns) << 32) / dt);
       if (measured > rate_ - rate_ / 50 && measured < rate_ + rate_ / 50) {
@@ -156,6 +179,10 @@ class TscClock {
   Sources src_;
   const Options opts_;
   uint64_t period_ticks_ = 0;
+  // How far behind the anchor a counter may read as the anchor itself
+  // (a thousandth of the period: 10 us by default), for CPUs whose counters
+  // differ by a little.
+  uint64_t behind_tolerance_ = 0;
   // The seqlock-protected anchor, read by every NowNanos.
   std::atomic<uint32_t> seq_{0};
   std::atomic<uint64_t> anchor_ticks_{0};
