@@ -13,10 +13,12 @@
 //   LimitCheck checks[] = {{&burst, 1}};
 //   StatusOr<CheckResult> r = store.CheckSync({"user:ada", checks});
 //
-// Bounded: at most `max_keys` live keys. When full (after dropping expired
-// ones), requests for NEW keys fail with kResourceExhausted (the caller's
-// failure policy decides); existing keys are never evicted, so a flood of
-// unique keys cannot reset a real client's limit.
+// Bounded: at most `max_keys` live entries: a (key, limit)'s state, and a
+// block period in force (Limit::block_for, which outlives the state that
+// started it). When full (after dropping expired ones), requests for NEW
+// keys fail with kResourceExhausted (the caller's failure policy decides);
+// a denial that would start a block denies without it; existing keys are
+// never evicted, so a flood of unique keys cannot reset a real client's limit.
 //
 // Keys are identified by a 64-bit keyed hash (random seed per store) of the
 // client key and the limit's identity (its name and algorithm, and a window
@@ -70,9 +72,11 @@ class MemoryStore final : public Store {
   // Drops expired keys; returns how many (Store::Sweep: the whole store).
   // Part `part` of `parts` is the shards whose index is `part` modulo `parts`.
   size_t SweepPart(size_t part, size_t parts) override;
-  // Live keys (including expired ones not yet swept).
+  // Live entries: keys' states and blocks (including expired ones not yet
+  // swept).
   size_t size() const;
-  // Bytes held by the tables and logs (not counting this object).
+  // Bytes held by the tables, logs, blocks and settlements remembered once
+  // (not counting this object).
   size_t MemoryUsage() const;
 
  private:

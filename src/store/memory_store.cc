@@ -400,7 +400,8 @@ struct alignas(64) Shard {
   Table table RL_GUARDED_BY(mu){&published};
   std::unordered_map<uint64_t, LogEntry> logs RL_GUARDED_BY(mu);  // sliding logs
   // Block periods (Limit::block_for): when each ends (us), by fingerprint.
-  // Not counted as keys: a block needs a denial, which needs state.
+  // Each counts as a key against max_keys until it ends and is dropped: a
+  // block (up to 366 days) outlives the state whose denial started it.
   std::unordered_map<uint64_t, int64_t> blocks RL_GUARDED_BY(mu);
   // Settlements made once (SettleRequest::once): until when each is remembered.
   std::unordered_map<uint64_t, int64_t> settled RL_GUARDED_BY(mu);
@@ -409,18 +410,17 @@ struct alignas(64) Shard {
   int64_t admit_retry_at RL_GUARDED_BY(mu) = 0;
 };
 
+// When the block on `fp` in force at `now` ends, or 0: none.
+int64_t BlockedUntil(const Shard& shard, uint64_t fp, int64_t now) RL_REQUIRES(shard.mu) {
+  const auto it = shard.blocks.find(fp);
+  return it != shard.blocks.end() && it->second > now ? it->second : 0;
+}
+
 // A limit with a block period: `d` (the limit's own answer) and `standing`
-// (its state as it stands) become a block's answer while one is in force;
-// a denial that is not a peek starts one. check.lua's blocking() does the same.
-Decision ApplyBlock(Shard& shard, uint64_t fp, const Limit& limit, Decision d,
-                    const Decision& standing, int64_t now, bool peek) RL_REQUIRES(shard.mu) {
-  auto it = shard.blocks.find(fp);
-  int64_t until = it != shard.blocks.end() && it->second > now ? it->second : 0;
-  if (until == 0 && !d.allowed && !peek) {
-    until = now + limit.block_for().count();
-    shard.blocks[fp] = until;
-  }
-  if (until == 0) return d;
+// (its state as it stands) become the answer of a block until `until`,
+// while one is in force; a denial that is not a peek starts one (Run).
+// check.lua's blocking() does the same.
+Decision Blocked(Decision d, const Decision& standing, int64_t until, int64_t now) {
   d.allowed = false;
   d.remaining = 0;
   d.delay = std::chrono::microseconds(0);
@@ -455,7 +455,7 @@ struct MemoryStore::Impl {
   uint64_t seed;
   size_t shard_mask;
   std::unique_ptr<Shard[]> shards;
-  std::atomic<size_t> keys{0};  // live slots + logs, all shards
+  std::atomic<size_t> keys{0};  // live slots + logs + blocks, all shards
   std::atomic<int64_t> last_full_sweep{0};
 
   uint64_t Fingerprint(uint64_t key_hash, const Limit& limit) const {
@@ -488,11 +488,37 @@ struct MemoryStore::Impl {
       if (shard.table.CountReclaimable(now) > 0) {
         keys.fetch_sub(shard.table.Rebuild(shard.table.capacity(), now), std::memory_order_relaxed);
       }
+      keys.fetch_sub(DropEndedBlocks(shard, now), std::memory_order_relaxed);
       if (HasKeysFor(new_keys)) return Status::Ok();
       shard.admit_retry_at = now + kAdmitRetryUs;
     }
     return ResourceExhausted("memory store is full (" + std::to_string(opts.max_keys) +
                              " keys); new keys are refused until old ones expire");
+  }
+
+  // Blocks that ended by `now`, dropped; returns how many.
+  static size_t DropEndedBlocks(Shard& shard, int64_t now) RL_REQUIRES(shard.mu) {
+    return std::erase_if(shard.blocks, [now](const auto& b) { return b.second <= now; });
+  }
+
+  // Starts the block on `fp` that a denial of `limit` at `now` starts, and
+  // returns when it ends; 0 when the store is full, even after dropping
+  // what expired (Admit): the denial then stands without a block, never
+  // refused as a new key would be (the failure mode could let an over-limit
+  // request through) and never at the cost of another client's entry.
+  // REQUIRES: no slot frozen (Admit may rebuild the table).
+  int64_t StartBlock(Shard& shard, uint64_t fp, const Limit& limit, int64_t now)
+      RL_REQUIRES(shard.mu) {
+    const int64_t until = now + limit.block_for().count();
+    auto it = shard.blocks.find(fp);
+    if (it != shard.blocks.end()) {  // one that ended, not yet dropped: its entry is counted
+      it->second = until;
+      return until;
+    }
+    if (!Admit(shard, 1, now).ok()) return 0;
+    shard.blocks.emplace(fp, until);
+    keys.fetch_add(1, std::memory_order_relaxed);
+    return until;
   }
 
   // Makes room in `shard`'s table for one more slot: grows it by half, unless
@@ -637,6 +663,8 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
   result.decisions.resize(n);
   std::array<CompactState, kMaxChecksPerRequest> state, next;
   std::array<const std::vector<int64_t>*, kMaxChecksPerRequest> logs{};
+  std::array<Decision, kMaxChecksPerRequest> standing;
+  std::array<bool, kMaxChecksPerRequest> starts_block{};
   bool admitted = false;
   for (;;) {
     FrozenSlots frozen;
@@ -660,11 +688,15 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
         next[i] = e.next;
         new_keys += slot == nullptr ? 1 : 0;
       }
+      starts_block[i] = false;
       if (limit.block_for().count() > 0) {
-        const Decision standing = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
-                                                     : core::Standing(limit, state[i], now);
-        result.decisions[i] =
-            ApplyBlock(shard, fps[i], limit, result.decisions[i], standing, now, peek);
+        standing[i] = logs[i] != nullptr ? core::StandingLog(limit, *logs[i], now)
+                                         : core::Standing(limit, state[i], now);
+        if (const int64_t until = BlockedUntil(shard, fps[i], now); until > 0) {
+          result.decisions[i] = Blocked(result.decisions[i], standing[i], until, now);
+        } else {
+          starts_block[i] = !result.decisions[i].allowed && !peek;
+        }
       }
       all = all && result.decisions[i].allowed;
     }
@@ -677,11 +709,19 @@ StatusOr<CheckResult> MemoryStore::Impl::Run(const CheckRequest& req, bool peek)
                                                  : core::Standing(limit, state[i], now);
       }
     }
-    result.overall = Combine(result.decisions);
     if (peek || !all) {
       frozen.ThawAll(n);
+      // Blocks start once the slots are thawed: one may need room (StartBlock).
+      for (size_t i = 0; i < n; ++i) {
+        if (!starts_block[i]) continue;
+        if (const int64_t until = StartBlock(ShardFor(fps[i]), fps[i], *req.checks[i].limit, now)) {
+          result.decisions[i] = Blocked(result.decisions[i], standing[i], until, now);
+        }
+      }
+      result.overall = Combine(result.decisions);
       return result;
     }
+    result.overall = Combine(result.decisions);
     // Commit every limit, or none: admit the new keys first. In a full store
     // admitting rebuilds a table (dropping expired keys), which freezes every
     // slot itself: thaw ours first, and decide again on what the lock-free
@@ -867,7 +907,7 @@ void MemoryStore::Reset(std::string_view key, std::span<const Limit* const> limi
       m.keys.fetch_sub(1, std::memory_order_relaxed);
     }
     if (shard.logs.erase(fp) > 0) m.keys.fetch_sub(1, std::memory_order_relaxed);
-    shard.blocks.erase(fp);
+    if (shard.blocks.erase(fp) > 0) m.keys.fetch_sub(1, std::memory_order_relaxed);
   });
   done(Status::Ok());
 }
@@ -886,8 +926,10 @@ void MemoryStore::Blocks(std::string_view key, std::span<const Limit* const> lim
 
 void MemoryStore::Unblock(std::string_view key, std::span<const Limit* const> limits,
                           ResetCallback done) {
-  impl_->ForEachLocked(
-      key, limits, [](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) { shard.blocks.erase(fp); });
+  Impl& m = *impl_;
+  m.ForEachLocked(key, limits, [&m](Shard& shard, uint64_t fp) RL_REQUIRES(shard.mu) {
+    if (shard.blocks.erase(fp) > 0) m.keys.fetch_sub(1, std::memory_order_relaxed);
+  });
   done(Status::Ok());
 }
 
@@ -913,7 +955,7 @@ size_t MemoryStore::SweepPart(size_t part, size_t parts) {
     // (A rebuild freezes every slot and waits for the lock-free readers:
     // only when it reclaims something.)
     size_t n = reclaimable > 0 || cap != shard.table.capacity() ? shard.table.Rebuild(cap, now) : 0;
-    std::erase_if(shard.blocks, [now](const auto& b) { return b.second <= now; });
+    n += Impl::DropEndedBlocks(shard, now);
     std::erase_if(shard.settled, [now](const auto& b) { return b.second <= now; });
     for (auto it = shard.logs.begin(); it != shard.logs.end();) {
       if (it->second.expires <= now) {
@@ -932,6 +974,15 @@ size_t MemoryStore::SweepPart(size_t part, size_t parts) {
 
 size_t MemoryStore::size() const { return impl_->keys.load(std::memory_order_relaxed); }
 
+namespace {
+// An unordered_map of 8-byte keys and values (libstdc++): a 32-byte heap
+// node per entry (the link and the pair, as malloc rounds 24 up) and its
+// bucket array (none while it has one bucket, kept inside the map).
+size_t MapBytes(const std::unordered_map<uint64_t, int64_t>& m) {
+  return m.size() * 32 + (m.bucket_count() > 1 ? m.bucket_count() * sizeof(void*) : 0);
+}
+}  // namespace
+
 size_t MemoryStore::MemoryUsage() const {
   Impl& m = *impl_;
   size_t bytes = sizeof(Shard) * (m.shard_mask + 1);
@@ -940,6 +991,7 @@ size_t MemoryStore::MemoryUsage() const {
     LockGuard lock(shard.mu);
     bytes += shard.table.capacity() * sizeof(Slot);
     for (const auto& [fp, e] : shard.logs) bytes += 64 + e.log.capacity() * sizeof(int64_t);
+    bytes += MapBytes(shard.blocks) + MapBytes(shard.settled);
   }
   return bytes;
 }

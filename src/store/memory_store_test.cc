@@ -296,6 +296,57 @@ TEST(MemoryStoreBounds, AFullShardLooksForExpiredKeysAtMostEvery10ms) {
   EXPECT_EQ(store.size(), 2u);
 }
 
+// A block (up to 366 days) outlives the state whose denial started it, so
+// it is an entry of its own against max_keys and in MemoryUsage(): a flood
+// of clients that each get blocked fills the store as far as their states
+// would, no further, and then new clients are refused as in any full store.
+// A denial that finds no room for its block still denies. Blocks were not
+// counted: 10,000 stood in a store of 1,000 keys, no client refused, none of
+// them in MemoryUsage().
+TEST(MemoryStoreBounds, BlocksCountAgainstMaxKeysAndInMemoryUsage) {
+  ManualClock clock;
+  MemoryStore store({.max_keys = 1000, .clock = &clock});
+  const Limit login =
+      *Limit::FixedWindow("login", 1, seconds(1))->WithBlockFor(std::chrono::minutes(10));
+  const Limit* limits[] = {&login};
+  const size_t empty = store.MemoryUsage();
+  int refused = 0, blocked = 0, second_allowed = 0;
+  for (int i = 0; i < 10'000; ++i) {
+    if (i > 0 && i % 500 == 0) clock.Advance(seconds(1));  // the states expire, blocks stay
+    const std::string key = "client-" + std::to_string(i);
+    StatusOr<Decision> first = store.DecideOne(key, login, 1);
+    if (!first.ok()) {
+      EXPECT_EQ(first.status().code(), StatusCode::kResourceExhausted);
+      ++refused;
+      continue;
+    }
+    StatusOr<Decision> second = store.DecideOne(key, login, 1);
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    second_allowed += second->allowed ? 1 : 0;
+    blocked += second->retry_after == std::chrono::minutes(10) ? 1 : 0;
+  }
+  EXPECT_EQ(second_allowed, 0) << "a client over its limit was let through";
+  EXPECT_GT(refused, 0);
+  EXPECT_GT(blocked, 500);
+  EXPECT_LE(store.size(), 1000u);
+  int in_force = 0;
+  for (int i = 0; i < 10'000; ++i) {
+    store.Blocks("client-" + std::to_string(i), limits,
+                 [&](StatusOr<std::vector<std::chrono::microseconds>> b) {
+                   ASSERT_TRUE(b.ok());
+                   in_force += b->at(0).count() > 0 ? 1 : 0;
+                 });
+  }
+  EXPECT_EQ(in_force, blocked);
+  EXPECT_LE(in_force, 1000);
+  EXPECT_GE(store.MemoryUsage() - empty, static_cast<size_t>(in_force) * 32);
+  // Once the blocks end, their entries go, and new clients are admitted.
+  clock.Advance(std::chrono::minutes(10));
+  EXPECT_TRUE(store.DecideOne("late", login, 1)->allowed);
+  store.Sweep();
+  EXPECT_EQ(store.size(), 1u);
+}
+
 TEST(MemoryStoreBounds, MemoryPerKeyIsSmall) {
   MemoryStore store;
   Limit l = *Limit::TokenBucket("b", 10, 5);
