@@ -70,15 +70,64 @@ void ResilientStore::Fallback(const CheckRequest& request, const Status& failure
       std::vector<Limit> scaled;
       scaled.reserve(checks.size());
       for (const LimitCheck& c : checks) scaled.push_back(Scaled(*c.limit, instances));
+      // A cost above this instance's share of a limit (the scaled limit):
+      // on a bucket, the share is taken now and the rest booked as a debt
+      // (Settle), which the share's refill pays off, so that the instances
+      // together take no more than the limit's rate; a window's count cannot
+      // carry a debt past its window, so there the request is refused
+      // (nothing taken) until the store answers again.
       std::vector<LimitCheck> local_checks;
+      std::vector<LimitSettle> debts;
+      std::vector<size_t> indebted;  // the check of each debt
+      bool unfit = false;
       local_checks.reserve(checks.size());
       for (size_t i = 0; i < checks.size(); ++i) {
-        local_checks.push_back({&scaled[i], std::min(checks[i].cost, scaled[i].limit())});
+        int64_t cost = checks[i].cost;
+        const int64_t share = scaled[i].limit();
+        if (cost > share && scaled[i].is_gcra()) {
+          debts.push_back({&scaled[i], cost - share});
+          indebted.push_back(i);
+          cost = share;
+        } else if (cost > share) {
+          unfit = true;
+        }
+        local_checks.push_back({&scaled[i], cost});
+      }
+      if (unfit) {
+        for (LimitCheck& c : local_checks) c.cost = 0;
+        StatusOr<CheckResult> standing = local_.PeekSync({request.key, local_checks});
+        out.decisions.resize(checks.size());
+        for (size_t i = 0; i < checks.size(); ++i) {
+          Decision& d = out.decisions[i];
+          if (standing.ok()) {
+            d = standing->decisions[i];
+          } else {  // the local store is full: this client's state is unknown
+            d.allowed = true;
+            d.remaining = scaled[i].limit();
+          }
+          d.limit = scaled[i].limit();
+          d.delay = std::chrono::microseconds(0);
+          if (checks[i].cost > scaled[i].limit() && !scaled[i].is_gcra()) {
+            d.allowed = false;
+            d.retry_after = std::chrono::seconds(1);  // the store may answer again by then
+          }
+        }
+        out.overall = Combine(out.decisions);
+        return done(std::move(out));
       }
       StatusOr<CheckResult> r = local_.Decide({request.key, local_checks});
       if (r.ok()) {
-        out.overall = r->overall;
         out.decisions = std::move(r->decisions);
+        if (r->overall.allowed && !debts.empty()) {
+          StatusOr<CheckResult> owed =
+              local_.SettleSync({.key = request.key, .settlements = debts});
+          for (size_t j = 0; owed.ok() && j < indebted.size(); ++j) {
+            Decision& d = out.decisions[indebted[j]];
+            d.remaining = owed->decisions[j].remaining;
+            d.reset_after = owed->decisions[j].reset_after;
+          }
+        }
+        out.overall = Combine(out.decisions);
         return done(std::move(out));
       }
       // The local store is full too: nothing left to decide with; let it through.

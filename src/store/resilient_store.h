@@ -17,7 +17,11 @@
 //   closed  denied with retry_after 1 s, degraded and failed_closed
 //   local   a process-local store on the limits divided by expected_instances
 //           (rounded up, at least 1; a token bucket's refill divided too;
-//           Scaled); when that store is full too, allowed; degraded
+//           Scaled); when that store is full too, allowed; degraded. A cost
+//           above a limit's share: a bucket takes the share and books the
+//           rest as a debt (as Settle does), a window refuses the request
+//           (retry_after 1 s): either way the instances together stay
+//           within the limit
 //   error   the failure itself (the face reports "unavailable")
 // Every failure, whatever the mode, is reported once to Options::on_failure
 // (the daemon counts it by cause and logs it sampled). Peek and Reset pass

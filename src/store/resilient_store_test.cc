@@ -149,6 +149,56 @@ TEST_F(ResilientStoreTest, LocalDividesTheLimitAndRefillsOnTheClock) {
   EXPECT_TRUE(Check("a", FailureMode::kLocal, 4)->overall.allowed);
 }
 
+// A cost above the instance's share (10 / 4 -> 3, at 1/4 a second): the
+// share now, the rest (7) a debt the share's refill pays first. The next
+// cost-10 request waits for 10 tokens at 1/4 a second, 40 s, as the 4
+// instances together then take the limit's 1 a second; clipped to the
+// share it would wait 12 s (and the instances take 4 times the limit).
+TEST_F(ResilientStoreTest, LocalBooksACostAboveTheShareAsADebt) {
+  flaky_->status = Unavailable("redis down");
+  StatusOr<CheckResult> first = Check("a", FailureMode::kLocal, 4, /*cost=*/10);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->overall.allowed);
+  EXPECT_TRUE(first->degraded);
+  EXPECT_EQ(first->overall.remaining, 0);
+  EXPECT_EQ(first->overall.reset_after, seconds(40));  // full again: 10 tokens at 1/4 a second
+  clock_.Advance(seconds(12));
+  EXPECT_FALSE(Check("a", FailureMode::kLocal, 4, 10)->overall.allowed);
+  EXPECT_FALSE(Check("a", FailureMode::kLocal, 4, 1)->overall.allowed);  // the debt comes first
+  clock_.Advance(seconds(27));
+  StatusOr<CheckResult> early = Check("a", FailureMode::kLocal, 4, 10);
+  EXPECT_FALSE(early->overall.allowed);
+  EXPECT_EQ(early->overall.retry_after, seconds(1));
+  clock_.Advance(seconds(1));
+  EXPECT_TRUE(Check("a", FailureMode::kLocal, 4, 10)->overall.allowed);
+  // Within the share, nothing is owed.
+  EXPECT_TRUE(Check("b", FailureMode::kLocal, 4, 3)->overall.allowed);
+  clock_.Advance(seconds(4));
+  EXPECT_TRUE(Check("b", FailureMode::kLocal, 4, 1)->overall.allowed);
+}
+
+// A window's count cannot carry a debt into the next window: a cost above
+// the share (10 / 4 -> 3 a minute) is refused, nothing taken, while the
+// store is down; within the share the window decides as usual.
+TEST_F(ResilientStoreTest, LocalRefusesACostAboveTheShareOfAWindow) {
+  flaky_->status = Unavailable("redis down");
+  Limit window = *Limit::FixedWindow("w", 10, seconds(60));
+  auto check = [&](int64_t cost) {
+    LimitCheck checks[] = {{&window, cost}};
+    return store_->CheckSync(
+        {.key = "a", .checks = checks, .on_failure = {FailureMode::kLocal, 4}});
+  };
+  StatusOr<CheckResult> big = check(4);
+  ASSERT_TRUE(big.ok());
+  EXPECT_FALSE(big->overall.allowed);
+  EXPECT_TRUE(big->degraded);
+  EXPECT_EQ(big->overall.retry_after, seconds(1));
+  EXPECT_EQ(big->overall.limit, 3);
+  StatusOr<CheckResult> fits = check(3);
+  EXPECT_TRUE(fits->overall.allowed);
+  EXPECT_EQ(fits->overall.remaining, 0);
+}
+
 TEST_F(ResilientStoreTest, LocalIsBoundedAndLetsNewClientsThroughWhenFull) {
   flaky_->status = Unavailable("redis down");
   EXPECT_TRUE(Check("a", FailureMode::kLocal)->overall.allowed);
