@@ -99,6 +99,10 @@ struct EvalCall {
   std::weak_ptr<Connection> connection;  // weak: the call sits in that connection's FIFO
   Callback cb;
   bool asking;  // send ASKING first (cluster -ASK redirection)
+  // EvalScriptWithUndo: the encoded undo ("": none), and the client's other
+  // connections, for when the script's is gone.
+  std::string undo;
+  std::vector<std::weak_ptr<Connection>> others;
 
   // Before the next step (`step`, for the status): the connection and what is
   // left of the deadline, or the call fails (closed, or no time left).
@@ -116,6 +120,22 @@ struct EvalCall {
     }
     *left = std::chrono::ceil<std::chrono::milliseconds>(rest);
     return conn;
+  }
+
+  // The EVALSHA failed without a reply: the undo goes out now, behind it on
+  // its connection if that is still up (Redis then runs it after the script
+  // if it runs the script at all), else on another one.
+  void Undo(const StatusOr<Reply>& r) {
+    if (undo.empty() || r.ok() || r.status().code() == StatusCode::kResourceExhausted) return;
+    std::shared_ptr<Connection> conn = connection.lock();
+    if (conn && !conn->IsConnected()) conn = nullptr;
+    for (size_t i = 0; !conn && i < others.size(); ++i) {
+      conn = others[i].lock();
+      if (conn && !conn->IsConnected()) conn = nullptr;
+    }
+    if (conn)
+      conn->ExecuteEncoded(
+          undo, [](StatusOr<Reply>) {}, timeout);
   }
 
   void Send(Connection& c, Callback done, std::chrono::milliseconds within) {
@@ -235,10 +255,18 @@ void Client::EvalScript(const Script& script, std::span<const std::string_view> 
   Eval(script, keys, args, std::move(cb), timeout, /*asking=*/false);
 }
 
+void Client::EvalScriptWithUndo(const Script& script, std::span<const std::string_view> keys,
+                                std::span<const std::string_view> args,
+                                std::span<const std::string_view> undo, Callback cb,
+                                std::chrono::milliseconds timeout) {
+  Eval(script, keys, args, std::move(cb), timeout, /*asking=*/false, undo);
+}
+
 void Client::EvalScriptAsking(const Script& script, std::span<const std::string_view> keys,
                               std::span<const std::string_view> args, Callback cb,
-                              std::chrono::milliseconds timeout) {
-  Eval(script, keys, args, std::move(cb), timeout, /*asking=*/true);
+                              std::chrono::milliseconds timeout,
+                              std::span<const std::string_view> undo) {
+  Eval(script, keys, args, std::move(cb), timeout, /*asking=*/true, undo);
 }
 
 void Client::ExecuteAsking(std::span<const std::string_view> args, Callback cb,
@@ -252,7 +280,8 @@ void Client::ExecuteAsking(std::span<const std::string_view> args, Callback cb,
 
 void Client::Eval(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
-                  std::chrono::milliseconds timeout, bool asking) {
+                  std::chrono::milliseconds timeout, bool asking,
+                  std::span<const std::string_view> undo) {
   if (!init_status_.ok()) {
     asio::post(executor_, [cb = std::move(cb), s = init_status_]() mutable { cb(s); });
     return;
@@ -270,11 +299,16 @@ void Client::Eval(const Script& script, std::span<const std::string_view> keys,
   auto call = std::make_unique<EvalCall>(
       EvalCall{&script, EncodeCommand(views.span()), core::SteadyClock::now() + timeout, timeout,
                connection.shared_from_this(), std::move(cb), asking});
+  if (!undo.empty()) {
+    call->undo = EncodeCommand(undo);
+    call->others.assign(connections_.begin(), connections_.end());
+  }
   EvalCall& first = *call;
   first.Send(
       connection,
       [call = std::move(call)](StatusOr<Reply> r) mutable {
         if (!r.ok() || !r->IsErrorWithPrefix("NOSCRIPT")) {
+          call->Undo(r);
           call->cb(std::move(r));
           return;
         }
@@ -294,8 +328,14 @@ void Client::Eval(const Script& script, std::span<const std::string_view> keys,
               std::shared_ptr<Connection> conn =
                   call->Next("the script loaded, no time left to run it", &left);
               if (!conn) return;
-              Callback done = std::move(call->cb);
-              call->Send(*conn, std::move(done), left);
+              EvalCall& retry = *call;
+              retry.Send(
+                  *conn,
+                  [call = std::move(call)](StatusOr<Reply> r) mutable {
+                    call->Undo(r);
+                    call->cb(std::move(r));
+                  },
+                  left);
             },
             left);
       },

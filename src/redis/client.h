@@ -87,6 +87,11 @@ class Client final : public Endpoint {
   void EvalScript(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
                   std::chrono::milliseconds timeout) override;
+  // The undo goes behind the script on its connection (Endpoint).
+  void EvalScriptWithUndo(const Script& script, std::span<const std::string_view> keys,
+                          std::span<const std::string_view> args,
+                          std::span<const std::string_view> undo, Callback cb,
+                          std::chrono::milliseconds timeout) override;
 
   // Endpoint: one node, 0, described by the URL without its password.
   int NodeForSlot(uint16_t) const override { return 0; }
@@ -102,7 +107,8 @@ class Client final : public Endpoint {
                      std::chrono::milliseconds timeout);
   void EvalScriptAsking(const Script& script, std::span<const std::string_view> keys,
                         std::span<const std::string_view> args, Callback cb,
-                        std::chrono::milliseconds timeout);
+                        std::chrono::milliseconds timeout,
+                        std::span<const std::string_view> undo = {});
 
   // Pub/sub messages and connection losses of every connection (Connection::OnPush).
   void OnPush(const Connection::PushHandler& on_push);
@@ -120,7 +126,7 @@ class Client final : public Endpoint {
   Connection& Pick();
   void Eval(const Script& script, std::span<const std::string_view> keys,
             std::span<const std::string_view> args, Callback cb, std::chrono::milliseconds timeout,
-            bool asking);
+            bool asking, std::span<const std::string_view> undo = {});
 
   const Options options_;
   Status init_status_;

@@ -26,6 +26,7 @@ struct Call {
   const Script* script = nullptr;  // nullptr: a plain command
   std::vector<std::string> words;  // the command, or (script) the keys then the args
   size_t num_keys = 0;             // script only
+  std::vector<std::string> undo;   // script only: EvalScriptWithUndo's
   uint16_t slot = 0;
   Clock::time_point deadline;
   int redirects = 0;
@@ -183,10 +184,12 @@ struct ClusterClient::State : std::enable_shared_from_this<State> {
       std::span<const std::string_view> all(views);
       auto keys = all.first(c.num_keys);
       auto args = all.subspan(c.num_keys);
+      // The undo goes with the call to the node it is sent to: there, after it.
+      const std::vector<std::string_view> undo(c.undo.begin(), c.undo.end());
       if (asking) {
-        client->EvalScriptAsking(*c.script, keys, args, std::move(done), timeout);
+        client->EvalScriptAsking(*c.script, keys, args, std::move(done), timeout, undo);
       } else {
-        client->EvalScript(*c.script, keys, args, std::move(done), timeout);
+        client->EvalScriptWithUndo(*c.script, keys, args, undo, std::move(done), timeout);
       }
     } else if (asking) {
       client->ExecuteAsking(views, std::move(done), timeout);
@@ -546,6 +549,16 @@ void ClusterClient::EvalScript(const Script& script, std::span<const std::string
                                std::chrono::milliseconds timeout) {
   const uint16_t slot = keys.empty() ? 0 : KeySlot(keys[0]);
   state_->Start(ScriptCall(script, slot, keys, args, std::move(cb), timeout));
+}
+
+void ClusterClient::EvalScriptWithUndo(const Script& script, std::span<const std::string_view> keys,
+                                       std::span<const std::string_view> args,
+                                       std::span<const std::string_view> undo, Callback cb,
+                                       std::chrono::milliseconds timeout) {
+  const uint16_t slot = keys.empty() ? 0 : KeySlot(keys[0]);
+  CallPtr call = ScriptCall(script, slot, keys, args, std::move(cb), timeout);
+  call->undo.assign(undo.begin(), undo.end());
+  state_->Start(std::move(call));
 }
 
 void ClusterClient::EvalScriptOnNode(const Script& script, uint16_t slot,

@@ -81,6 +81,11 @@ class ClusterClient final : public Endpoint {
   void EvalScript(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
                   std::chrono::milliseconds timeout) override;
+  // The undo goes to the node the call last went to, behind it (Endpoint).
+  void EvalScriptWithUndo(const Script& script, std::span<const std::string_view> keys,
+                          std::span<const std::string_view> args,
+                          std::span<const std::string_view> undo, Callback cb,
+                          std::chrono::milliseconds timeout) override;
   // EVALSHA with no KEYS on the master of `slot` by the current map (see
   // Endpoint::EvalScriptOnNode); NOSCRIPT loads the script there and retries.
   void EvalScriptOnNode(const Script& script, uint16_t slot, std::span<const std::string_view> args,

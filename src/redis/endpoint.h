@@ -50,6 +50,19 @@ class Endpoint {
   virtual void EvalScript(const Script& script, std::span<const std::string_view> keys,
                           std::span<const std::string_view> args, Callback cb,
                           std::chrono::milliseconds timeout) = 0;
+  // EvalScript, and when the call fails without a reply (a timeout, a lost
+  // connection: the script may run yet, or may have run), `undo` (one
+  // command on keys[0]'s slot) sent at once, best effort, its reply
+  // dropped: on the connection the script went out on, if it is still up,
+  // so that Redis runs it after the script if it runs the script at all
+  // (else on another connection to that node, in no particular order with
+  // the script). Not for a call that was never sent (kResourceExhausted).
+  // store::RedisConcurrencyStore takes back the lease of an acquire whose
+  // answer it never got.
+  virtual void EvalScriptWithUndo(const Script& script, std::span<const std::string_view> keys,
+                                  std::span<const std::string_view> args,
+                                  std::span<const std::string_view> undo, Callback cb,
+                                  std::chrono::milliseconds timeout) = 0;
   // EVALSHA with no KEYS on the node that serves `slot` by this endpoint's
   // map, for a script that takes its keys in `args` (of any slots that node
   // serves) and refuses keys the node does not serve before it writes: Redis

@@ -451,6 +451,16 @@ void SentinelClient::EvalScript(const Script& script, std::span<const std::strin
   });
 }
 
+void SentinelClient::EvalScriptWithUndo(const Script& script,
+                                        std::span<const std::string_view> keys,
+                                        std::span<const std::string_view> args,
+                                        std::span<const std::string_view> undo, Callback cb,
+                                        std::chrono::milliseconds timeout) {
+  state_->Call(std::move(cb), [&](Client& c, Callback done) {
+    c.EvalScriptWithUndo(script, keys, args, undo, std::move(done), timeout);
+  });
+}
+
 void SentinelClient::Execute(std::span<const std::string_view> args, Callback cb,
                              std::chrono::milliseconds timeout) {
   state_->Call(std::move(cb),

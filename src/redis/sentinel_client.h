@@ -68,6 +68,10 @@ class SentinelClient final : public Endpoint {
   void EvalScript(const Script& script, std::span<const std::string_view> keys,
                   std::span<const std::string_view> args, Callback cb,
                   std::chrono::milliseconds timeout) override;
+  void EvalScriptWithUndo(const Script& script, std::span<const std::string_view> keys,
+                          std::span<const std::string_view> args,
+                          std::span<const std::string_view> undo, Callback cb,
+                          std::chrono::milliseconds timeout) override;
   void Execute(std::span<const std::string_view> args, Callback cb,
                std::chrono::milliseconds timeout) override;
 

@@ -52,6 +52,11 @@ void RedisConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallba
   const std::string max_s = std::to_string(max), ttl_s = std::to_string(request.lease_ttl.count());
   const std::string_view keys[] = {key};
   const std::string_view args[] = {now, max_s, ttl_s, lease_id};
+  // The lease id is ours: when no answer comes (a timeout, a lost
+  // connection), the acquire fails, but Redis may run the script yet and
+  // hold the lease for all of lease_ttl. Its ZREM goes out behind the script
+  // on its connection, so that it takes back whatever the script took.
+  const std::string_view undo[] = {"ZREM", key, lease_id};
   impl_->backend->GuardedEval(
       keys, args,
       [done = std::move(done), lease_id,  // a copy: `args` views the original
@@ -76,7 +81,8 @@ void RedisConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallba
         out.retry_after = std::chrono::microseconds(std::max<int64_t>(0, e[2].integer));
         if (out.acquired) out.lease_id = std::move(lease_id);
         done(std::move(out));
-      });
+      },
+      undo);
 }
 
 void RedisConcurrencyStore::Release(std::string_view key, std::string_view name,

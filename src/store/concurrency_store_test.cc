@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -205,6 +206,38 @@ TEST_F(RedisConcurrencyTest, TwoStoresShareTheLimitAtomically) {
 TEST_F(RedisConcurrencyTest, AnotherTypeUnderTheKeyStartsFresh) {
   server_.Cli("SET", store_->KeyFor("k", "upload"), "junk");
   EXPECT_TRUE(MustAcquire(*store_, "k", 1).acquired);
+}
+
+// An acquire answered too late has failed, but Redis runs its script all
+// the same once it gets to it (here: writes paused past the deadline, the
+// connection kept: the URL's command timeout is long, as against a slow
+// Redis). The ZREM sent behind it takes the lease back: the place is free,
+// not held for lease_ttl.
+TEST(RedisConcurrencyLate, AnAcquireThatTimedOutHoldsNoLease) {
+  RedisServer server;
+  auto s = MustCreate({.url = server.url() + "?command_timeout_ms=5000",
+                       .deadline = milliseconds(50),
+                       .breaker = {.failure_threshold = 100}});
+  ASSERT_TRUE(MustAcquire(*s, "warm-up", 1).acquired);  // connected, script loaded
+  ASSERT_EQ(server.Cli("CONFIG", "RESETSTAT"), "OK");
+  ASSERT_EQ(server.Cli("CLIENT", "PAUSE", "10000", "WRITE"), "OK");
+  StatusOr<AcquireResult> late =
+      s->AcquireSync({.key = "k", .name = "upload", .max_in_flight = 1, .lease_ttl = seconds(30)});
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), StatusCode::kDeadlineExceeded) << late.status().ToString();
+  ASSERT_EQ(server.Cli("CLIENT", "UNPAUSE"), "OK");
+  // The script ran, and the ZREM after it.
+  const auto give_up = std::chrono::steady_clock::now() + seconds(2);
+  while (server.Cli("INFO", "commandstats").find("cmdstat_zrem:calls=1") == std::string::npos &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const std::string stats = server.Cli("INFO", "commandstats");
+  EXPECT_NE(stats.find("cmdstat_evalsha:calls=1"), std::string::npos) << stats;
+  EXPECT_EQ(server.Cli("ZCARD", s->KeyFor("k", "upload")), "0");
+  AcquireResult next = MustAcquire(*s, "k", 1);
+  EXPECT_TRUE(next.acquired);
+  EXPECT_EQ(next.in_flight, 1);
 }
 
 TEST(RedisConcurrencyDown, FailsFastThenTheBreakerOpens) {

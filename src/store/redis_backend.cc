@@ -141,16 +141,19 @@ void RedisBackend::Execute(std::span<const std::string_view> args, redis::Callba
 }
 
 void RedisBackend::GuardedEval(std::span<const std::string_view> keys,
-                               std::span<const std::string_view> args, redis::Callback done) {
+                               std::span<const std::string_view> args, redis::Callback done,
+                               std::span<const std::string_view> undo) {
   StatusOr<Pass> b = Admit(SlotOf(keys[0]));
   if (!b.ok()) return done(b.status());
-  Eval(
-      keys, args,
-      [b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
+  redis::Callback reported =
+      Counted([b = *b, done = std::move(done)](StatusOr<redis::Reply> r) mutable {
         Report(b, r);
         done(Judged(std::move(r)));
-      },
-      opts_.deadline);
+      });
+  if (undo.empty()) {
+    return endpoint_->EvalScript(script_, keys, args, std::move(reported), opts_.deadline);
+  }
+  endpoint_->EvalScriptWithUndo(script_, keys, args, undo, std::move(reported), opts_.deadline);
 }
 
 void RedisBackend::GuardedExecute(std::span<const std::string_view> args, redis::Callback done) {

@@ -110,9 +110,10 @@ class RedisBackend {
   // A command on args[1]'s node, within the options' deadline.
   void Execute(std::span<const std::string_view> args, redis::Callback done);
   // Admit + Eval/Execute + Report, and the reply Judged: a call made on its
-  // own (not batched).
+  // own (not batched). `undo`, if given, goes behind a script call that
+  // fails without a reply (Endpoint::EvalScriptWithUndo).
   void GuardedEval(std::span<const std::string_view> keys, std::span<const std::string_view> args,
-                   redis::Callback done);
+                   redis::Callback done, std::span<const std::string_view> undo = {});
   void GuardedExecute(std::span<const std::string_view> args, redis::Callback done);
 
   // Listens on a pub/sub channel (redis::Subscriber) on the node the endpoint
