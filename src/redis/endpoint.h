@@ -92,8 +92,9 @@ class Endpoint {
   // The node of a slot may be gone (its breaker opened): look for a new owner.
   virtual void RequestRefresh() {}
   // `handler(node)` runs when the endpoint drops a node it no longer sees
-  // (ClusterClient), so that per-node state kept by the caller starts afresh
-  // if the id comes back. Endpoints that never drop one ignore it.
+  // (ClusterClient) or uses (SentinelClient: the master a new one replaced),
+  // so that per-node state kept by the caller stops counting, and starts
+  // afresh if the id comes back. Endpoints that never drop one ignore it.
   virtual void OnNodeDropped(std::function<void(int node)> handler) { (void)handler; }
   // Pub/sub (redis::Subscriber): the node to SUBSCRIBE on for the
   // `attempt`th subscription (0, 1, ...: a later attempt may name another

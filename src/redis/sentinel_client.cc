@@ -82,6 +82,8 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   // verifies it first (the sentinels asked may not have caught up).
   std::optional<NodeAddress> announced RL_GUARDED_BY(mu);
   size_t next_subscription RL_GUARDED_BY(mu) = 0;
+  Mutex dropped_mu;  // held while the handler runs, so Close() can take it away
+  std::function<void(int)> on_dropped RL_GUARDED_BY(dropped_mu);
 
   // Strand-only.
   EarliestTimer discover_timer;
@@ -271,6 +273,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   // the failure (the current master, if any, is kept).
   void Finish(StatusOr<Found> found, size_t at) {
     std::shared_ptr<Client> old;
+    int replaced = -1;  // the old master's id
     bool retry = false;
     {
       LockGuard lock(mu);
@@ -285,6 +288,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
           old = found->client;
         } else if (found->client != data) {
           old = std::exchange(data, found->client);
+          replaced = node;
           node = static_cast<int>(nodes.size());
           nodes.push_back(found->address);
           current_node.store(node, std::memory_order_release);
@@ -292,6 +296,12 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       }
     }
     if (old) old->Close();
+    if (replaced >= 0) {
+      // Its id is never used again: per-node state kept for it (a breaker
+      // opened by the failover) must not outlive it.
+      LockGuard lock(dropped_mu);
+      if (on_dropped) on_dropped(replaced);
+    }
     if (retry) RequestDiscovery(false);
   }
 
@@ -416,6 +426,10 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       if (subscription) clients.push_back(std::move(subscription));
     }
     for (auto& c : clients) c->Close();
+    {
+      LockGuard lock(dropped_mu);  // waits for a run under way
+      on_dropped = nullptr;
+    }
     asio::post(strand, [self = shared_from_this()] {
       self->discover_timer.Stop();
       self->check_timer.cancel();
@@ -479,6 +493,11 @@ std::string SentinelClient::Describe(int node) const {
 std::string SentinelClient::RedactedUrl() const { return redis::RedactedUrl(state_->options); }
 
 void SentinelClient::RequestRefresh() { state_->RequestDiscovery(false); }
+
+void SentinelClient::OnNodeDropped(std::function<void(int node)> handler) {
+  LockGuard lock(state_->dropped_mu);
+  state_->on_dropped = std::move(handler);
+}
 
 std::string SentinelClient::master() const {
   LockGuard lock(state_->mu);

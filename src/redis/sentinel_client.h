@@ -8,8 +8,8 @@
 // the master it names, once, and that one must say `master`. The data calls
 // then go to a standalone Client on that node (every slot is the node's);
 // each new master gets a new node id, so per-node state (a circuit breaker)
-// starts fresh. Discovery runs again, at most once per
-// min_discovery_interval:
+// starts fresh, and the old id is reported dropped (OnNodeDropped).
+// Discovery runs again, at most once per min_discovery_interval:
 //   - on `+switch-master` for our name, from one sentinel we subscribe to;
 //   - on a `-READONLY` reply (the node was demoted: the call did not run and
 //     fails with kUnavailable, never replayed) and on a failed call
@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -86,6 +87,10 @@ class SentinelClient final : public Endpoint {
   std::optional<Options> SubscriptionNode(int attempt) const override;
   // Asks the sentinels again (rate-limited).
   void RequestRefresh() override;
+  // `handler(node)` runs (on the executor) when a new master replaces the
+  // node `node`: that id is never used again. Replaces the previous handler;
+  // Close() removes it and waits for a run under way.
+  void OnNodeDropped(std::function<void(int node)> handler) override;
   void Close() override;
 
   // "host:port" of the current master, "" while none is known (for tests).

@@ -49,8 +49,9 @@ StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnecti
   if (!endpoint.ok()) return endpoint.status();
   b->endpoint_ = *std::move(endpoint);
   b->url_for_logs_ = b->endpoint_->RedactedUrl();
-  // A node the endpoint dropped: its breaker starts afresh if the id comes
-  // back. (Kept, closed: checks still out may hold it.)
+  // A node the endpoint dropped (a Cluster node absent from the maps, a
+  // master Sentinel replaced): its breaker no longer counts, and starts
+  // afresh if the id comes back.
   b->endpoint_->OnNodeDropped([raw = b.get()](int node) { raw->ForgetNode(node); });
   return b;
 }
@@ -87,9 +88,14 @@ CircuitBreaker* RedisBackend::BreakerFor(uint16_t slot) {
 void RedisBackend::ForgetNode(int node) {
   LockGuard lock(breakers_mu_);
   const auto at = static_cast<size_t>(node);
-  if (node >= 0 && at < node_breakers_.size() && node_breakers_[at]) {
-    node_breakers_[at]->OnSuccess();  // closed, no failures, no probe out
-  }
+  if (node < 0 || at >= node_breakers_.size() || !node_breakers_[at]) return;
+  // Closed (its log says so), then retired: calls still out on the node may
+  // hold it, and their failures, reported there, must not read as an open
+  // store. A fresh one stands for the id, should it come back.
+  node_breakers_[at]->OnSuccess();
+  retired_breakers_.push_back(std::move(node_breakers_[at]));
+  node_breakers_[at] = std::make_unique<CircuitBreaker>(opts_.breaker);
+  if (at < std::size(known_)) known_[at].store(node_breakers_[at].get(), std::memory_order_release);
 }
 
 StatusOr<RedisBackend::Pass> RedisBackend::Admit(uint16_t slot) {

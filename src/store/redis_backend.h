@@ -146,7 +146,9 @@ class RedisBackend {
  private:
   explicit RedisBackend(const RedisConnectionOptions& options);
   CircuitBreaker* BreakerFor(uint16_t slot);
-  // The endpoint dropped `node` (OnNodeDropped): its breaker is reset.
+  // The endpoint dropped `node` (OnNodeDropped): its breaker is retired
+  // (closed, kept for the calls that hold it, no longer counted) and a
+  // fresh one takes its place.
   void ForgetNode(int node);
   redis::Callback Counted(redis::Callback done);
 
@@ -160,6 +162,9 @@ class RedisBackend {
   std::atomic<int> unknown_slot_{-1};  // the slot the stand-in last served, -1: none yet
   mutable Mutex breakers_mu_;
   std::vector<std::unique_ptr<CircuitBreaker>> node_breakers_ RL_GUARDED_BY(breakers_mu_);
+  // ForgetNode's: one per node dropped (a failover, pod churn), a few
+  // hundred bytes each, kept for the store's life.
+  std::vector<std::unique_ptr<CircuitBreaker>> retired_breakers_ RL_GUARDED_BY(breakers_mu_);
   std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock
   Mutex subscribers_mu_;
   std::vector<std::shared_ptr<redis::Subscriber>> subscribers_ RL_GUARDED_BY(subscribers_mu_);

@@ -113,7 +113,9 @@ TEST(SentinelStore, ReadOnlyFromADemotedMasterLeadsToRediscovery) {
   RedisSentinel s({.down_after = milliseconds(5000)});
   redis::IoThread io;
   auto client = ConnectedClient(s, io);
-  auto store = MustCreate({.url = s.url(), .deadline = milliseconds(200)});
+  // One failed call opens a node's breaker: the demoted master's opens.
+  auto store = MustCreate(
+      {.url = s.url(), .deadline = milliseconds(200), .breaker = {.failure_threshold = 1}});
   ASSERT_TRUE(WaitUntilAnswered(*store, "warm-up"));
   Limit l = *Limit::TokenBucket("b", 1'000'000, 1'000);
 
@@ -163,6 +165,10 @@ TEST(SentinelStore, ReadOnlyFromADemotedMasterLeadsToRediscovery) {
   std::printf("SENTINEL readonly failed_checks=%d resumed_after_ms=%.1f\n", failed, resumed_ms);
   ASSERT_EQ(ok_in_a_row, 50) << "decisions never resumed";
   EXPECT_LT(resumed_ms, 1000.0);
+  EXPECT_GT(failed, 0);
+  // The old master's breaker, opened by its READONLY, is asked no more: the
+  // store reads closed (the gauge, /readyz) while every check succeeds.
+  EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kClosed);
   // The decisions are the new master's: the key is there, written by the script.
   EXPECT_EQ(s.Cli(s.data(1), {"EXISTS", store->KeyFor("after", l)}), "1");
   EXPECT_EQ(s.MasterIndex(), 0u);  // still the sentinels' old answer: it was ours
