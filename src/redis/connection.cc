@@ -342,6 +342,7 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
   }
 
   Status failure;
+  bool readonly = false;
   std::shared_ptr<const PushHandler> on_push;
   {
     LockGuard lock(mu_);
@@ -362,8 +363,9 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
           failure = Unavailable(describe_ + ": AUTH/SELECT failed: " + reply.str);
           break;
         }
-      } else if (call.cb) {
-        completions_.emplace_back(std::move(call.cb), std::move(reply));
+      } else {
+        readonly = readonly || reply.IsErrorWithPrefix("READONLY");
+        if (call.cb) completions_.emplace_back(std::move(call.cb), std::move(reply));
       }
       pending_.pop_front();
     }
@@ -377,6 +379,14 @@ void Connection::OnRead(const std::shared_ptr<Session>& session, size_t bytes) {
 
   if (failure.ok() && !protocol_error.ok()) {
     failure = Internal(describe_ + ": " + protocol_error.message());
+  }
+  if (failure.ok() && readonly && options_.reconnect_on_readonly) {
+    // A replica now: the name may lead to the new master (Options).
+    const Clock::time_point now = Clock::now();
+    if (now >= next_readonly_reconnect_) {
+      next_readonly_reconnect_ = now + options_.reconnect_max_backoff;
+      failure = Unavailable(describe_ + ": the node is a replica now (READONLY); reconnecting");
+    }
   }
   if (!failure.ok()) {
     FailConnection(failure);

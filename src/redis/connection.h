@@ -8,6 +8,8 @@
 // one timer per connection armed for the earliest deadline. On any connection
 // error every pending call fails at once and a reconnect is scheduled with
 // exponential backoff and jitter; while disconnected new calls fail fast.
+// With Options::reconnect_on_readonly, a -READONLY reply does the same (at
+// most once per reconnect_max_backoff), after its call got it.
 //
 //   auto conn = Connection::Create(ex, options, tls_context, budget);
 //   conn->Start();
@@ -168,6 +170,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   boost::asio::steady_timer deadline_timer_;
   boost::asio::steady_timer connect_timer_;  // connect timeout, then reconnect backoff
   std::chrono::milliseconds backoff_;
+  Clock::time_point next_readonly_reconnect_{};  // Options::reconnect_on_readonly
   std::vector<Reply> replies_;
   std::vector<Completion> completions_;
   std::vector<Reply> pushes_;

@@ -45,6 +45,7 @@ StatusOr<std::unique_ptr<Endpoint>> OpenEndpoint(boost::asio::any_io_executor ex
   StatusOr<Options> o = ParseRedisUrl(url);
   if (!o.ok()) return o.status();
   Tune(tuning, &*o);
+  o->reconnect_on_readonly = true;
   StatusOr<std::unique_ptr<Client>> c = Client::Create(std::move(executor), *std::move(o));
   if (!c.ok()) return c.status();
   return std::unique_ptr<Endpoint>(*std::move(c));

@@ -59,6 +59,13 @@ struct Options {
   int max_pending = 10000;  // queued + in-flight calls per client; beyond: kResourceExhausted
   std::chrono::milliseconds reconnect_min_backoff{10};
   std::chrono::milliseconds reconnect_max_backoff{1000};
+  // A connection answered -READONLY (the node is a replica now) closes and
+  // connects again, resolving the host anew, at most once per
+  // reconnect_max_backoff: the name may lead to the new master by now (a
+  // DNS name or a virtual IP moved by a failover, the old master kept as
+  // a replica). For a standalone node (OpenEndpoint sets it for redis://
+  // and rediss://); a Cluster and Sentinel find the new master themselves.
+  bool reconnect_on_readonly = false;
   // Which of command_timeout, connections and max_pending the URL's query
   // set: a value given in the URL wins over a store's own setting
   // (OpenEndpoint's EndpointTuning).

@@ -25,6 +25,7 @@
 #include "redis/slot.h"
 #include "store/resilient_store.h"
 #include "support/redis_server.h"
+#include "support/tcp_proxy.h"
 
 namespace ratelimit {
 namespace {
@@ -1179,6 +1180,44 @@ TEST(RedisStoreFailure, AReplicaFailsTheCheckAsReadonly) {
   ExpectRefusedWith(store->CheckSync({"k", c}), "READONLY");
   ExpectRefusedWith(store->CheckSync({"k", c}), "READONLY");
   EXPECT_EQ(store->breaker_state(), CircuitBreaker::State::kOpen);
+}
+
+// A plain redis:// URL naming a DNS name or a virtual IP (here a TCP proxy)
+// that a failover moves to the new master while the old master stays up as
+// its replica: the store's connections, kept to the old one, meet -READONLY;
+// each then closes and connects again through the name, to the new master,
+// and decisions resume without a restart.
+TEST(RedisStoreFailure, AReplicaBehindTheNameIsLeftForTheNewMaster) {
+  RedisServer x, y;
+  testing::TcpProxy name(x.port());
+  auto store = MustCreate(
+      {.url = "redis://127.0.0.1:" + std::to_string(name.port()), .deadline = milliseconds(500)});
+  Limit l = *Limit::TokenBucket("b", 1'000'000, 1'000);
+  LimitCheck c[] = {{&l, 1}};
+  ASSERT_TRUE(store->CheckSync({"k", c}).ok());
+  // The failover: y the master, x its replica, the name moved to y.
+  ASSERT_EQ(x.Cli("REPLICAOF", "127.0.0.1", std::to_string(y.port())), "OK");
+  name.SetTarget(y.port());
+  const auto t_moved = std::chrono::steady_clock::now();
+  int failed = 0, ok_in_a_row = 0;
+  std::string last_failure;
+  while (ok_in_a_row < 20 && std::chrono::steady_clock::now() < t_moved + seconds(5)) {
+    StatusOr<CheckResult> r = store->CheckSync({"k", c});
+    if (r.ok()) {
+      ++ok_in_a_row;
+      continue;
+    }
+    ++failed;
+    ok_in_a_row = 0;
+    last_failure = r.status().ToString();
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const auto resumed_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t_moved).count();
+  ASSERT_EQ(ok_in_a_row, 20) << "decisions never resumed; last failure: " << last_failure;
+  EXPECT_GT(failed, 0);  // the old master's READONLY, at least once
+  EXPECT_LT(resumed_ms, 2000);
+  EXPECT_EQ(y.Cli("EXISTS", store->KeyFor("k", l)), "1");  // decided on the new master
 }
 
 // A Redis at its maxmemory under noeviction refuses check.lua's write (-OOM):

@@ -7,46 +7,49 @@
 
 #include <cerrno>
 #include <stdexcept>
+#include <string>
 
 namespace ratelimit::testing {
 
-FakeTcpServer::FakeTcpServer(Handler handler) : handler_(std::move(handler)) {
-  listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
-  if (listen_fd_ < 0) throw std::runtime_error("FakeTcpServer: socket failed");
+LoopbackListener::LoopbackListener(const char* who) {
+  fd_ = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd_ < 0) throw std::runtime_error(std::string(who) + ": socket failed");
   int one = 1;
-  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listen_fd_, 16) != 0 ||
-      getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || pipe(wake_) != 0) {
-    close(listen_fd_);
-    throw std::runtime_error("FakeTcpServer: bind/listen failed");
+  if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd_, 64) != 0 ||
+      getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || pipe(wake_) != 0) {
+    close(fd_);
+    throw std::runtime_error(std::string(who) + ": bind/listen failed");
   }
   port_ = ntohs(addr.sin_port);
-  thread_ = std::thread([this] { Run(); });
 }
 
-FakeTcpServer::~FakeTcpServer() {
+LoopbackListener::~LoopbackListener() {
   char c = 'x';
   (void)!write(wake_[1], &c, 1);
-  thread_.join();
-  close(listen_fd_);
+  if (thread_.joinable()) thread_.join();
+  close(fd_);
   close(wake_[0]);
   close(wake_[1]);
 }
 
+FakeTcpServer::FakeTcpServer(Handler handler) : handler_(std::move(handler)) {
+  listener_.Serve([this] { Run(); });
+}
+
 void FakeTcpServer::Run() {
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    pollfd fds[2] = {{listener_.fd(), POLLIN, 0}, {listener_.wake_fd(), POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[1].revents != 0) return;
-    int fd = accept(listen_fd_, nullptr, nullptr);
+    int fd = accept(listener_.fd(), nullptr, nullptr);
     if (fd < 0) continue;
     accepted_.fetch_add(1);
     handler_(fd);

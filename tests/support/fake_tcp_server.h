@@ -24,16 +24,38 @@
 
 namespace ratelimit::testing {
 
+// A TCP socket listening on 127.0.0.1 at a free port, served by a thread
+// of its own (Serve) that polls fd() and wake_fd(): the destructor makes
+// wake_fd() readable, joins the thread and closes both. Throws
+// std::runtime_error naming `who`. FakeTcpServer's, TcpProxy's.
+class LoopbackListener {
+ public:
+  explicit LoopbackListener(const char* who);
+  ~LoopbackListener();
+  LoopbackListener(const LoopbackListener&) = delete;
+  LoopbackListener& operator=(const LoopbackListener&) = delete;
+
+  void Serve(std::function<void()> run) { thread_ = std::thread(std::move(run)); }
+  int fd() const { return fd_; }
+  int wake_fd() const { return wake_[0]; }
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int wake_[2] = {-1, -1};
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
 class FakeTcpServer {
  public:
   using Handler = std::function<void(int fd)>;
 
   explicit FakeTcpServer(Handler handler);
-  ~FakeTcpServer();
   FakeTcpServer(const FakeTcpServer&) = delete;
   FakeTcpServer& operator=(const FakeTcpServer&) = delete;
 
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return listener_.port(); }
   int accepted() const { return accepted_.load(); }
 
   // Reads what is available (waiting up to `timeout` for the first byte).
@@ -47,11 +69,8 @@ class FakeTcpServer {
   void Run();
 
   Handler handler_;
-  int listen_fd_ = -1;
-  int wake_[2] = {-1, -1};
-  uint16_t port_ = 0;
   std::atomic<int> accepted_{0};
-  std::thread thread_;
+  LoopbackListener listener_{"FakeTcpServer"};  // last: its thread stops first
 };
 
 }  // namespace ratelimit::testing
