@@ -25,6 +25,7 @@
 #include "server/policy_holder.h"
 #include "server/reply.h"
 #include "server/router.h"
+#include "server/store_factory.h"
 
 namespace ratelimit::fuzz {
 
@@ -45,7 +46,7 @@ class ServerFixture {
         store_(std::make_shared<MemoryStore>(
             MemoryStore::Options{.shards = 4,
                                  .max_keys = policy_->config().store.max_keys,
-                                 .max_key_length = policy_->config().store.max_key_length,
+                                 .max_key_length = server::StoreKeyLength(policy_->config().store),
                                  .clock = &clock_})),
         enforcer_(store_, policy_->config().store.max_keys),
         router_(holder_, enforcer_, /*gateway=*/nullptr, policy_->config().server.demo) {}

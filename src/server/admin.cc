@@ -170,7 +170,7 @@ std::vector<policy::CheckGroup> OwnGroups(const policy::Policy& policy, const po
 // decision-API caller's key (d:<key>), with every (key, limit) that may hold
 // its state.
 struct AdminApi::Client {
-  std::string key;          // the client part of its store keys
+  std::string key;          // the client part of its store keys ("d:<key>" for the decision API)
   std::string shown;        // in answers (API keys shortened)
   std::string_view source;  // api_key, user, ip, decision_api
   std::string plan;         // the plan it is enforced with (an override's, if any)
@@ -220,8 +220,9 @@ AdminApi::Client FromIdentity(const policy::Policy& policy, const policy::Identi
 }
 
 // A decision-API key "d:<key>": the key as /v1/check and /v1/acquire take it
-// (percent-encoded in the path). Its limits come with each request, so only
-// the config's named limits (`limits:`) can be read or reset.
+// (percent-encoded in the path), whose state lives under the store key
+// "d:<key>" itself. Its limits come with each request, so only the config's
+// named limits (`limits:`) can be read or reset.
 StatusOr<AdminApi::Client> DecisionApiClientOf(const policy::Policy& policy,
                                                std::string_view client,
                                                const Overrides* overrides) {
@@ -230,7 +231,7 @@ StatusOr<AdminApi::Client> DecisionApiClientOf(const policy::Policy& policy,
   if (key.empty() || key.size() > max) {
     return InvalidArgument("a decision-API key is 1.." + std::to_string(max) + " bytes");
   }
-  AdminApi::Client c{.key = std::string(key),
+  AdminApi::Client c{.key = std::string(client),
                      .shown = std::string(client),
                      .source = "decision_api",
                      .plan = "",
@@ -485,9 +486,7 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     if (action == "denials") {
       if (!get) return done(AdminMethodNotAllowed(path, "GET"));
       json list = json::array();
-      const std::string recorded =
-          who->source == "decision_api" ? DecisionApiClient(who->key) : who->key;
-      for (const DenialEntry& e : enforcer_.denials().ForClient(recorded)) {
+      for (const DenialEntry& e : enforcer_.denials().ForClient(who->key)) {
         list.push_back({{"time", IsoTime(e.unix_ms)},
                         {"unix_ms", e.unix_ms},
                         {"route", e.route},
@@ -524,7 +523,7 @@ StatusOr<std::string> AdminApi::ClientKeyOf(const policy::Policy& policy,
                                             std::string_view client) const {
   StatusOr<Client> who = ClientOf(policy, client);
   if (!who.ok()) return who.status();
-  return who->source == "decision_api" ? DecisionApiClient(who->key) : who->key;
+  return who->key;
 }
 
 struct AdminApi::StateOp {

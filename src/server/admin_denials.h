@@ -30,8 +30,11 @@
 namespace ratelimit::server {
 
 // How the admin API names a decision-API caller's key (/v1/check,
-// /v1/acquire): "d:" + the key, apart from the identities the rules form
-// ("k:", "u:", "ip:"). Its denials are recorded under this name.
+// /v1/acquire), and the store key its state and leases live under: "d:" +
+// the key, apart from every key the rules form ("k:", "u:", "ip:", a
+// route's "~all", the Envoy face's "envoy:"), so a caller cannot reach
+// another client's state by naming its key. Its denials are recorded under
+// this name.
 inline constexpr std::string_view kDecisionApiPrefix = "d:";
 inline std::string DecisionApiClient(std::string_view key) {
   return std::string(kDecisionApiPrefix) + std::string(key);

@@ -57,8 +57,16 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
   ParsedAcquire p;
   policy::ConcurrencyConfig& c = p.request.config;
   c.on_limit = policy::ConcurrencyConfig::OnLimit::kReject;  // the caller decides what to do
-  if (Status s = String(j, "key", &p.request.key); !s.ok()) return s;
-  if (p.request.key.empty()) return InvalidArgument("field 'key' is required");
+  std::string key;
+  if (Status s = String(j, "key", &key); !s.ok()) return s;
+  if (key.empty()) return InvalidArgument("field 'key' is required");
+  const size_t max_key_length =
+      policy != nullptr ? policy->config().store.max_key_length : kDefaultMaxKeyLength;
+  if (Status s = ValidateKey(key, max_key_length, "field 'key'"); !s.ok()) return s;
+  // Its leases live under "d:<key>", apart from the keys the rules form: a
+  // caller naming "~all" (a route's whole-route key) or "k:<api key>" never
+  // takes a place of a route's own concurrency limit.
+  p.request.key = DecisionApiClient(key);
   std::string route;
   if (Status s = String(j, "route", &route); !s.ok()) return s;
   if (Status s = String(j, "name", &p.request.name); !s.ok()) return s;
@@ -142,7 +150,7 @@ void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::
   if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
   StatusOr<ParsedAcquire> p = ParseAcquire(*j, policy.get());
   if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
-  const std::string key = p->request.key, name = p->request.name;
+  const std::string key = p->request.key, name = p->request.name;  // key: "d:<key>"
   const auto ttl = p->request.config.lease_ttl;
   limiter_.Acquire(std::move(p->request), [this, policy, key, name, ttl, path = std::string(path),
                                            done = std::move(done)](ConcurrencyOutcome o) {
@@ -162,8 +170,7 @@ void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::
       if (!o.error.empty()) body["error"] = o.error;
       r.Add("Retry-After", "1");
       r.Add("Cache-Control", "no-store");
-      if (o.status == 429)
-        enforcer_.RecordDenial(DecisionApiClient(key), "concurrency:" + name, path);
+      if (o.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path);
     }
     if (o.degraded) r.Add("X-RateLimit-Degraded", "true");
     r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);

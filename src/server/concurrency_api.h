@@ -31,6 +31,8 @@
 namespace ratelimit::server {
 
 // A parsed acquire (or release: then lease_id is set and the limits unused).
+// request.key is the store key: the caller's key (1..store.max_key_length
+// bytes) as the admin API names it, DecisionApiClient(key) = "d:<key>".
 struct ParsedAcquire {
   ConcurrencyRequest request;
   std::string lease_id;

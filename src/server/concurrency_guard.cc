@@ -142,11 +142,13 @@ void LeaseGuard::Release(std::function<void()> then) {
       });
 }
 
-ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store)
+ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store,
+                                       size_t max_key_length)
     : state_(std::make_shared<LeaseGuard::State>()) {
   state_->executor = std::move(executor);
   state_->store = std::make_unique<ResilientConcurrencyStore>(
-      &store, ResilientConcurrencyStore::Options{.on_failure = ConcurrencyFailureReporter()});
+      &store, ResilientConcurrencyStore::Options{.local_max_key_length = max_key_length,
+                                                 .on_failure = ConcurrencyFailureReporter()});
 }
 
 ConcurrencyLimiter::~ConcurrencyLimiter() { Stop(); }

@@ -97,7 +97,10 @@ class ConcurrencyLimiter {
   // `executor` runs the wait timers. `store` (shared by every instance) is
   // not owned: it must outlive the limiter and every lease (the server
   // destroys it after its io_context, where leases may still be held).
-  ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store);
+  // `max_key_length`: the longest key of the local fallback (failure mode
+  // local), the store's (StoreKeyLength).
+  ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store,
+                     size_t max_key_length = kDefaultMaxKeyLength);
   ~ConcurrencyLimiter();
 
   void Acquire(ConcurrencyRequest request, std::function<void(ConcurrencyOutcome)> done);

@@ -157,6 +157,7 @@ TEST(ParseAcquire, ContractAndErrors) {
   StatusOr<ParsedAcquire> ok =
       parse(R"({"key": "u", "name": "upload", "max_in_flight": 3, "lease_ttl": "2s"})");
   ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->request.key, "d:u");  // apart from the rules' keys (a route's "~all")
   EXPECT_EQ(ok->request.config.max_in_flight, 3);
   EXPECT_EQ(ok->request.config.lease_ttl, milliseconds(2000));
   EXPECT_EQ(
@@ -176,6 +177,9 @@ TEST(ParseAcquire, ContractAndErrors) {
   EXPECT_EQ(error(R"({"key": "u", "name": "x", "max_in_flight": 1, "lease_ttl": "1ms"})"),
             "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
   EXPECT_EQ(error(R"({"key": "u", "route": "nope"})"), "unknown route 'nope'");
+  EXPECT_EQ(
+      error(R"({"key": ")" + std::string(513, 'k') + R"(", "name": "x", "max_in_flight": 1})"),
+      "field 'key' is 513 bytes; the maximum is 512");
   EXPECT_EQ(error(R"({"key": "u", "route": "r", "max_in_flight": 1})"),
             "field 'max_in_flight' does not go with 'route' (the route sets it)");
   EXPECT_NE(error(R"({"key": "u", "name": "x", "max_in_flight": 1, "cost": 1})")

@@ -346,7 +346,10 @@ class InlineLimits {
 }  // namespace
 
 bool operator==(const ParsedCheck& a, const ParsedCheck& b) {
-  if (a.key != b.key || a.cost != b.cost || a.checks.size() != b.checks.size()) return false;
+  if (a.key != b.key || a.store_key != b.store_key || a.cost != b.cost ||
+      a.checks.size() != b.checks.size()) {
+    return false;
+  }
   for (size_t i = 0; i < a.checks.size(); ++i) {
     const Limit& x = *a.checks[i].limit;
     const Limit& y = *b.checks[i].limit;
@@ -413,6 +416,7 @@ std::optional<ParsedCheck> FastParseCheck(std::string_view body, const policy::P
   if (!sc.Eat('}') || !sc.AtEnd() || !have_key || !have_limits) return std::nullopt;
   if (key.empty() || key.size() > max_key_length || !ValidUtf8(key)) return std::nullopt;
   out.key.assign(key);
+  out.store_key = DecisionApiClient(out.key);
   if (!AssembleChecks({named, n}, out).ok()) return std::nullopt;
   return out;
 }
@@ -518,6 +522,7 @@ StatusOr<ParsedCheck> ParseCheck(const json& j, const policy::Policy* policy,
   out.key = key->get<std::string>();
   if (Status s = ValidateKey(out.key, max_key_length, "field 'key'"); !s.ok()) return s;
   if (!ValidUtf8(out.key)) return InvalidArgument("field 'key' is not valid UTF-8");
+  out.store_key = DecisionApiClient(out.key);
   if (cost != nullptr && !GetInt(*cost, 0, out.cost)) {
     return InvalidArgument("field 'cost' must be a non-negative integer");
   }
@@ -616,7 +621,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
   }
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed), this});
   const policy::StoreConfig& store_config = op->policy->config().store;
-  enforcer_.Check(op->check.key, op->check.checks, store_config, path, Face::kDecisionApi,
+  enforcer_.Check(op->check.store_key, op->check.checks, store_config, path, Face::kDecisionApi,
                   [op, path, done = std::move(done)](const Outcome& o) {
                     const policy::Config& config = op->policy->config();
                     const HttpFace face{
@@ -749,7 +754,7 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
     // one applies: settled against the configured limits instead, a changed
     // window would start the state over and a changed rate price the
     // difference wrongly.
-    held->overrides = enforcer_.ApplyDecisionOverride(held->check.key, held->check.checks);
+    held->overrides = enforcer_.ApplyDecisionOverride(held->check.store_key, held->check.checks);
     // A difference of 0 still goes to the store: the settlement is recorded
     // once (a second one is refused), and with the check's limits it leaves
     // the state as it is.
@@ -758,7 +763,7 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
       settlements.push_back({c.limit, cost - held->res.cost});
     }
     const SettleRequest request{
-        .key = held->check.key,
+        .key = held->check.store_key,
         .settlements = settlements,
         .on_failure = {.mode = config.failure_mode,
                        .expected_instances = config.expected_instances},
@@ -865,7 +870,7 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     }
     op->checks[i] = std::move(*parsed);
     const ParsedCheck& c = op->checks[i];
-    enforcer_.Check(c.key, c.checks, store_config, path, Face::kDecisionApi,
+    enforcer_.Check(c.store_key, c.checks, store_config, path, Face::kDecisionApi,
                     [op, i](const Outcome& o) {
                       std::string& out = op->results[i];
                       if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {

@@ -40,7 +40,11 @@ inline constexpr size_t kMaxBatchChecks = 100;
 // One parsed check. Move-only in spirit: `checks` point into `owned` (whose
 // buffer survives a move) or into the Policy (keep it alive).
 struct ParsedCheck {
-  std::string key;
+  std::string key;  // as the caller gave it
+  // Where its state lives: DecisionApiClient(key), "d:<key>", apart from
+  // every key the rules form ("k:", "u:", "ip:", "~all", "envoy:"), so that
+  // no caller reaches another face's client by naming its key.
+  std::string store_key;
   int64_t cost = 1;
   std::vector<Limit> owned;        // limits defined inline
   std::vector<LimitCheck> checks;  // one per requested limit, in request order

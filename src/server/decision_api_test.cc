@@ -27,6 +27,7 @@ TEST(ParseCheck, Valid) {
   StatusOr<ParsedCheck> c = ParseCheck(*j, nullptr, 512);
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->key, "user:ada");
+  EXPECT_EQ(c->store_key, "d:user:ada");  // apart from the rules' "k:", "u:", "ip:" keys
   ASSERT_EQ(c->checks.size(), 2u);
   EXPECT_EQ(c->checks[0].limit->name(), "burst");
   EXPECT_EQ(c->checks[0].cost, 2);

@@ -287,7 +287,7 @@ const ClientOverride* Enforcer::DecisionOverride(
     std::string_view key, std::shared_ptr<const OverrideTable>& table) const {
   if (overrides_ == nullptr || overrides_->empty()) return nullptr;
   table = overrides_->table();
-  return table->FindDecisionKey(key, overrides_->NowMillis());
+  return table->Find(key, overrides_->NowMillis());  // "d:<key>": FindDecisionKey
 }
 
 std::shared_ptr<const OverrideTable> Enforcer::ApplyDecisionOverride(
@@ -329,9 +329,8 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
           o.error = "the rate limit store is unavailable";
         } else if (!g.result.overall.allowed) {
           o.verdict = Verdict::kOverLimit;
-          // The admin API names decision-API keys "d:<key>" (admin_denials.h).
-          RecordDenial(face == Face::kDecisionApi ? DecisionApiClient(key) : std::string(key),
-                       o.limit_name, path);
+          // A decision-API key is its store key, "d:<key>", as the admin API names it.
+          RecordDenial(key, o.limit_name, path);
         }
         done(std::move(o));
       },

@@ -125,14 +125,18 @@ class Enforcer {
 
   // Decides one group of limits for a face without routes (the decision
   // API): the store's failure mode, the denial recorded under `path`. `key`
-  // and `checks` must stay valid until `done` runs.
+  // is the store key, for the decision API the caller's key as the admin
+  // API names it (DecisionApiClient: "d:<key>"), under which its override
+  // is found and its denials are recorded. `key` and `checks` must stay
+  // valid until `done` runs.
   void Check(std::string_view key, std::span<const LimitCheck> checks,
              const policy::StoreConfig& store_config, std::string_view path, Face face,
              std::function<void(Outcome&&)> done);
 
-  // Replaces `checks`' limits with those of the decision-API key's override
-  // ("d:<key>") in effect now, as Check does: the table the replaced limits
-  // live in (keep it alive with `checks`), or nullptr when none applied.
+  // Replaces `checks`' limits with those of the override in effect now for
+  // the decision-API store key `key` ("d:<key>"), as Check does: the table
+  // the replaced limits live in (keep it alive with `checks`), or nullptr
+  // when none applied.
   std::shared_ptr<const OverrideTable> ApplyDecisionOverride(std::string_view key,
                                                              std::vector<LimitCheck>& checks) const;
 
@@ -167,7 +171,8 @@ class Enforcer {
  private:
   struct Op;
   void Step(std::shared_ptr<Op> op);
-  // The decision-API key's override in effect now (it lives in `table`), or nullptr.
+  // The override in effect now for the decision-API store key `key`
+  // ("d:<key>"; it lives in `table`), or nullptr.
   const ClientOverride* DecisionOverride(std::string_view key,
                                          std::shared_ptr<const OverrideTable>& table) const;
   // DecideGroup asking the store about `asked` (the same limits, other costs)

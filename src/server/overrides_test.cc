@@ -258,8 +258,9 @@ TEST(Overrides, ADecisionApiKeysOverride) {
   const LimitCheck checks[] = {{&configured, 1}};
   auto check = [&](std::string_view key) {
     Outcome out;
-    rig.enforcer.Check(key, checks, rig.policy->config().store, "/v1/check", Face::kDecisionApi,
-                       [&out](Outcome o) { out = std::move(o); });
+    const std::string store_key = DecisionApiClient(key);  // where the decision API keeps it
+    rig.enforcer.Check(store_key, checks, rig.policy->config().store, "/v1/check",
+                       Face::kDecisionApi, [&out](Outcome o) { out = std::move(o); });
     return out;
   };
   Outcome first = check("job-7");
@@ -283,8 +284,9 @@ TEST(Overrides, ADecisionApiCostAboveAnOverriddenCapacityIsDenied) {
   auto check = [&](std::string_view key, int64_t cost) {
     const LimitCheck checks[] = {{&configured, cost}};
     Outcome out;
-    rig.enforcer.Check(key, checks, rig.policy->config().store, "/v1/check", Face::kDecisionApi,
-                       [&out](Outcome o) { out = std::move(o); });
+    const std::string store_key = DecisionApiClient(key);
+    rig.enforcer.Check(store_key, checks, rig.policy->config().store, "/v1/check",
+                       Face::kDecisionApi, [&out](Outcome o) { out = std::move(o); });
     return out;
   };
   Outcome denied = check("job-7", 5);

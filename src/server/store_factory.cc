@@ -2,6 +2,7 @@
 
 #include "ratelimit/memory_store.h"
 #include "ratelimit/redis_store.h"
+#include "server/admin_denials.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
 
@@ -26,7 +27,7 @@ void FillRedisOptions(const policy::StoreConfig& config, Options& o) {
   o.deadline = config.deadline;
   o.key_prefix = config.key_prefix;
   o.time_source = config.time_source;
-  o.max_key_length = config.max_key_length;
+  o.max_key_length = StoreKeyLength(config);
   o.max_pending = config.max_pending;
   o.breaker.failure_threshold = config.breaker.failures;
   o.breaker.open_for = config.breaker.open_for;
@@ -54,6 +55,10 @@ FailureObserver Reporter(std::string_view message, std::string_view suppressed_m
 
 }  // namespace
 
+size_t StoreKeyLength(const policy::StoreConfig& config) {
+  return config.max_key_length + kDecisionApiPrefix.size();
+}
+
 FailureObserver RateLimitFailureReporter() {
   return Reporter("store error: failure mode decides", "store errors suppressed", true);
 }
@@ -68,7 +73,7 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
   if (config.type == policy::StoreConfig::Type::kMemory) {
     return std::unique_ptr<ConcurrencyStore>(
         std::make_unique<MemoryConcurrencyStore>(MemoryConcurrencyStore::Options{
-            .max_keys = config.max_keys, .max_key_length = config.max_key_length}));
+            .max_keys = config.max_keys, .max_key_length = StoreKeyLength(config)}));
   }
   RedisConcurrencyStore::Options o;
   FillRedisOptions(config, o);
@@ -98,7 +103,7 @@ StatusOr<std::shared_ptr<Store>> MakePlainStore(const policy::StoreConfig& confi
     case policy::StoreConfig::Type::kMemory: {
       MemoryStore::Options o;
       o.max_keys = config.max_keys;
-      o.max_key_length = config.max_key_length;
+      o.max_key_length = StoreKeyLength(config);
       return std::shared_ptr<Store>(std::make_shared<MemoryStore>(o));
     }
     case policy::StoreConfig::Type::kRedis: {
@@ -125,6 +130,7 @@ StatusOr<std::shared_ptr<Store>> MakeStore(const policy::StoreConfig& config,
   if (!plain.ok()) return plain.status();
   return std::shared_ptr<Store>(std::make_shared<ResilientStore>(
       *std::move(plain), ResilientStore::Options{.local_max_keys = config.local_max_keys,
+                                                 .local_max_key_length = StoreKeyLength(config),
                                                  .on_failure = RateLimitFailureReporter()}));
 }
 

@@ -2,13 +2,14 @@
 //
 //   StatusOr<std::shared_ptr<Store>> s = MakeStore(config.store, io_context_or_null);
 //
-// memory -> MemoryStore (max_keys, max_key_length from the config).
-// redis  -> RedisStore (url, deadline, key_prefix, time_source, max_key_length,
-//           connections, max_pending, breaker); breaker state changes are
-//           logged ("redis circuit breaker", from, to).
+// memory -> MemoryStore (max_keys, and keys up to StoreKeyLength).
+// redis  -> RedisStore (url, deadline, key_prefix, time_source, keys up to
+//           StoreKeyLength, connections, max_pending, breaker); breaker state
+//           changes are logged ("redis circuit breaker", from, to).
 // Either is wrapped in a ResilientStore (store/resilient_store.h): the
-// failure modes, a local fallback of local_max_keys, and every store failure
-// counted (ratelimit_degraded_decisions_total by cause) and logged, sampled.
+// failure modes, a local fallback of local_max_keys (keys up to
+// StoreKeyLength too), and every store failure counted
+// (ratelimit_degraded_decisions_total by cause) and logged, sampled.
 //
 // Thread-safety: pure function; the store it returns is thread-safe.
 #pragma once
@@ -27,6 +28,12 @@ class io_context;
 }  // namespace boost::asio
 
 namespace ratelimit::server {
+
+// The longest store key of a config: store.max_key_length, the longest key a
+// decision-API caller may give (and far above any identity the rules form),
+// plus the "d:" that key's state lives under (kDecisionApiPrefix). Every
+// store the daemon makes, and their local fallbacks, take keys this long.
+size_t StoreKeyLength(const policy::StoreConfig& config);
 
 // `io_context`: where a RedisStore runs its client (one thread of the
 // caller's; see RedisStore::Options::io_context); nullptr: a thread of its own.

@@ -14,7 +14,9 @@ bool IsStoreFailure(const Status& s) { return !s.ok() && s.code() != StatusCode:
 
 ResilientStore::ResilientStore(std::shared_ptr<Store> inner, Options options)
     : inner_(std::move(inner)),
-      local_(MemoryStore::Options{.max_keys = options.local_max_keys, .clock = options.clock}),
+      local_(MemoryStore::Options{.max_keys = options.local_max_keys,
+                                  .max_key_length = options.local_max_key_length,
+                                  .clock = options.clock}),
       on_failure_(std::move(options.on_failure)) {}
 
 ResilientStore::~ResilientStore() = default;
@@ -219,6 +221,7 @@ size_t ResilientStore::SweepPart(size_t part, size_t parts) {
 ResilientConcurrencyStore::ResilientConcurrencyStore(ConcurrencyStore* inner, Options options)
     : inner_(inner),
       local_(MemoryConcurrencyStore::Options{.max_keys = options.local_max_keys,
+                                             .max_key_length = options.local_max_key_length,
                                              .clock = options.clock}),
       on_failure_(std::move(options.on_failure)) {}
 

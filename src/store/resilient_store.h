@@ -62,8 +62,11 @@ class ResilientStore final : public Store {
  public:
   struct Options {
     size_t local_max_keys = 100'000;  // the local fallback's bound
-    const Clock* clock = nullptr;     // the local fallback's clock (nullptr: system)
-    FailureObserver on_failure;       // may be empty
+    // The longest key the local fallback takes: the inner store's (a key the
+    // inner store takes must not be let through unlimited when it fails).
+    size_t local_max_key_length = kDefaultMaxKeyLength;
+    const Clock* clock = nullptr;  // the local fallback's clock (nullptr: system)
+    FailureObserver on_failure;    // may be empty
   };
   ResilientStore(std::shared_ptr<Store> inner, Options options);
   ~ResilientStore() override;
@@ -116,6 +119,7 @@ class ResilientConcurrencyStore final : public ConcurrencyStore {
  public:
   struct Options {
     size_t local_max_keys = 1'000'000;
+    size_t local_max_key_length = kDefaultMaxKeyLength;  // as ResilientStore's
     const Clock* clock = nullptr;
     FailureObserver on_failure;
   };

@@ -292,5 +292,55 @@ TEST(ConcurrencyDaemon, DecisionApiAcquireAndRelease) {
   EXPECT_EQ(Http(d.port(), "GET", "/v1/acquire").status, 405);
 }
 
+// A decision-API lease lives under "d:<key>", apart from the keys the rules
+// form: a caller naming a whole-route limit's key "~all" (or a client's
+// identity) takes no place of the route's own concurrency limit.
+void AcquiredLeasesStayApartFromTheRoutes(const Daemon& d, ratelimit::testing::RedisServer* redis) {
+  const std::string acquire = R"({"key": "~all", "route": "work"})";
+  HttpResponse r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const size_t at = r.body.find("\"lease_id\":\"");
+  ASSERT_NE(at, std::string::npos) << r.body;
+  const std::string id = r.body.substr(at + 12, 32);
+  // The route's one place is still free for its clients...
+  HttpResponse work = Http(d.port(), "GET", "/work");
+  EXPECT_EQ(work.status, 200) << work.body;
+  // ...and the caller's own lease still counts against the caller.
+  EXPECT_EQ(Http(d.port(), "POST", "/v1/acquire", {}, acquire).status, 429);
+  if (redis != nullptr) {
+    EXPECT_EQ(redis->Cli("ZCARD", "rl:{d:~all}~c:work"), "1");
+    EXPECT_EQ(redis->Cli("ZCARD", "rl:{~all}~c:work"), "0");
+  }
+  r = Http(d.port(), "POST", "/v1/release", {},
+           R"({"key": "~all", "route": "work", "lease_id": ")" + id + "\"}");
+  EXPECT_EQ(r.body, R"({"released":true})");
+  // The "d:" comes on top of the documented key length: a key of
+  // store.max_key_length (512) bytes is taken, one byte more is refused.
+  const std::string longest(512, 'k');
+  r = Http(d.port(), "POST", "/v1/acquire", {},
+           R"({"key": ")" + longest + R"(", "name": "x", "max_in_flight": 1})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  r = Http(d.port(), "POST", "/v1/acquire", {},
+           R"({"key": ")" + longest + R"(k", "name": "x", "max_in_flight": 1})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("field 'key' is 513 bytes; the maximum is 512"), std::string::npos)
+      << r.body;
+}
+
+TEST(ConcurrencyDaemon, DecisionApiLeasesStayApartFromTheRoutes) {
+  CountingUpstream upstream(milliseconds(1));
+  const std::string config =
+      WriteConfig(Config(upstream.port(), "{max_in_flight: 1, per: route, lease_ttl: 1h}"));
+  {
+    Daemon d({"--config", config});
+    ASSERT_TRUE(d.started()) << d.Log();
+    AcquiredLeasesStayApartFromTheRoutes(d, nullptr);
+  }
+  ratelimit::testing::RedisServer redis;
+  Daemon d({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  AcquiredLeasesStayApartFromTheRoutes(d, &redis);
+}
+
 }  // namespace
 }  // namespace rltest

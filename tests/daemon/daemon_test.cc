@@ -17,6 +17,7 @@
 
 #include "harness.h"
 #include "json_calls.h"
+#include "support/redis_server.h"
 
 namespace rltest {
 namespace {
@@ -221,6 +222,76 @@ TEST(DecisionApi, EveryBadRequestSaysWhy) {
   EXPECT_EQ(Body(r)["detail"], "use POST for /v1/check");
   // The server still serves after all that.
   EXPECT_EQ(Check(d.port(), R"({"key": "ok", "limit": "ping"})").status, 200);
+}
+
+// The embedded default's ping route and limit, refilled once in 1000 s so
+// that no number moves during a test.
+std::string SlowPingConfig() {
+  const std::string path = MakeTempDir() + "/ping.yaml";
+  WriteFile(path, R"(server: {demo: true}
+clients: {accept_unknown_api_keys: true}
+limits: {ping: {algorithm: token_bucket, capacity: 5, refill_per_second: 0.001}}
+routes:
+  - {name: ping, methods: [GET], path: /api/ping, match: exact, limits: [ping]}
+)");
+  return path;
+}
+
+// A decision-API key lives under "d:<key>", apart from every key the rules
+// form (docs/security.md, "Key isolation"): a public caller naming the API
+// key client "k:victim" with the route's own limit drains only "d:k:victim",
+// and the admin API reads and resets each under its own name.
+void DecisionKeysStayApartFromTheRulesClients(const Daemon& d) {
+  HttpResponse r = Check(d.port(), R"({"key": "k:victim", "limit": "ping", "cost": 5})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Check(d.port(), R"({"key": "k:victim", "limit": "ping"})").status, 429);
+  r = Http(d.port(), "POST", "/v1/check/batch", {},
+           R"({"checks": [{"key": "k:victim", "limit": "ping"}]})");
+  EXPECT_EQ(Body(r)["results"][0]["allowed"], false) << r.body;
+  HttpResponse ping = Http(d.port(), "GET", "/api/ping", {{"X-API-Key", "victim"}});
+  EXPECT_EQ(ping.status, 200) << ping.body;
+  EXPECT_EQ(ping.Header("RateLimit-Remaining"), "4");
+  HttpResponse s = Http(d.admin_port(), "GET", "/v1/clients/d:k:victim/state");
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(Body(s)["limits"][0]["remaining"], 0) << s.body;
+  s = Http(d.admin_port(), "GET", "/v1/clients/k:victim/state");
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(Body(s)["limits"][0]["remaining"], 4) << s.body;
+  // Resetting the decision-API key gives it a full bucket and leaves the
+  // API key's as it is.
+  ASSERT_EQ(Http(d.admin_port(), "POST", "/v1/clients/d:k:victim/reset").status, 200);
+  EXPECT_EQ(
+      Body(Check(d.port(), R"({"key": "k:victim", "limit": "ping", "cost": 0})"))["remaining"], 5);
+  EXPECT_EQ(
+      Body(Http(d.admin_port(), "GET", "/v1/clients/k:victim/state"))["limits"][0]["remaining"], 4);
+  // The "d:" comes on top of the documented key length: a key of
+  // store.max_key_length (512) bytes is taken, one byte more is refused.
+  const std::string longest(512, 'k');
+  r = Check(d.port(), R"({"key": ")" + longest + R"(", "limit": "ping"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["remaining"], 4);
+  r = Check(d.port(), R"({"key": ")" + longest + R"(k", "limit": "ping"})");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Body(r)["detail"], "field 'key' is 513 bytes; the maximum is 512");
+}
+
+TEST(DecisionApi, KeysStayApartFromTheRulesClients) {
+  Daemon d({"--config", SlowPingConfig()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  DecisionKeysStayApartFromTheRulesClients(d);
+}
+
+TEST(DecisionApi, KeysStayApartFromTheRulesClientsOnRedis) {
+  ratelimit::testing::RedisServer redis;
+  Daemon d({"--config", SlowPingConfig(), "--redis", redis.url()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  DecisionKeysStayApartFromTheRulesClients(d);
+  // Where each lives: the client part of the Redis keys (docs/configuration.md,
+  // key_prefix). The reset above deleted the decision API's: take one again.
+  EXPECT_EQ(redis.Cli("EXISTS", "rl:{d:k:victim}ping"), "0");
+  ASSERT_EQ(Check(d.port(), R"({"key": "k:victim", "limit": "ping"})").status, 200);
+  EXPECT_EQ(redis.Cli("EXISTS", "rl:{d:k:victim}ping"), "1");
+  EXPECT_EQ(redis.Cli("EXISTS", "rl:{k:victim}ping"), "1");
 }
 
 TEST(Server, BoundsAnswerAndKeepServing) {
