@@ -620,8 +620,7 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
     parsed = std::move(*full);
   }
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed), this});
-  const policy::StoreConfig& store_config = op->policy->config().store;
-  enforcer_.Check(op->check.store_key, op->check.checks, store_config, path, Face::kDecisionApi,
+  enforcer_.Check(op->check.store_key, op->check.checks, *op->policy, path, Face::kDecisionApi,
                   [op, path, done = std::move(done)](const Outcome& o) {
                     const policy::Config& config = op->policy->config();
                     const HttpFace face{
@@ -870,7 +869,7 @@ void DecisionApi::Batch(std::shared_ptr<const policy::Policy> policy, std::strin
     }
     op->checks[i] = std::move(*parsed);
     const ParsedCheck& c = op->checks[i];
-    enforcer_.Check(c.store_key, c.checks, store_config, path, Face::kDecisionApi,
+    enforcer_.Check(c.store_key, c.checks, *op->policy, path, Face::kDecisionApi,
                     [op, i](const Outcome& o) {
                       std::string& out = op->results[i];
                       if (o.verdict == Verdict::kBadRequest || o.verdict == Verdict::kStoreError) {

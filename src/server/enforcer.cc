@@ -18,9 +18,23 @@ int64_t UnixMillis() {
       .count();
 }
 
+// A limit's metric label: its name, which the config bounds. The decision
+// API's requests name their own limits, so there a limit counts as
+// kInlineLimitLabel unless `policy` has a named limit of its name (an inline
+// limit may take that name only with its very parameters; an override
+// keeps the name it replaces): a caller cannot spend the label budget.
+std::string_view LimitLabel(Face face, const Limit& limit, const policy::Policy* policy) {
+  if (face != Face::kDecisionApi ||
+      (policy != nullptr && policy->NamedLimit(limit.name()) != nullptr)) {
+    return limit.name();
+  }
+  return kInlineLimitLabel;
+}
+
 // One count per limit of the group.
 void CountDecisions(Face face, std::string_view route, bool shadow,
-                    std::span<const LimitCheck> checks, const GroupOutcome& g) {
+                    std::span<const LimitCheck> checks, const GroupOutcome& g,
+                    const policy::Policy* policy) {
   Metrics& m = Metrics::Global();
   for (size_t i = 0; i < checks.size(); ++i) {
     DecisionOutcome o = DecisionOutcome::kAllowed;
@@ -29,7 +43,7 @@ void CountDecisions(Face face, std::string_view route, bool shadow,
     } else if (i < g.result.decisions.size() && !g.result.decisions[i].allowed) {
       o = shadow ? DecisionOutcome::kShadowDenied : DecisionOutcome::kDenied;
     }
-    m.Decisions(route, checks[i].limit->name()).At(face, o).Inc();
+    m.Decisions(route, LimitLabel(face, *checks[i].limit, policy)).At(face, o).Inc();
   }
 }
 
@@ -141,14 +155,15 @@ void Enforcer::DecideGroupAsking(std::string_view key, std::span<const LimitChec
                                  std::span<const LimitCheck> asked, FailureMode mode,
                                  const policy::StoreConfig& store_config,
                                  std::function<void(GroupOutcome)> done, Face face,
-                                 std::string_view route, bool shadow) {
+                                 std::string_view route, bool shadow,
+                                 const policy::Policy* policy) {
   const auto started = core::SteadyClock::now();
   const CheckRequest request{
       .key = key,
       .checks = asked,
       .on_failure = {.mode = mode, .expected_instances = store_config.expected_instances}};
   const bool probed = asked.data() != checks.data();
-  store_->Check(request, [face, route, shadow, checks, probed, started,
+  store_->Check(request, [face, route, shadow, checks, probed, started, policy,
                           done = std::move(done)](StatusOr<CheckResult> r) mutable {
     Metrics::Global().store_latency.Observe(
         std::chrono::duration_cast<std::chrono::microseconds>(core::SteadyClock::now() - started));
@@ -160,7 +175,7 @@ void Enforcer::DecideGroupAsking(std::string_view key, std::span<const LimitChec
       if (probed) DenyWhatNeverFits(checks, g.result);
       // The Envoy face's limit names are per-value hashes: it counts per
       // descriptor itself, with labels from its config (bounded).
-      if (face != Face::kEnvoy) CountDecisions(face, route, shadow, checks, g);
+      if (face != Face::kEnvoy) CountDecisions(face, route, shadow, checks, g, policy);
     } else {
       g.error = r.status();
     }
@@ -254,7 +269,7 @@ void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::Req
 }
 
 void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
-                     const policy::StoreConfig& store_config, std::string_view path, Face face,
+                     const policy::Policy& policy, std::string_view path, Face face,
                      std::function<void(Outcome&&)> done) {
   if (face == Face::kDecisionApi) {
     std::shared_ptr<const OverrideTable> table;
@@ -273,14 +288,14 @@ void Enforcer::Check(std::string_view key, std::span<const LimitCheck> checks,
       const std::span<const LimitCheck> asked = std::any_of(checks.begin(), checks.end(), NeverFits)
                                                     ? std::span<const LimitCheck>(held->checks)
                                                     : AskedFor(held->checks, held->probe);
-      return CheckLimits(key, held->checks, asked, store_config, path, face,
+      return CheckLimits(key, held->checks, asked, policy, path, face,
                          [held, done = std::move(done)](Outcome out) {
                            out.overrides = held->table;
                            done(std::move(out));
                          });
     }
   }
-  CheckLimits(key, checks, checks, store_config, path, face, std::move(done));
+  CheckLimits(key, checks, checks, policy, path, face, std::move(done));
 }
 
 const ClientOverride* Enforcer::DecisionOverride(
@@ -300,9 +315,9 @@ std::shared_ptr<const OverrideTable> Enforcer::ApplyDecisionOverride(
 }
 
 void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
-                           std::span<const LimitCheck> asked,
-                           const policy::StoreConfig& store_config, std::string_view path,
-                           Face face, std::function<void(Outcome&&)> done) {
+                           std::span<const LimitCheck> asked, const policy::Policy& policy,
+                           std::string_view path, Face face, std::function<void(Outcome&&)> done) {
+  const policy::StoreConfig& store_config = policy.config().store;
   DecideGroupAsking(
       key, checks, asked, store_config.failure_mode, store_config,
       [this, key, checks, path, face, done = std::move(done)](GroupOutcome g) {
@@ -334,7 +349,7 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
         }
         done(std::move(o));
       },
-      face, /*route=*/{}, /*shadow=*/false);
+      face, /*route=*/{}, /*shadow=*/false, &policy);
 }
 
 namespace {

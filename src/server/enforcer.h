@@ -124,14 +124,15 @@ class Enforcer {
                std::string path, Face face, std::function<void(Outcome&&)> done);
 
   // Decides one group of limits for a face without routes (the decision
-  // API): the store's failure mode, the denial recorded under `path`. `key`
-  // is the store key, for the decision API the caller's key as the admin
-  // API names it (DecisionApiClient: "d:<key>"), under which its override
-  // is found and its denials are recorded. `key` and `checks` must stay
-  // valid until `done` runs.
-  void Check(std::string_view key, std::span<const LimitCheck> checks,
-             const policy::StoreConfig& store_config, std::string_view path, Face face,
-             std::function<void(Outcome&&)> done);
+  // API): `policy`'s store failure mode, the denial recorded under `path`;
+  // the metrics label a limit by its name only when `policy` has a named
+  // limit of that name (others: kInlineLimitLabel). `key` is the store key,
+  // for the decision API the caller's key as the admin API names it
+  // (DecisionApiClient: "d:<key>"), under which its override is found and
+  // its denials are recorded. `policy`, `key` and `checks` must stay valid
+  // until `done` runs.
+  void Check(std::string_view key, std::span<const LimitCheck> checks, const policy::Policy& policy,
+             std::string_view path, Face face, std::function<void(Outcome&&)> done);
 
   // Replaces `checks`' limits with those of the override in effect now for
   // the decision-API store key `key` ("d:<key>"), as Check does: the table
@@ -177,16 +178,17 @@ class Enforcer {
                                          std::shared_ptr<const OverrideTable>& table) const;
   // DecideGroup asking the store about `asked` (the same limits, other costs)
   // and deciding `checks`: when they differ, the checks that can never fit are
-  // denied (DenyWhatNeverFits).
+  // denied (DenyWhatNeverFits). `policy`: the decision API's, whose named
+  // limits label the metrics (Check); nullptr elsewhere.
   void DecideGroupAsking(std::string_view key, std::span<const LimitCheck> checks,
                          std::span<const LimitCheck> asked, policy::FailureMode mode,
                          const policy::StoreConfig& store_config,
                          std::function<void(GroupOutcome)> done, Face face, std::string_view route,
-                         bool shadow);
+                         bool shadow, const policy::Policy* policy = nullptr);
   // Check, once any override was applied to `checks`, asking the store
   // about `asked` (DecideGroupAsking).
   void CheckLimits(std::string_view key, std::span<const LimitCheck> checks,
-                   std::span<const LimitCheck> asked, const policy::StoreConfig& store_config,
+                   std::span<const LimitCheck> asked, const policy::Policy& policy,
                    std::string_view path, Face face, std::function<void(Outcome&&)> done);
 
   ResilientStore* wrapped_ =

@@ -10,8 +10,10 @@
 //
 // Labels are fixed sets: faces and outcomes are enums; route classes and limit
 // names come from the config (bounded: at most kMaxDecisionLabelSets pairs,
-// beyond which they are counted under route="~other",limit="~other"). Client
-// keys never become labels.
+// beyond which they are counted under route="~other",limit="~other"); the
+// decision API's inline limits, named by its callers, count as
+// limit="~inline" (kInlineLimitLabel) unless the config has a named limit of
+// their name. Client keys never become labels.
 //
 // Increments are relaxed atomic adds. The (route, limit) cells are found in a
 // map under a shared lock without allocating; everything else is a field.
@@ -122,6 +124,9 @@ class DecisionCells {
 };
 
 inline constexpr size_t kMaxDecisionLabelSets = 4096;
+// The limit label of a decision-API request's own limits (whose names its
+// caller chooses), unless the config has a named limit of the name.
+inline constexpr std::string_view kInlineLimitLabel = "~inline";
 
 // The concurrency limit of one route class, on this instance.
 struct ConcurrencyCells {

@@ -259,8 +259,8 @@ TEST(Overrides, ADecisionApiKeysOverride) {
   auto check = [&](std::string_view key) {
     Outcome out;
     const std::string store_key = DecisionApiClient(key);  // where the decision API keeps it
-    rig.enforcer.Check(store_key, checks, rig.policy->config().store, "/v1/check",
-                       Face::kDecisionApi, [&out](Outcome o) { out = std::move(o); });
+    rig.enforcer.Check(store_key, checks, *rig.policy, "/v1/check", Face::kDecisionApi,
+                       [&out](Outcome o) { out = std::move(o); });
     return out;
   };
   Outcome first = check("job-7");
@@ -285,8 +285,8 @@ TEST(Overrides, ADecisionApiCostAboveAnOverriddenCapacityIsDenied) {
     const LimitCheck checks[] = {{&configured, cost}};
     Outcome out;
     const std::string store_key = DecisionApiClient(key);
-    rig.enforcer.Check(store_key, checks, rig.policy->config().store, "/v1/check",
-                       Face::kDecisionApi, [&out](Outcome o) { out = std::move(o); });
+    rig.enforcer.Check(store_key, checks, *rig.policy, "/v1/check", Face::kDecisionApi,
+                       [&out](Outcome o) { out = std::move(o); });
     return out;
   };
   Outcome denied = check("job-7", 5);

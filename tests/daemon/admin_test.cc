@@ -625,6 +625,43 @@ TEST(Metrics, PromtoolAcceptsTheScrapeAndTheCountsAreRight) {
   EXPECT_NE(m.body.find("ratelimit_config_reloads_total{result=\"ok\"} 1\n"), std::string::npos);
 }
 
+// The decision API's inline limits are named by its callers: they count as
+// limit="~inline", so that 4,100 made-up names (more than the 4,096 label
+// sets the registry keeps) leave the config's routes and limits their own
+// labels; a limit named like one of the config's `limits:` keeps its name.
+TEST(Metrics, InlineLimitNamesSpendNoLabelSets) {
+  Daemon d({"--config", WriteConfig()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  for (int batch = 0; batch < 41; ++batch) {
+    std::string body = R"({"checks": [)";
+    for (int i = 0; i < 100; ++i) {
+      body += std::string(i ? "," : "") + R"({"key": "flood", "limit": {"name": "n)" +
+              std::to_string(batch * 100 + i) +
+              R"(", "algorithm": "fixed_window", "limit": 10, "window": "1m"}})";
+    }
+    ASSERT_EQ(Http(d.port(), "POST", "/v1/check/batch", {}, body + "]}").status, 200);
+  }
+  // The configured "ping", by name and inline with its very parameters.
+  Http(d.port(), "POST", "/v1/check", {}, R"({"key": "m", "limit": "ping"})");
+  Http(d.port(), "POST", "/v1/check", {},
+       R"({"key": "m", "limit": {"name": "ping", "algorithm": "token_bucket", "capacity": 5,)"
+       R"( "refill_per_second": 0.001}})");
+  ASSERT_EQ(Ping(d, "after").status, 200);
+  const std::string m = Admin(d, "GET", "/metrics").body;
+  EXPECT_NE(m.find("ratelimit_decisions_total{face=\"decision_api\",route=\"\","
+                   "limit=\"~inline\",outcome=\"allowed\"} 4100\n"),
+            std::string::npos)
+      << m.substr(0, 4000);
+  EXPECT_NE(m.find("ratelimit_decisions_total{face=\"decision_api\",route=\"\","
+                   "limit=\"ping\",outcome=\"allowed\"} 2\n"),
+            std::string::npos);
+  EXPECT_NE(m.find("ratelimit_decisions_total{face=\"demo\",route=\"ping\",limit=\"ping\","
+                   "outcome=\"allowed\"} 1\n"),
+            std::string::npos);
+  EXPECT_EQ(m.find("limit=\"n4099\""), std::string::npos);
+  EXPECT_EQ(m.find("~other"), std::string::npos);
+}
+
 TEST(Metrics, PromtoolAcceptsTheRedisScrapeWithDegradedDecisions) {
   ASSERT_EQ(::access("/usr/bin/promtool", X_OK), 0) << "promtool is required";
   const std::string dead = "redis://127.0.0.1:" + std::to_string(FreePort());
