@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -38,5 +39,12 @@ struct Decision {
 // delay of all the limits.
 // REQUIRES: !decisions.empty()
 Decision Combine(std::span<const Decision> decisions);
+
+// The index of the decision whose numbers Combine carries: the limit that
+// speaks for the request (its name goes into the headers). Combine's answer
+// need not equal that decision (it carries the longest delay of all the
+// limits), so find the speaker by this, never by comparing decisions.
+// REQUIRES: !decisions.empty()
+size_t SpeakerOf(std::span<const Decision> decisions);
 
 }  // namespace ratelimit

@@ -5,23 +5,33 @@
 
 namespace ratelimit {
 
-Decision Combine(std::span<const Decision> decisions) {
+size_t SpeakerOf(std::span<const Decision> decisions) {
   assert(!decisions.empty());
-  const Decision* pick = nullptr;
+  size_t pick = 0;
   bool all_allowed = true;
   for (const Decision& d : decisions) all_allowed = all_allowed && d.allowed;
-  for (const Decision& d : decisions) {
+  bool picked = false;
+  for (size_t i = 0; i < decisions.size(); ++i) {
+    const Decision& d = decisions[i];
+    const Decision& p = decisions[pick];
     if (!all_allowed) {
       if (d.allowed) continue;
-      if (pick == nullptr || d.retry_after > pick->retry_after) pick = &d;
-    } else if (pick == nullptr || d.remaining < pick->remaining ||
-               (d.remaining == pick->remaining && d.reset_after > pick->reset_after)) {
-      pick = &d;
+      if (!picked || d.retry_after > p.retry_after) pick = i;
+    } else if (!picked || d.remaining < p.remaining ||
+               (d.remaining == p.remaining && d.reset_after > p.reset_after)) {
+      pick = i;
     }
+    picked = true;
   }
-  Decision out = *pick;
-  out.allowed = all_allowed;
-  if (all_allowed) {
+  return pick;
+}
+
+Decision Combine(std::span<const Decision> decisions) {
+  assert(!decisions.empty());
+  Decision out = decisions[SpeakerOf(decisions)];
+  out.allowed =
+      std::all_of(decisions.begin(), decisions.end(), [](const Decision& d) { return d.allowed; });
+  if (out.allowed) {
     out.retry_after = std::chrono::microseconds(0);
     for (const Decision& d : decisions) out.delay = std::max(out.delay, d.delay);
   } else {

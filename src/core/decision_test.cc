@@ -44,5 +44,23 @@ TEST(Combine, AllowedWaitsForTheLongestDelayDeniedForNone) {
   EXPECT_EQ(c.delay, milliseconds(0)) << "a denied request is not delayed";
 }
 
+// The decision Combine's numbers come from, which Combine's answer need not
+// equal: it carries another limit's delay.
+TEST(SpeakerOf, TheDecisionWhoseNumbersCombineCarries) {
+  using std::chrono::milliseconds;
+  std::vector<Decision> d = {
+      {.allowed = true, .limit = 10, .remaining = 8, .delay = milliseconds(1000)},
+      {.allowed = true, .limit = 3, .remaining = 1}};
+  EXPECT_EQ(SpeakerOf(d), 1u);
+  const Decision c = Combine(d);
+  EXPECT_EQ(c.limit, 3);
+  EXPECT_EQ(c.delay, milliseconds(1000));
+  EXPECT_NE(c, d[1]);
+  d[0] = {.allowed = false, .limit = 10, .retry_after = seconds(2)};
+  EXPECT_EQ(SpeakerOf(d), 0u);
+  d.push_back({.allowed = false, .limit = 5, .retry_after = seconds(9)});
+  EXPECT_EQ(SpeakerOf(d), 2u);
+}
+
 }  // namespace
 }  // namespace ratelimit

@@ -57,18 +57,18 @@ std::shared_ptr<Store> Resilient(std::shared_ptr<Store> store, size_t local_max_
   return r;
 }
 
-// The combined decision, and the limit whose numbers it carries (it speaks
-// for the request: its name and window go into the headers).
-void SetSpeaker(Outcome& o, const Decision& combined, std::span<const LimitOutcome> limits) {
+// The combined decision of `decisions` (one per limit of `limits`), and the
+// limit whose numbers it carries (it speaks for the request: its name and
+// window go into the headers). Found by SpeakerOf: the combined decision
+// carries the longest delay of all the limits, so it may equal none of them.
+void SetSpeaker(Outcome& o, const Decision& combined, std::span<const Decision> decisions,
+                std::span<const LimitOutcome> limits) {
   o.limited = true;
   o.decision = combined;
-  for (const LimitOutcome& l : limits) {
-    if (l.decision == combined) {
-      o.limit_name = l.limit->name();
-      o.window = l.limit->window();
-      return;
-    }
-  }
+  if (decisions.empty() || limits.empty()) return;
+  const LimitOutcome& speaker = limits[std::min(SpeakerOf(decisions), limits.size() - 1)];
+  o.limit_name = speaker.limit->name();
+  o.window = speaker.limit->window();
 }
 
 // Whether the limit speaking for `o` is one of the route's own (a metered
@@ -235,7 +235,7 @@ struct Enforcer::Op {
       std::vector<Decision> decisions;
       decisions.reserve(limits.size());
       for (const LimitOutcome& l : limits) decisions.push_back(l.decision);
-      SetSpeaker(o, Combine(decisions), limits);
+      SetSpeaker(o, Combine(decisions), decisions, limits);
     }
     o.limits = std::move(limits);
     o.overrides = std::move(overrides);
@@ -334,11 +334,7 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
         for (size_t i = 0; i < checks.size() && i < g.result.decisions.size(); ++i) {
           o.limits.push_back({checks[i].limit, g.result.decisions[i]});
         }
-        SetSpeaker(o, g.result.overall, o.limits);
-        if (o.limit_name.empty() && !o.limits.empty()) {  // allowed, another limit's delay
-          o.limit_name = o.limits.front().limit->name();
-          o.window = o.limits.front().limit->window();
-        }
+        SetSpeaker(o, g.result.overall, g.result.decisions, o.limits);
         if (g.failed_closed) {
           o.verdict = Verdict::kFailedClosed;
           o.error = "the rate limit store is unavailable";

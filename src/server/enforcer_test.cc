@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "ratelimit/clock.h"
 #include "ratelimit/memory_store.h"
 #include "server/metering.h"
@@ -218,6 +220,49 @@ TEST(Enforcer, ACostAboveTheLargestSettlementDebitsTheMost) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->decisions[0].remaining, 0);
   EXPECT_GT(r->decisions[0].reset_after, std::chrono::hours(24 * 200));
+}
+
+// The limit that speaks for a request (its name and window go into the
+// headers) is the one whose numbers the combined decision carries, though
+// that decision carries the longest delay of all the limits: a shaping limit
+// delaying while a token bucket has less room left once gave the headers the
+// first limit's name (decision API) or "default" (the gateway).
+TEST(Enforcer, TheSpeakerIsTheLimitWhoseNumbersAreSentWhileAnotherDelays) {
+  auto c = policy::ParseConfig(R"(
+routes:
+  - name: shaped
+    path: /shaped
+    limits:
+      - {name: shape, algorithm: leaky_bucket, depth: 10, rate_per_second: 1}
+      - {name: tb, algorithm: token_bucket, capacity: 3, refill_per_second: 1}
+)",
+                               "speaker.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  std::shared_ptr<const policy::Policy> policy = *policy::Policy::Create(*std::move(c));
+  const Limit shape = *Limit::LeakyBucket("shape", 10, 1);
+  const Limit tb = *Limit::TokenBucket("tb", 3, 1);
+  const LimitCheck checks[] = {{&shape, 1}, {&tb, 1}};
+  ManualClock clock;
+  Enforcer e(std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock}), 100);
+  auto check = [&] {
+    Outcome out;
+    e.Check("d:shaped", checks, *policy, "/v1/check", Face::kDecisionApi,
+            [&out](Outcome o) { out = std::move(o); });
+    return out;
+  };
+  for (auto decide : {std::function<Outcome()>(check),
+                      std::function<Outcome()>([&] { return EnforceGet(e, policy, "/shaped"); })}) {
+    const Outcome first = decide();
+    ASSERT_TRUE(first.allowed());
+    EXPECT_EQ(first.limit_name, "tb");  // 2 left of 3, the shaper 9 of 10
+    const Outcome second = decide();
+    ASSERT_TRUE(second.allowed());
+    EXPECT_EQ(second.decision.delay, std::chrono::seconds(1));  // the shaper's turn
+    EXPECT_EQ(second.decision.limit, 3);                        // the token bucket's numbers
+    EXPECT_EQ(second.decision.remaining, 1);
+    EXPECT_EQ(second.limit_name, "tb");  // and its name
+    EXPECT_EQ(second.window, tb.window());
+  }
 }
 
 // A shadow group's denial is recorded (denials API, the "denied" log line,
