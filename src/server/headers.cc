@@ -23,7 +23,10 @@ void AddRateLimitHeaders(policy::HeaderDialect dialect, const RateLimitInfo& inf
                          HeaderList& out) {
   const Decision& d = info.decision;
   const int64_t remaining = d.remaining < 0 ? 0 : d.remaining;
-  const int64_t reset = CeilSeconds(d.reset_after);
+  // The seconds until more quota is available (the draft's t): when
+  // allowed, until the limit is full again; when denied, until this request
+  // would pass, the Retry-After value (which must not be earlier than t).
+  const int64_t reset = d.allowed ? CeilSeconds(d.reset_after) : RetryAfterSeconds(d);
   switch (dialect) {
     case policy::HeaderDialect::kDraft06:
       out.emplace_back("RateLimit-Limit", std::to_string(d.limit));

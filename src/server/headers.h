@@ -11,8 +11,11 @@
 //   none        nothing
 //
 // Reset values (RateLimit-Reset, t=, X-RateLimit-Reset) are ceil(reset_after)
-// in seconds. On a denial (any dialect, even none): Retry-After =
-// ceil(retry_after) seconds, at least 1, and Cache-Control: no-store.
+// in seconds when allowed (until the limit is full again), and the
+// Retry-After value when denied (until more quota is available: a client
+// that waits for the reset is not refused again). On a denial (any dialect,
+// even none): Retry-After = ceil(retry_after) seconds, at least 1, and
+// Cache-Control: no-store.
 // X-RateLimit-Degraded: true when the failure mode decided instead of the store.
 //
 //   RateLimitInfo info{.decision = d, .name = "burst", .window = 2s};

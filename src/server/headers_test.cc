@@ -26,12 +26,14 @@ RateLimitInfo Allowed() {
           .window = 2s};
 }
 
+// Waits that round to other whole seconds: 2 s until the next request
+// would pass, 5 s until the bucket is full again.
 RateLimitInfo Denied() {
   return {.decision = {.allowed = false,
                        .limit = 10,
                        .remaining = 0,
                        .retry_after = 1001ms,
-                       .reset_after = 2s},
+                       .reset_after = 4500ms},
           .name = "burst",
           .window = 2s};
 }
@@ -64,6 +66,29 @@ TEST(Headers, Structured) {
   AddRateLimitHeaders(HeaderDialect::kStructured, Allowed(), h);
   EXPECT_EQ(Get(h, "RateLimit-Policy"), "\"burst\";q=10;w=2");
   EXPECT_EQ(Get(h, "RateLimit"), "\"burst\";r=9;t=1");
+}
+
+// Denied, every reset value says when more quota is available: the same
+// seconds as Retry-After (which must not be earlier), not the 5 s until the
+// limit is full again.
+TEST(Headers, DeniedResetIsTheRetryAfter) {
+  HeaderList draft, structured, legacy;
+  AddRateLimitHeaders(HeaderDialect::kDraft06, Denied(), draft);
+  EXPECT_EQ(Get(draft, "RateLimit-Reset"), "2");
+  EXPECT_EQ(Get(draft, "Retry-After"), "2");
+  AddRateLimitHeaders(HeaderDialect::kStructured, Denied(), structured);
+  EXPECT_EQ(Get(structured, "RateLimit"), "\"burst\";r=0;t=2");
+  EXPECT_EQ(Get(structured, "Retry-After"), "2");
+  AddRateLimitHeaders(HeaderDialect::kLegacy, Denied(), legacy);
+  EXPECT_EQ(Get(legacy, "X-RateLimit-Reset"), "2");
+  // Denied with no wait the store could name (a failure mode's closed
+  // answer): at least 1, as Retry-After.
+  RateLimitInfo closed = Denied();
+  closed.decision.retry_after = 0us;
+  HeaderList h;
+  AddRateLimitHeaders(HeaderDialect::kDraft06, closed, h);
+  EXPECT_EQ(Get(h, "RateLimit-Reset"), "1");
+  EXPECT_EQ(Get(h, "Retry-After"), "1");
 }
 
 // A limit that counts something else than requests (a metered route's

@@ -42,6 +42,9 @@ TEST(EmbeddedDefault, SevenPingsThenAnotherKey) {
   EXPECT_EQ(remaining, (std::vector<std::string>{"4", "3", "2", "1", "0", "0", "0"}));
   EXPECT_EQ(last.Header("RateLimit-Limit"), "5");
   EXPECT_EQ(last.Header("Retry-After"), "1");
+  // Denied: the reset is when more quota comes (Retry-After), not the 5 s
+  // until the bucket is full.
+  EXPECT_EQ(last.Header("RateLimit-Reset"), "1");
   EXPECT_EQ(last.Header("Cache-Control"), "no-store");
   EXPECT_EQ(last.Header("Content-Type"), "application/problem+json");
   json p = Body(last);
