@@ -70,7 +70,9 @@ Reply ConcurrencyRefusalReply(const ConcurrencyOutcome& c, std::string_view name
   r.status = 429;
   r.content_type = kProblemContentType;
   r.body = ConcurrencyExceededBody(c, name, instance);
-  // A lease is usually freed long before it expires: retry in a second.
+  // A lease is usually freed long before it expires: retry in a second. The
+  // quota is requests in flight at once, not per time: RateLimit-Policy says
+  // qu="concurrent-requests" and has no window (w).
   const std::string label = "concurrency:" + std::string(name);
   RateLimitInfo info{.decision = Decision{.allowed = false,
                                           .limit = c.result.max_in_flight,
@@ -78,8 +80,9 @@ Reply ConcurrencyRefusalReply(const ConcurrencyOutcome& c, std::string_view name
                                           .retry_after = std::chrono::seconds(1),
                                           .reset_after = std::chrono::seconds(1)},
                      .name = label,
-                     .window = std::chrono::seconds(1),
-                     .degraded = c.degraded};
+                     .window = std::chrono::microseconds(0),
+                     .degraded = c.degraded,
+                     .unit = "concurrent-requests"};
   AddRateLimitHeaders(dialect, info, r.headers);
   return r;
 }

@@ -59,7 +59,9 @@ Reply UndecidedReply(unsigned status, std::string_view error, std::string_view i
 
 // The answer when a route's concurrency limit refuses a request (429, with
 // the usual headers: the limit is max_in_flight, none remaining, a retry in
-// a second), or its store is down and the failure mode is closed.
+// a second; structured: RateLimit-Policy "concurrency:<route>";q=<max>;
+// qu="concurrent-requests", no window), or its store is down and the
+// failure mode is closed.
 Reply ConcurrencyRefusalReply(const ConcurrencyOutcome& c, std::string_view name,
                               policy::HeaderDialect dialect, std::string_view instance);
 

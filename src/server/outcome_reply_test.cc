@@ -121,6 +121,26 @@ TEST(OutcomeReply, UnlimitedButDegradedSaysSo) {
   EXPECT_EQ(*r.Find("X-RateLimit-Degraded"), "true");
 }
 
+// A concurrency limit's quota is requests in flight, not per second: its
+// policy says so (qu) and has no window (w=1 read as 3 requests a second).
+TEST(OutcomeReply, AConcurrencyRefusalNamesItsQuotaUnit) {
+  ConcurrencyOutcome c;
+  c.status = 429;
+  c.denial = ConcurrencyOutcome::Denial::kLimit;
+  c.result.in_flight = 3;
+  c.result.max_in_flight = 3;
+  Reply r = ConcurrencyRefusalReply(c, "work", policy::HeaderDialect::kStructured, "/work");
+  EXPECT_EQ(r.status, 429u);
+  ASSERT_NE(r.Find("RateLimit-Policy"), nullptr);
+  EXPECT_EQ(*r.Find("RateLimit-Policy"), "\"concurrency:work\";q=3;qu=\"concurrent-requests\"");
+  EXPECT_EQ(*r.Find("RateLimit"), "\"concurrency:work\";r=0;t=1");
+  EXPECT_EQ(*r.Find("Retry-After"), "1");
+  Reply draft = ConcurrencyRefusalReply(c, "work", policy::HeaderDialect::kDraft06, "/work");
+  EXPECT_EQ(*draft.Find("RateLimit-Limit"), "3");
+  EXPECT_EQ(*draft.Find("RateLimit-Remaining"), "0");
+  EXPECT_EQ(*draft.Find("RateLimit-Reset"), "1");
+}
+
 // Issue #16: /v1/auth?deny_status=401 answered 401 with a body saying 429.
 TEST(AuthReply, TheProblemStatusIsTheAnswersStatus) {
   for (unsigned deny : {401u, 403u, 429u}) {
