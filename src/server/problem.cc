@@ -19,6 +19,7 @@ std::string_view StatusTitle(unsigned status) {
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 415: return "Unsupported Media Type";
     case 429: return "Too Many Requests";
