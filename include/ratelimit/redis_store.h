@@ -157,8 +157,16 @@ class RedisStore final : public Store {
               BlocksCallback done) override;
   void Unblock(std::string_view key, std::span<const Limit* const> limits,
                ResetCallback done) override;
-  // Kept in Redis under <prefix>reservation-secret, made by the first instance to ask.
+  // Kept in Redis under <prefix>reservation-secret, made by the first instance
+  // to ask. Each instance keeps the one it got, and offers it again (SET NX
+  // GET) when it signs at least kSecretRecheck after it last asked, taking
+  // what Redis holds: after Redis lost the key, the first instance that asks
+  // sets it, and the others take that one (keeping theirs for
+  // kSharedSecretOverlap, see SecretAccepting).
   void SharedSecret(std::function<void(StatusOr<std::string>)> done) override;
+  void SecretAccepting(std::function<bool(std::string_view)> accepts,
+                       std::function<void(StatusOr<std::string>)> done) override;
+  static constexpr std::chrono::seconds kSecretRecheck{1};
 
   // Closes the connections: the calls in flight fail (as kUnavailable) and
   // later checks fail at once. `done` runs on the client's executor once no

@@ -176,6 +176,15 @@ class Store {
   // those instances can settle one. The default: random, made once per
   // process (the instances of a store in memory are one process).
   virtual void SharedSecret(std::function<void(StatusOr<std::string>)> done);
+  // The secret under which `accepts` holds (a reservation's signature
+  // verifies): SharedSecret's, or one it replaced less than
+  // kSharedSecretOverlap ago, or, when none does, the store's current one
+  // asked again (another instance may have set a new one since this one last
+  // asked: the store lost it). When none accepts, the current one (the
+  // caller's check then fails); a failure only when the store cannot be
+  // asked. The default: SharedSecret's (it never changes).
+  virtual void SecretAccepting(std::function<bool(std::string_view secret)> accepts,
+                               std::function<void(StatusOr<std::string>)> done);
 
   // True when the state lives in another process (Redis): readiness probes it.
   virtual bool remote() const { return false; }
@@ -225,5 +234,8 @@ inline constexpr int64_t kMaxSettleDelta = 2'147'483'647;
 inline constexpr size_t kDefaultMaxKeyLength = 512;
 // The largest number of limits in one request.
 inline constexpr size_t kMaxChecksPerRequest = 16;
+// How long a shared secret that was replaced (Store::SecretAccepting) is
+// still accepted: the longest a reservation signed under it may be held.
+inline constexpr std::chrono::hours kSharedSecretOverlap{1};
 
 }  // namespace ratelimit

@@ -45,6 +45,11 @@ void Store::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
   done(kSecret);
 }
 
+void Store::SecretAccepting(std::function<bool(std::string_view)> /*accepts*/,
+                            std::function<void(StatusOr<std::string>)> done) {
+  SharedSecret(std::move(done));
+}
+
 Status ValidateSettle(const SettleRequest& request, size_t max_key_length) {
   if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
   const auto& list = request.settlements;

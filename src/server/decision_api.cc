@@ -715,8 +715,17 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
   if (id.empty()) return done(ProblemReply(400, "field 'reservation' is required", path));
   if (cost < 0) return done(ProblemReply(400, "field 'cost' is required (the actual cost)", path));
   auto where = std::make_shared<std::string>(path);
-  enforcer_.store().SharedSecret([this, policy = std::move(policy), id = std::move(id), cost, where,
-                                  done = std::move(done)](StatusOr<std::string> secret) mutable {
+  // The secret it was signed under: this instance's, the one that replaced
+  // (kSharedSecretOverlap), or the store's asked again (another instance may
+  // have set a new one since this one last asked).
+  static_assert(kMaxReservationTtlMs <= std::chrono::milliseconds(kSharedSecretOverlap).count());
+  auto signed_under = [this, id](std::function<void(StatusOr<std::string>)> then) {
+    enforcer_.store().SecretAccepting(
+        [id](std::string_view secret) { return VerifyReservation(id, secret).ok(); },
+        std::move(then));
+  };
+  signed_under([this, policy = std::move(policy), id = std::move(id), cost, where,
+                done = std::move(done)](StatusOr<std::string> secret) mutable {
     if (!secret.ok()) {
       Reply r = ProblemReply(
           503, "the rate limit store could not answer: " + secret.status().message(), *where);

@@ -44,8 +44,15 @@ struct RedisStore::Impl {
   // node cannot run the node script (Redis before 7.0).
   std::atomic<bool> node_calls{false};
   store::StageRecorder stat_call_time;  // send to reply, per script call
+  // The reservation secret (SharedSecret): the one Redis held when this
+  // instance last asked, and the one that replaced, still accepted until
+  // `previous_until` (steady micros).
   Mutex secret_mu;
-  std::string secret RL_GUARDED_BY(secret_mu);  // "" until fetched (SharedSecret)
+  std::string secret RL_GUARDED_BY(secret_mu);  // "" until fetched
+  std::string previous_secret RL_GUARDED_BY(secret_mu);
+  int64_t previous_until RL_GUARDED_BY(secret_mu) = 0;
+  int64_t secret_asked_at RL_GUARDED_BY(secret_mu) = 0;  // steady micros of the last answer
+  bool secret_asking RL_GUARDED_BY(secret_mu) = false;
   store::CheckAdmission admission;
   std::unique_ptr<store::CheckBatcher> batcher;
   const store::CheckAdmission::Dispatch dispatch = [this](PendingCheck p) {
@@ -82,6 +89,10 @@ struct RedisStore::Impl {
   }
 
   bool Idle() const { return batcher->Idle(); }
+
+  // SET <prefix>reservation-secret <ours> NX GET: what Redis holds after it,
+  // taken as the secret (SharedSecret).
+  void AskSecret(std::function<void(StatusOr<std::string>)> done);
 
   void Submit(const CheckRequest& req, bool peek, CheckCallback done) {
     if (Status s = ValidateRequest(req, opts.max_key_length); !s.ok()) return done(s);
@@ -369,34 +380,103 @@ void RedisStore::Unblock(std::string_view key, std::span<const Limit* const> lim
   });
 }
 
-// The secret: one key, set once by whichever instance asks first (SET NX
-// GET), then kept by each instance. Anyone who can read it can also change
-// every limit's state in this Redis directly.
+// The secret: one key, set by whichever instance asks first (SET NX GET).
+// An instance that has one offers it, so that after Redis lost the key
+// (restarted empty, FLUSHALL) the first instance to ask sets the secret the
+// others hold, and takes what Redis answers. Anyone who can read it can also
+// change every limit's state in this Redis directly.
+void RedisStore::Impl::AskSecret(std::function<void(StatusOr<std::string>)> done) {
+  std::string offered;
+  {
+    LockGuard lock(secret_mu);
+    offered = secret;
+    secret_asking = true;
+  }
+  if (offered.empty()) {
+    std::random_device rd;
+    for (int i = 0; i < 64; ++i) offered += "0123456789abcdef"[rd() % 16];
+  }
+  const std::string key = opts.key_prefix + "reservation-secret";
+  const std::string_view args[] = {"SET", key, offered, "NX", "GET"};
+  backend->GuardedExecute(args, [this, offered, done = std::move(done)](StatusOr<redis::Reply> r) {
+    if (r.ok() && r->type == redis::Reply::Type::kError) r = Internal("redis: " + r->str);
+    if (r.ok() && r->type != redis::Reply::Type::kString && !r->IsNil()) {
+      r = Internal("redis: unexpected reply to SET NX GET of the reservation secret");
+    }
+    std::string now_held;
+    {
+      LockGuard lock(secret_mu);
+      secret_asking = false;
+      if (r.ok()) {
+        // nil: ours is set; a string: another instance's was there first.
+        const std::string& held = r->type == redis::Reply::Type::kString ? r->str : offered;
+        const int64_t now = steady->NowMicros();
+        if (held != secret) {
+          if (!secret.empty()) {
+            previous_secret = std::move(secret);
+            previous_until =
+                now +
+                std::chrono::duration_cast<std::chrono::microseconds>(kSharedSecretOverlap).count();
+          }
+          secret = held;
+        }
+        secret_asked_at = now;
+        now_held = secret;
+      }
+    }
+    if (!r.ok()) return done(r.status());
+    done(std::move(now_held));
+  });
+}
+
 void RedisStore::SharedSecret(std::function<void(StatusOr<std::string>)> done) {
   std::string known;
   {
     LockGuard lock(impl_->secret_mu);
-    known = impl_->secret;
+    const int64_t age = impl_->steady->NowMicros() - impl_->secret_asked_at;
+    if (!impl_->secret.empty() &&
+        (impl_->secret_asking ||
+         age < std::chrono::duration_cast<std::chrono::microseconds>(kSecretRecheck).count())) {
+      known = impl_->secret;
+    }
   }
   if (!known.empty()) return done(std::move(known));
-  std::random_device rd;
-  std::string mine;
-  for (int i = 0; i < 64; ++i) mine += "0123456789abcdef"[rd() % 16];
-  const std::string key = impl_->opts.key_prefix + "reservation-secret";
-  const std::string_view args[] = {"SET", key, mine, "NX", "GET"};
-  impl_->backend->GuardedExecute(
-      args, [this, mine, done = std::move(done)](StatusOr<redis::Reply> r) {
-        if (!r.ok()) return done(r.status());
-        if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
-        // nil: ours was set; a string: another instance's was there first.
-        const std::string secret = r->type == redis::Reply::Type::kString ? r->str : mine;
-        std::string kept;
-        {
-          LockGuard lock(impl_->secret_mu);
-          if (impl_->secret.empty()) impl_->secret = secret;
-          kept = impl_->secret;
+  impl_->AskSecret([this, done = std::move(done)](StatusOr<std::string> s) {
+    if (s.ok()) return done(std::move(s));
+    // Redis did not answer: sign with the one held, if any (it verifies
+    // wherever it is known; the check itself reached Redis just now).
+    std::string held;
+    {
+      LockGuard lock(impl_->secret_mu);
+      held = impl_->secret;
+    }
+    if (held.empty()) return done(s.status());
+    done(std::move(held));
+  });
+}
+
+void RedisStore::SecretAccepting(std::function<bool(std::string_view)> accepts,
+                                 std::function<void(StatusOr<std::string>)> done) {
+  auto held = [this] {
+    std::vector<std::string> out;
+    LockGuard lock(impl_->secret_mu);
+    if (!impl_->secret.empty()) out.push_back(impl_->secret);
+    if (!impl_->previous_secret.empty() && impl_->steady->NowMicros() < impl_->previous_until) {
+      out.push_back(impl_->previous_secret);
+    }
+    return out;
+  };
+  for (std::string& s : held()) {
+    if (accepts(s)) return done(std::move(s));
+  }
+  // None of ours: Redis may hold another instance's since we last asked.
+  impl_->AskSecret(
+      [held, accepts = std::move(accepts), done = std::move(done)](StatusOr<std::string> current) {
+        if (!current.ok()) return done(current.status());
+        for (std::string& s : held()) {
+          if (accepts(s)) return done(std::move(s));
         }
-        done(std::move(kept));
+        done(std::move(current));
       });
 }
 

@@ -88,6 +88,10 @@ class ResilientStore final : public Store {
   void SharedSecret(std::function<void(StatusOr<std::string>)> done) override {
     inner_->SharedSecret(std::move(done));
   }
+  void SecretAccepting(std::function<bool(std::string_view)> accepts,
+                       std::function<void(StatusOr<std::string>)> done) override {
+    inner_->SecretAccepting(std::move(accepts), std::move(done));
+  }
 
   bool remote() const override { return inner_->remote(); }
   CircuitBreaker::State breaker_state() const override { return inner_->breaker_state(); }

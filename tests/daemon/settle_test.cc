@@ -130,6 +130,53 @@ TEST(SettleDaemon, ReservationsSettledOnEitherInstanceAddUpExactly) {
   EXPECT_EQ(Body(peek)["remaining"].get<int64_t>(), 100000 - expected) << peek.body;
 }
 
+// Redis loses the secret (FLUSHALL; an empty restart alike). An instance
+// that held one offers it again when it next signs (a second or more after
+// it last asked), so that an instance that never asked takes the same one
+// and settles reservations made before; an instance whose secret verifies
+// no id asks Redis again, takes the one another instance set meanwhile, and
+// still accepts its old one.
+TEST(SettleDaemon, ReservationsStillSettleOnEitherInstanceAfterRedisLostTheSecret) {
+  ratelimit::testing::RedisServer redis;
+  const std::string config = Config();
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+  auto reserve = [](const Daemon& d) {
+    HttpResponse c = Check(d, R"({"key": "k", "cost": 10, "limit": "tokens", "reserve": true})");
+    EXPECT_EQ(c.status, 200) << c.body;
+    return c.status == 200 ? Body(c)["reservation"]["id"].get<std::string>() : std::string();
+  };
+  // The settlement's status, and its body and both logs if it is not 200.
+  auto settle = [&](const Daemon& d, const std::string& id) {
+    HttpResponse r = Http(d.port(), "POST", "/v1/settle", {{"Content-Type", "application/json"}},
+                          json{{"reservation", id}, {"cost", 5}}.dump());
+    if (r.status != 200) ADD_FAILURE() << r.status << " " << r.body << a.Log() << b.Log();
+    return r.status;
+  };
+  const std::string before = reserve(a);  // a sets the secret
+  ASSERT_EQ(redis.Cli("FLUSHALL"), "OK");
+  std::this_thread::sleep_for(milliseconds(1100));
+  const std::string again = reserve(a);  // a offers its secret again: Redis holds it
+  const std::string on_b = reserve(b);   // b's first: the same secret
+  EXPECT_EQ(settle(b, before), 200);
+  EXPECT_EQ(settle(a, on_b), 200);
+
+  // Lost again, and an instance that never asked sets a new one first.
+  ASSERT_EQ(redis.Cli("FLUSHALL"), "OK");
+  Daemon c({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(c.started()) << c.Log();
+  const std::string on_c = reserve(c);
+  EXPECT_EQ(settle(a, on_c), 200);        // a asks again, takes c's
+  EXPECT_EQ(settle(a, again), 200);       // and still accepts its old one
+  EXPECT_EQ(settle(c, reserve(a)), 200);  // a signs with c's now
+  std::string forged = reserve(c);
+  forged[10] = forged[10] == 'A' ? 'B' : 'A';
+  HttpResponse refused =
+      Http(a.port(), "POST", "/v1/settle", {}, json{{"reservation", forged}, {"cost", 5}}.dump());
+  EXPECT_EQ(refused.status, 400) << refused.body;
+}
+
 TEST(SettleDaemon, AReservationSettlesOnceBeforeItExpiresAndCannotBeForged) {
   ratelimit::testing::RedisServer redis;
   const std::string config = Config();
