@@ -320,7 +320,7 @@ void Enforcer::CheckLimits(std::string_view key, std::span<const LimitCheck> che
   const policy::StoreConfig& store_config = policy.config().store;
   DecideGroupAsking(
       key, checks, asked, store_config.failure_mode, store_config,
-      [this, key, checks, path, face, done = std::move(done)](GroupOutcome g) {
+      [this, key, checks, path, done = std::move(done)](GroupOutcome g) {
         Outcome o;
         if (!g.error.ok()) {
           o.verdict = IsStoreFailure(g.error) ? Verdict::kStoreError : Verdict::kBadRequest;
