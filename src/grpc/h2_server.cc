@@ -157,6 +157,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
   net::steady_timer goaway_timer;      // a drain's notice: kGoAwayNoticeWait
   net::steady_timer idle_timer;        // idle_timeout, from idle_since
   SteadyClock::time_point idle_since;  // when the last stream closed (or the connection began)
+  SteadyClock::time_point data_moved;  // when an answer's bytes last went to nghttp2 (any stream)
   bool request_timer_armed = false, answer_timer_armed = false;
   size_t pending_bytes = 0;  // bodies of requests not yet handed to their handler
   size_t answer_bytes = 0;   // the streams' answers not yet handed to nghttp2 (Stream::Unsent)
@@ -410,7 +411,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
       if (!s->Waiting() || s->stuck) continue;
       if (s->progress + timeout > now) {
         next = std::min(next, s->progress + timeout);
-      } else if (Stalled(*s)) {
+      } else if (Stalled(*s, now)) {
         stuck.push_back(s);
       } else {
         // Behind the socket (write_timer's part) or nghttp2's queue: its
@@ -427,13 +428,17 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     if (next != SteadyClock::time_point::max()) ArmAnswerTimer(next);
     if (!stuck.empty()) Flush();
   }
-  // The client holds `s` up: its window (the stream's or the connection's)
-  // is shut, or the answer has all left and its request never ended (an
-  // early refusal: too big, crowded).
-  bool Stalled(const Stream& s) const {
+  // The client holds `s` up: the stream's window is shut; or the
+  // connection's is and no stream's answer has moved within write_timeout
+  // (while the connection moves, `s` waits its turn behind the others: a
+  // slow reader of many large answers is not a stuck one); or the answer has
+  // all left and its request never ended (an early refusal: too big,
+  // crowded).
+  bool Stalled(const Stream& s, SteadyClock::time_point now) const {
     if (nghttp2_session_get_stream_local_close(session, s.id) == 1) return true;
-    return nghttp2_session_get_stream_remote_window_size(session, s.id) <= 0 ||
-           nghttp2_session_get_remote_window_size(session) <= 0;
+    if (nghttp2_session_get_stream_remote_window_size(session, s.id) <= 0) return true;
+    return nghttp2_session_get_remote_window_size(session) <= 0 &&
+           data_moved + shared->options.write_timeout <= now;
   }
   void DropAnswer(Stream& s) {
     answer_bytes -= s.Unsent();
@@ -624,7 +629,7 @@ struct GrpcCall::Conn : std::enable_shared_from_this<GrpcCall::Conn> {
     s->out_off += n;
     if (n > 0) {
       Self(p).answer_bytes -= n;
-      s->progress = SteadyClock::now();
+      s->progress = Self(p).data_moved = SteadyClock::now();
     }
     if (s->out_off == s->out.size()) {
       s->out.clear();
