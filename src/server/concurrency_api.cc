@@ -170,7 +170,8 @@ void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::
       if (!o.error.empty()) body["error"] = o.error;
       r.Add("Retry-After", "1");
       r.Add("Cache-Control", "no-store");
-      if (o.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path);
+      if (o.denial != ConcurrencyOutcome::Denial::kNone)
+        enforcer_.RecordDenial(key, "concurrency:" + name, path);
     }
     if (o.degraded) r.Add("X-RateLimit-Degraded", "true");
     r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);

@@ -193,13 +193,14 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
     o.status = r.status().code() == StatusCode::kInvalidArgument
                    ? 400
                    : static_cast<unsigned>(w->req.closed_status);  // failure mode error
-    o.degraded = o.status != 400;
+    o.degraded = o.failed_closed = o.status != 400;
     o.error = o.degraded ? "the concurrency limit store is unavailable" : r.status().message();
     return Finish(std::move(w), std::move(o));
   }
   o.degraded = r->degraded;
   if (r->failed_closed) {
     o.status = static_cast<unsigned>(w->req.closed_status);
+    o.failed_closed = true;
     o.error = "the concurrency limit store is unavailable";
     o.result = *std::move(r);
     return Finish(std::move(w), std::move(o));

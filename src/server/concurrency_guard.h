@@ -72,10 +72,13 @@ class LeaseGuard {
 struct ConcurrencyOutcome {
   enum class Denial { kNone, kLimit, kWaitTimeout, kQueueFull };
   unsigned status = 200;  // 200 admitted; 429 denied; closed_status (store down, closed)
+  // Why a 429 was refused: the limit (kNone when admitted, for a 400, and
+  // when failing closed, even with store.closed_status 429).
   Denial denial = Denial::kNone;
-  AcquireResult result;   // the store's answer (the last one, after waiting)
-  bool degraded = false;  // the failure mode decided
-  std::string error;      // set for a closed failure and for 400 (bad request)
+  bool failed_closed = false;  // the store could not decide, failure mode closed
+  AcquireResult result;        // the store's answer (the last one, after waiting)
+  bool degraded = false;       // the failure mode decided
+  std::string error;           // set for a closed failure and for 400 (bad request)
   std::chrono::microseconds waited{0};
   std::unique_ptr<LeaseGuard> lease;  // admitted with a lease (none when failing open)
 };

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "server/concurrency_api.h"
+#include "server/outcome_reply.h"
 
 namespace ratelimit::server {
 namespace {
@@ -109,6 +110,26 @@ TEST_F(LimiterTest, FailureModes) {
   EXPECT_EQ(c.status, 429u);
   a.lease.reset();
   EXPECT_EQ(Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kLocal).status, 200u);
+}
+
+// closed_status 429 is allowed; a store outage is still not "limit reached".
+TEST_F(LimiterTest, FailedClosedWith429IsNotALimitDenial) {
+  FailingConcurrencyStore down;
+  store_config_.closed_status = 429;
+  ConcurrencyLimiter l(ioc_.get_executor(), down);
+  ConcurrencyOutcome closed = Acquire(l, {.max_in_flight = 3}, policy::FailureMode::kClosed);
+  EXPECT_EQ(closed.status, 429u);
+  EXPECT_TRUE(closed.failed_closed);
+  EXPECT_EQ(closed.denial, ConcurrencyOutcome::Denial::kNone);
+  const Reply r =
+      ConcurrencyRefusalReply(closed, "upload", policy::HeaderDialect::kDraft06, "/upload");
+  EXPECT_EQ(r.status, 429u);
+  EXPECT_NE(r.body.find("unavailable"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("reached"), std::string::npos) << r.body;
+  for (const auto& [name, value] : r.headers) {
+    EXPECT_FALSE(name.starts_with("RateLimit")) << name << ": " << value;
+  }
+  EXPECT_NE(r.Find("X-RateLimit-Degraded"), nullptr);
 }
 
 TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {

@@ -65,7 +65,10 @@ Reply UndecidedReply(unsigned status, std::string_view error, std::string_view i
 
 Reply ConcurrencyRefusalReply(const ConcurrencyOutcome& c, std::string_view name,
                               policy::HeaderDialect dialect, std::string_view instance) {
-  if (c.status != 429) return UndecidedReply(c.status, c.error, instance);
+  // A failed-closed refusal is the store's, even with closed_status 429.
+  if (c.denial == ConcurrencyOutcome::Denial::kNone) {
+    return UndecidedReply(c.status, c.error, instance);
+  }
   Reply r;
   r.status = 429;
   r.content_type = kProblemContentType;

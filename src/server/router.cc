@@ -294,7 +294,8 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
                                               done =
                                                   std::move(done)](ConcurrencyOutcome c) mutable {
     if (c.status != 200) {
-      if (c.status == 429) enforcer_.RecordDenial(key, "concurrency:" + name, path, name);
+      if (c.denial != ConcurrencyOutcome::Denial::kNone)
+        enforcer_.RecordDenial(key, "concurrency:" + name, path, name);
       return done(ConcurrencyRefusalReply(c, name, dialect, path));
     }
     // The lease is held until the upstream answer ended, failed or was
