@@ -1,6 +1,7 @@
 #include "server/enforcer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "core/steady_clock.h"
@@ -110,7 +111,22 @@ std::span<const LimitCheck> AskedFor(std::span<const LimitCheck> checks,
   return probe;
 }
 
+// Whether the store can give back what `limit` took (Store::Settle): a
+// sliding log and a calendar quota cannot be settled.
+bool Refundable(const Limit& limit) {
+  return limit.algorithm() != Algorithm::kSlidingLog && limit.calendar() == nullptr;
+}
+
+bool AllRefundable(const policy::CheckGroup& g) {
+  return std::all_of(g.checks.begin(), g.checks.end(),
+                     [](const LimitCheck& c) { return Refundable(*c.limit); });
+}
+
 }  // namespace
+
+void OrderForDecision(std::vector<policy::CheckGroup>& groups) {
+  std::stable_partition(groups.begin(), groups.end(), AllRefundable);
+}
 
 std::string_view VerdictName(Verdict v) {
   switch (v) {
@@ -265,6 +281,7 @@ void Enforcer::Enforce(std::shared_ptr<const policy::Policy> policy, policy::Req
       op->overrides = std::move(table);
     }
   }
+  OrderForDecision(op->plan.groups);
   Step(std::move(op));
 }
 
@@ -363,6 +380,49 @@ std::string_view DenyingLimit(std::span<const LimitCheck> checks,
 
 }  // namespace
 
+void Enforcer::Refuse(std::shared_ptr<Op> op, Verdict verdict, std::string error) {
+  // Per group that took its costs: minus them, on the limits that can be
+  // settled (OrderForDecision put the others last: they took nothing unless
+  // two groups hold such limits).
+  struct Refunds {
+    std::vector<std::vector<LimitSettle>> groups;
+    std::vector<size_t> index;  // each one's group in op->plan.groups
+    std::atomic<size_t> pending{0};
+    Verdict verdict;
+    std::string error;
+  };
+  auto refunds = std::make_shared<Refunds>();
+  refunds->verdict = verdict;
+  refunds->error = std::move(error);
+  for (size_t i = 0; i < op->taken.size() && i < op->plan.groups.size(); ++i) {
+    if (!op->taken[i]) continue;
+    std::vector<LimitSettle> settlements;
+    for (const LimitCheck& c : op->plan.groups[i].checks) {
+      if (c.cost > 0 && Refundable(*c.limit)) settlements.push_back({c.limit, -c.cost});
+    }
+    if (settlements.empty()) continue;
+    refunds->groups.push_back(std::move(settlements));
+    refunds->index.push_back(i);
+  }
+  if (refunds->groups.empty() || store_ == nullptr) {
+    return op->Finish(refunds->verdict, std::move(refunds->error));
+  }
+  refunds->pending = refunds->groups.size();
+  for (size_t j = 0; j < refunds->groups.size(); ++j) {
+    const policy::CheckGroup& g = op->plan.groups[refunds->index[j]];
+    // Failure mode error: a refund the store cannot apply is lost (what it
+    // was to give back stays taken); none goes to the local fallback, which
+    // took nothing. Whatever the answer, the verdict stands.
+    store_->Settle(SettleRequest{.key = g.key,
+                                 .settlements = refunds->groups[j],
+                                 .on_failure = {.mode = FailureMode::kError}},
+                   [op, refunds](const StatusOr<CheckResult>& /*answer*/) {
+                     if (refunds->pending.fetch_sub(1) != 1) return;
+                     op->Finish(refunds->verdict, std::move(refunds->error));
+                   });
+  }
+}
+
 void Enforcer::Step(std::shared_ptr<Op> op) {
   if (op->next == op->plan.groups.size()) return op->Finish(Verdict::kAllowed);
   const size_t index = op->next++;
@@ -377,10 +437,10 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
       [this, op, index, &group](const GroupOutcome& g) {
         if (!g.error.ok()) {
           if (IsStoreFailure(g.error)) {
-            return op->Finish(Verdict::kStoreError,
-                              "the rate limit store is unavailable: " + g.error.message());
+            return Refuse(op, Verdict::kStoreError,
+                          "the rate limit store is unavailable: " + g.error.message());
           }
-          return op->Finish(Verdict::kBadRequest, g.error.message());
+          return Refuse(op, Verdict::kBadRequest, g.error.message());
         }
         op->degraded = op->degraded || g.degraded;
         op->taken.resize(op->plan.groups.size());
@@ -401,11 +461,11 @@ void Enforcer::Step(std::shared_ptr<Op> op) {
           op->limits.push_back({group.checks[i].limit, ds[i]});
         }
         if (g.failed_closed) {
-          return op->Finish(Verdict::kFailedClosed, "the rate limit store is unavailable");
+          return Refuse(op, Verdict::kFailedClosed, "the rate limit store is unavailable");
         }
         if (!g.result.overall.allowed) {
           RecordDenial(group.key, DenyingLimit(group.checks, ds), op->path, op->route());
-          return op->Finish(Verdict::kOverLimit);
+          return Refuse(op, Verdict::kOverLimit);
         }
         Step(op);
       },

@@ -16,7 +16,21 @@
 //
 // Groups of a RequestPlan are asked one after the other; the first
 // non-shadow group that denies ends the request (later groups consume
-// nothing). Shadow groups are decided and counted but never block.
+// nothing), and what the groups before it took is given back (one
+// Store::Settle per such group, at minus its costs, before the answer): a
+// request that is not allowed (denied, failed closed, a store error, a bad
+// request) consumes from none of its limits, as one group's store call
+// takes nothing when it denies. Shadow groups are decided and counted but
+// never block; a shadow group before the denying one is given back too.
+// Sliding logs and calendar quotas cannot be settled: OrderForDecision asks
+// the groups holding one last, so that no later group can deny after they
+// took (only when two groups hold such limits does the earlier one keep
+// what it took). A refund that fails changes nothing about the answer (what
+// it was to give back stays taken); a degraded group took nothing from the
+// store and is given nothing back. Racing requests may meet a unit taken by
+// a request that is about to give it back (an over-denial for a round trip,
+// never an over-admission); a window's refund arriving in the next window
+// is taken from that one's count (Store::Settle).
 //
 // Every decision is counted in Metrics::Global() (by face, route class, limit
 // and outcome; store latency), and every denial, whatever the face, goes to
@@ -104,6 +118,12 @@ struct Outcome {
   bool allowed() const { return verdict == Verdict::kAllowed; }
 };
 
+// The order in which Enforce decides a plan's groups: as planned, except
+// that the groups holding a limit whose take cannot be given back (a sliding
+// log, a calendar quota: Store::Settle refuses them) come after the others.
+// Stable: it keeps the order among those and among the others.
+void OrderForDecision(std::vector<policy::CheckGroup>& groups);
+
 class Enforcer {
  public:
   // `store` is used as it is when it decides_failures() (MakeStore's), and
@@ -172,6 +192,9 @@ class Enforcer {
  private:
   struct Op;
   void Step(std::shared_ptr<Op> op);
+  // Finishes `op` with `verdict` (not allowed) once what its groups took is
+  // given back (Op::taken; Store::Settle, failure mode error).
+  void Refuse(std::shared_ptr<Op> op, Verdict verdict, std::string error = {});
   // The override in effect now for the decision-API store key `key`
   // ("d:<key>"; it lives in `table`), or nullptr.
   const ClientOverride* DecisionOverride(std::string_view key,

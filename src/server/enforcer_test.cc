@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "ratelimit/clock.h"
@@ -290,6 +291,143 @@ routes:
   ASSERT_EQ(denials.size(), 1u);
   EXPECT_EQ(denials[0].limit, "tight");
   EXPECT_TRUE(denials[0].shadow);
+}
+
+// A MemoryStore whose settlements fail (the store unreachable for them).
+class SettleFailsStore final : public Store {
+ public:
+  explicit SettleFailsStore(const Clock* clock) : inner_(MemoryStore::Options{.clock = clock}) {}
+  void Check(const CheckRequest& r, CheckCallback done) override {
+    inner_.Check(r, std::move(done));
+  }
+  void Peek(const CheckRequest& r, CheckCallback done) override { inner_.Peek(r, std::move(done)); }
+  void Reset(std::string_view key, std::span<const Limit* const> limits,
+             ResetCallback done) override {
+    inner_.Reset(key, limits, std::move(done));
+  }
+  void Settle(const SettleRequest&, CheckCallback done) override {
+    ++settles;
+    done(Unavailable("the store went away"));
+  }
+  MemoryStore inner_;
+  int settles = 0;
+};
+
+// `method` `target` from 10.0.0.7 with the API key `api_key` ("": none).
+Outcome EnforceAs(Enforcer& e, const std::shared_ptr<const policy::Policy>& policy,
+                  std::string_view method, const std::string& target, std::string api_key) {
+  auto plan = policy->Resolve(policy::RequestView{
+      .method = method,
+      .target = target,
+      .peer = policy::IpAddress::FromV4(0x0a000007),
+      .header = [api_key](std::string_view name) -> std::optional<std::string_view> {
+        if (name == "X-API-Key" && !api_key.empty()) return std::string_view(api_key);
+        return std::nullopt;
+      }});
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  Outcome out;
+  if (plan.ok()) {
+    e.Enforce(policy, *std::move(plan), target, Face::kGateway,
+              [&out](Outcome o) { out = std::move(o); });
+  }
+  return out;
+}
+
+// The per-IP `login` limit (POST /login, key_by: ip) of `login` and the
+// clients' global burst of capacity 1 (two API keys behind one IP), the route
+// shadow when `shadow`.
+std::shared_ptr<const policy::Policy> LoginBehindNat(const std::string& login, bool shadow) {
+  auto c = policy::ParseConfig(R"(
+limits:
+  burst: {algorithm: token_bucket, capacity: 1, refill_per_second: 0.001}
+plans:
+  p: {limits: []}
+api_keys: {key-a: p, key-b: p}
+global: [burst]
+routes:
+  - name: login
+    methods: [POST]
+    path: /login
+    match: exact
+    key_by: ip
+    shadow: )" + std::string(shadow ? "true" : "false") +
+                                   R"(
+    limits:
+      - )" + login + "\n",
+                               "nat.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  auto p = policy::Policy::Create(*std::move(c));
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *std::move(p) : nullptr;
+}
+
+// A request denied by a later group was never forwarded, yet what the
+// earlier groups took stayed taken: key-a over its own burst drained the
+// per-IP login limit, and key-b behind the same IP met 429 from `login`
+// (remaining 0) though one login had reached the upstream. Now the earlier
+// groups' takes are given back (Store::Settle; a sliding log or a calendar
+// quota, which cannot be, is asked last), shadow groups' too, and a refund
+// that fails leaves the answer a denial.
+TEST(Enforcer, ARequestDeniedByALaterGroupLeavesEarlierGroupsUntouched) {
+  const std::string logins[] = {
+      "{name: login, algorithm: fixed_window, limit: 3, window: 1h}",
+      "{name: login, algorithm: sliding_window, limit: 3, window: 1h}",
+      "{name: login, algorithm: sliding_log, limit: 3, window: 1h}",
+      "{name: login, algorithm: token_bucket, capacity: 3, refill_per_second: 0.0001}",
+      "{name: login, algorithm: leaky_bucket, depth: 3, rate_per_second: 0.0001}",
+      "{name: login, algorithm: fixed_window, limit: 3, window: 1d, align: calendar, "
+      "timezone: UTC}",
+  };
+  for (const std::string& login : logins) {
+    for (bool shadow : {false, true}) {
+      SCOPED_TRACE(login + (shadow ? " shadow" : ""));
+      const std::shared_ptr<const policy::Policy> policy = LoginBehindNat(login, shadow);
+      ASSERT_NE(policy, nullptr);
+      ManualClock clock;
+      auto store = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
+      Enforcer e(store, 100);
+      EXPECT_TRUE(EnforceAs(e, policy, "POST", "/login", "key-a").allowed());
+      for (int i = 0; i < 2; ++i) {
+        const Outcome denied = EnforceAs(e, policy, "POST", "/login", "key-a");
+        EXPECT_EQ(denied.verdict, Verdict::kOverLimit);
+        EXPECT_EQ(denied.limit_name, "burst");
+      }
+      // One login reached the upstream: two of three are left.
+      const Limit* limit = policy->config().routes[0].limits.empty()
+                               ? nullptr
+                               : &policy->config().routes[0].limits[0].limit;
+      ASSERT_NE(limit, nullptr);
+      const LimitCheck peek[] = {{limit, 0}};
+      StatusOr<CheckResult> r = store->PeekSync({.key = "ip:10.0.0.7", .checks = peek});
+      ASSERT_TRUE(r.ok()) << r.status().ToString();
+      EXPECT_EQ(r->decisions[0].remaining, 2);
+      const Outcome b = EnforceAs(e, policy, "POST", "/login", "key-b");
+      EXPECT_TRUE(b.allowed());
+      if (!shadow) {
+        auto l = std::find_if(b.limits.begin(), b.limits.end(),
+                              [](const LimitOutcome& o) { return o.limit->name() == "login"; });
+        ASSERT_NE(l, b.limits.end());
+        EXPECT_EQ(l->decision.remaining, 1);
+      }
+    }
+  }
+}
+
+// A refund the store cannot apply leaves what it was to give back taken; the
+// answer is the denial all the same (not a store error).
+TEST(Enforcer, ARefundThatFailsLeavesTheDenial) {
+  const std::shared_ptr<const policy::Policy> policy =
+      LoginBehindNat("{name: login, algorithm: fixed_window, limit: 3, window: 1h}", false);
+  ASSERT_NE(policy, nullptr);
+  ManualClock clock;
+  auto store = std::make_shared<SettleFailsStore>(&clock);
+  Enforcer e(store, 100);
+  EXPECT_TRUE(EnforceAs(e, policy, "POST", "/login", "key-a").allowed());
+  const Outcome denied = EnforceAs(e, policy, "POST", "/login", "key-a");
+  EXPECT_EQ(denied.verdict, Verdict::kOverLimit);
+  EXPECT_EQ(denied.limit_name, "burst");
+  EXPECT_EQ(store->settles, 1);
 }
 
 }  // namespace

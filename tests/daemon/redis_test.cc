@@ -193,5 +193,45 @@ TEST(Redis, PerRouteAndPerLimitFailureModesWhenRedisIsDown) {
   EXPECT_EQ(r.Header("X-RateLimit-Degraded"), "true");
 }
 
+// A request denied by a later group (a client over its own burst) had
+// already taken from the route's per-IP login limit, on Redis too: key-a's
+// two denials drained `login`, and key-b behind the same IP was refused
+// though one login had been let through. Now they give it back (Lua settle).
+TEST(Redis, ARequestDeniedByALaterGroupLeavesEarlierGroupsUntouched) {
+  ASSERT_EQ(::access("/usr/bin/redis-server", X_OK), 0) << "redis-server is required";
+  RedisServer redis;
+  ASSERT_TRUE(redis.running());
+  TestUpstream upstream;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "server: {upstream: http://127.0.0.1:" + std::to_string(upstream.port()) +
+                "}\n"
+                "store: {type: redis, url: \"" +
+                redis.url() +
+                "\"}\n"
+                "limits: {burst: {algorithm: token_bucket, capacity: 1, refill_per_second: "
+                "0.001}}\n"
+                "plans: {p: {limits: []}}\n"
+                "api_keys: {key-a: p, key-b: p, key-c: p, key-d: p}\n"
+                "global: [burst]\n"
+                "routes:\n"
+                "  - {name: login, methods: [POST], path: /login, match: exact, key_by: ip,\n"
+                "     limits: [{name: login, algorithm: fixed_window, limit: 3, window: 1h}]}\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  auto login = [&](const std::string& key) {
+    return Http(d.port(), "POST", "/login", {{"X-API-Key", key}}).status;
+  };
+  EXPECT_EQ(login("key-a"), 200);
+  EXPECT_EQ(login("key-a"), 429);  // its own burst
+  EXPECT_EQ(login("key-a"), 429);
+  EXPECT_EQ(login("key-b"), 200);  // two logins of three
+  EXPECT_EQ(login("key-c"), 200);  // three
+  HttpResponse r = Http(d.port(), "POST", "/login", {{"X-API-Key", "key-d"}});
+  EXPECT_EQ(r.status, 429);
+  EXPECT_NE(r.body.find("login"), std::string::npos) << r.body;
+  EXPECT_EQ(upstream.requests(), 3);
+}
+
 }  // namespace
 }  // namespace rltest
