@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 
+#include "server/enforcer.h"
 #include "server/json_log.h"
 #include "server/router.h"
 
@@ -28,8 +29,9 @@ Status Check(const ExplainRequest& r) {
   if (!Token(r.method) || r.method.size() > 64) {
     return InvalidArgument("the method must be an HTTP token such as GET");
   }
-  if (!r.target.starts_with("/"))
-    return InvalidArgument("the target must start with '/' (origin form)");
+  // Any target form: Resolve canonicalises it as the gateway does (an
+  // absolute form to its path) and refuses what the gateway refuses, with
+  // the gateway's words.
   if (r.target.size() > kMaxPart || r.headers.size() > 100) {
     return InvalidArgument("the target or the headers are too large for a request");
   }
@@ -222,6 +224,7 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
   } else {
     out["override"] = nullptr;
   }
+  OrderForDecision(plan->groups);  // `group`: the order the enforcer decides them in
   const policy::Identity& who = plan->identity;
   out["client"] = {{"key", RedactKey(who.key)},
                    {"source", IdentitySourceName(who.source)},

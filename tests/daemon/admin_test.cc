@@ -519,6 +519,54 @@ TEST(Explain, CommandLinePrintsTheEndpointsAnswer) {
   EXPECT_EQ(rc, 1) << out;
 }
 
+// The gateway takes an absolute-form target (a request to a proxy) and
+// limits it by its path; explain refused it ("the target must start with
+// '/' (origin form)"), on the endpoint and on the command line. Now both
+// explain it as the gateway limits it, and what the gateway refuses they
+// refuse with the gateway's words.
+TEST(AdminExplain, AnAbsoluteFormTargetIsExplainedAsTheGatewayLimitsIt) {
+  TestUpstream upstream;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/rl.yaml", "server: {upstream: \"http://127.0.0.1:" +
+                                  std::to_string(upstream.port()) + "\"}\n" + kExplainConfig);
+  Daemon d({"--config", dir + "/rl.yaml"});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  // The gateway: `login` (5 per 15 minutes per IP) counts them.
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(Http(d.port(), "POST", "http://h/login").status, 200) << i;
+  }
+  EXPECT_EQ(upstream.requests(), 5);
+  HttpResponse denied = Http(d.port(), "POST", "http://h/login");
+  EXPECT_EQ(denied.status, 429) << denied.body;
+  EXPECT_EQ(upstream.requests(), 5);
+  EXPECT_NE(denied.body.find("login"), std::string::npos) << denied.body;
+  HttpResponse r = Http(d.admin_port(), "POST", "/v1/explain", {},
+                        R"({"method": "POST", "target": "http://h/login", "peer": "127.0.0.1"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = Body(r);
+  EXPECT_EQ(j["face"], "gateway");
+  EXPECT_EQ(j["canonical_path"], "/login");
+  EXPECT_EQ(j["route"]["name"], "login");
+  ASSERT_NE(LimitNamed(j, "login"), nullptr) << r.body;
+  EXPECT_EQ((*LimitNamed(j, "login"))["key"], "ip:127.0.0.1");
+  const std::string bin = RATELIMITD_PATH;
+  auto [rc, out] =
+      RunCommand(bin + " --config " + dir + "/rl.yaml --explain 'POST http://h/login'");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(json::parse(out, nullptr, false), j) << out << "\n" << r.body;
+  // What the gateway refuses (an authority form), explain refuses with its words.
+  HttpResponse refused = Http(d.port(), "GET", "h:80");
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  const std::string why = "request target must start with '/'";
+  EXPECT_NE(refused.body.find(why), std::string::npos) << refused.body;
+  r = Http(d.admin_port(), "POST", "/v1/explain", {}, R"({"target": "h:80"})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find(why), std::string::npos) << r.body;
+  std::tie(rc, out) = RunCommand(bin + " --config " + dir + "/rl.yaml --explain 'GET h:80'");
+  EXPECT_EQ(rc, 2) << out;
+  EXPECT_NE(out.find(why), std::string::npos) << out;
+}
+
 TEST(AdminToken, Enforced) {
   const std::string dir = MakeTempDir();
   const std::string secret = "s3cret-admin-token-4f9a";
