@@ -218,14 +218,22 @@ struct Enforcer::Op {
     return plan.route != nullptr ? std::string_view(plan.route->name) : std::string_view();
   }
 
-  // The route's limits (by name: an override may have replaced them) of
-  // every group that took its costs, shadow ones too, as checked: what the
-  // gateway settles. A group that took nothing has nothing to settle: a
-  // settlement would refund what was never taken.
+  // The route's limits of every group that took its costs, shadow ones too,
+  // as checked: what the gateway settles. A group that took nothing has
+  // nothing to settle: a settlement would refund what was never taken.
+  // Only the groups under the route's key hold the route's limits (a plan or
+  // global limit of the same name under the client's key when the route is
+  // keyed by IP is charged its own cost, 1, and is not settled); in those a
+  // name is checked once, so it is matched by name: an override may have
+  // replaced the limit by its own of that name.
   void Charge(Outcome& o) {
+    const bool by_ip = plan.route->key_by == policy::RouteClass::KeyBy::kIp &&
+                       plan.identity.source != policy::IdentitySource::kIp;
+    const std::string& route_key = by_ip ? plan.identity.ip_key : plan.identity.key;
     for (size_t i = 0; i < plan.groups.size(); ++i) {
       if (i >= taken.size() || !taken[i]) continue;
       const policy::CheckGroup& g = plan.groups[i];
+      if (g.key != route_key) continue;
       ChargedGroup charged{.key = g.key, .checks = {}, .failure_mode = g.failure_mode};
       for (const LimitCheck& c : g.checks) {
         for (const policy::RuleLimit& rl : plan.route->limits) {

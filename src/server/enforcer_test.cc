@@ -223,6 +223,68 @@ TEST(Enforcer, ACostAboveTheLargestSettlementDebitsTheMost) {
   EXPECT_GT(r->decisions[0].reset_after, std::chrono::hours(24 * 200));
 }
 
+// A route keyed by IP whose limit shares its name with a global limit
+// checks both (each under its own key), and a settlement corrects only the
+// route's: the global limit costs 1 per request whatever the usage. Charge
+// once matched the route's limits by name: usage 50 took 50 of the global
+// 100 per hour (Remaining 99, 49, 0), and usage 0 refunded the global's 1.
+TEST(Enforcer, AKeyByIpMeteredRouteSettlesOnlyTheRoutesOwnChecks) {
+  auto c = policy::ParseConfig(R"(
+limits:
+  tok: {algorithm: fixed_window, limit: 100, window: 1h}
+global: [tok]
+api_keys: {key-a: basic}
+plans:
+  basic: {limits: []}
+routes:
+  - name: chat
+    path: /chat
+    key_by: ip
+    limits: [tok]
+    cost: {reserve: 1, settle_from: response_header, field: X-Usage}
+)",
+                               "metered.yaml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto p = policy::Policy::Create(*std::move(c));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  const std::shared_ptr<const policy::Policy> policy = *std::move(p);
+  ManualClock clock;
+  auto store = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
+  Enforcer e(store, 100);
+  const Limit* tok = policy->NamedLimit("tok");
+  ASSERT_NE(tok, nullptr);
+  auto remaining = [&](const std::string& key) {
+    const LimitCheck peek[] = {{tok, 0}};
+    StatusOr<CheckResult> r = store->PeekSync({.key = key, .checks = peek});
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? r->decisions[0].remaining : -1;
+  };
+  // Three clients' IPs, one API key: usage 50, 50, then 0.
+  const int64_t usages[] = {50, 50, 0};
+  for (uint32_t i = 0; i < 3; ++i) {
+    const uint32_t ip = 0x0a000001 + i;
+    auto plan = policy->Resolve(
+        policy::RequestView{.method = "GET",
+                            .target = "/chat",
+                            .peer = policy::IpAddress::FromV4(ip),
+                            .header = [](std::string_view name) -> std::optional<std::string_view> {
+                              if (name == "X-API-Key" || name == "x-api-key") return "key-a";
+                              return std::nullopt;
+                            }});
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    ASSERT_EQ(plan->identity.key, "k:key-a");
+    Outcome out;
+    e.Enforce(policy, *std::move(plan), "/chat", Face::kGateway,
+              [&out](Outcome o) { out = std::move(o); });
+    ASSERT_TRUE(out.allowed());
+    ASSERT_EQ(out.charged.size(), 1u);
+    EXPECT_EQ(out.charged[0].key, "ip:10.0.0." + std::to_string(i + 1));
+    SettleCharged(e, out, usages[i], Metrics::SettleOutcome::kSettled);
+    EXPECT_EQ(remaining("ip:10.0.0." + std::to_string(i + 1)), 100 - usages[i]);
+    EXPECT_EQ(remaining("k:key-a"), 100 - static_cast<int64_t>(i) - 1);
+  }
+}
+
 // The limit that speaks for a request (its name and window go into the
 // headers) is the one whose numbers the combined decision carries, though
 // that decision carries the longest delay of all the limits: a shaping limit
