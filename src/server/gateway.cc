@@ -292,6 +292,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
   std::unique_ptr<UpstreamConnection> stream;
   bool reused = false;
   bool retried = false;
+  bool wrote = false;  // the whole request went out once: the upstream may act on it
   // The request may be sent twice (RFC 9110 9.2.2's idempotent methods, or an
   // Idempotency-Key): an upstream that took it and closed without a word
   // may have acted on it, so only such a request is sent again then.
@@ -365,6 +366,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec)
                          return self->RetryOr(502, "upstream write failed: " + ec.message(), false);
+                       self->wrote = true;
                        self->ReadHeader();
                      });
   }
@@ -545,6 +547,7 @@ struct Gateway::Op : BodyStream, std::enable_shared_from_this<Gateway::Op> {
     Log(Level::kWarn, "upstream error",
         {{"status", status}, {"detail", detail}, {"upstream", gw.url_}});
     Reply r = ProblemReply(status, detail, Target());
+    r.unsent = !wrote;
     Finish(std::move(r));
   }
 
@@ -566,6 +569,7 @@ void Gateway::Forward(const Request& request, std::string_view peer_ip,
   if (!pool_->TryStart()) {
     Reply r = ProblemReply(503, "too many concurrent upstream requests", request.target());
     r.Add("Retry-After", "1");  // places free as exchanges end: soon
+    r.unsent = true;
     return done(std::move(r));
   }
   const HopByHop dropped(request.base());

@@ -203,14 +203,13 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
       delta = std::min(cost - c.cost, kMaxSettleDelta);
       if (delta != 0) settlements.push_back({c.limit, delta});
     }
-    auto answered = [pending, delta](bool ok) {
+    auto answered = [pending, delta, outcome](bool ok) {
       Metrics& m = Metrics::Global();
       if (!ok) pending->failed.store(true);
       if (ok && delta > 0) m.settled_debited.Inc(static_cast<uint64_t>(delta));
       if (ok && delta < 0) m.settled_refunded.Inc(static_cast<uint64_t>(-delta));
       if (pending->groups.fetch_sub(1) == 1) {
-        m.Settlements(pending->failed.load() ? SettleOutcome::kError : SettleOutcome::kSettled)
-            .Inc();
+        m.Settlements(pending->failed.load() ? SettleOutcome::kError : outcome).Inc();
       }
     };
     if (settlements.empty()) {  // it cost what was reserved
@@ -298,8 +297,14 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
 
 }  // namespace
 
+void RefundUnforwarded(Enforcer& enforcer, const Outcome& o) {
+  if (o.charged.empty() || o.metered == nullptr) return;
+  SettleCharged(enforcer, o, 0, SettleOutcome::kNotForwarded);
+}
+
 void MeterReply(Enforcer& enforcer, Outcome o, Reply& r) {
   if (o.charged.empty() || o.metered == nullptr) return;
+  if (r.unsent) return RefundUnforwarded(enforcer, o);
   const MeteredCost& m = *o.metered;
   if (m.settle_from == MeteredCost::SettleFrom::kResponseHeader) {
     const std::string* v = r.Find(m.field);

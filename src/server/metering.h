@@ -19,7 +19,10 @@
 // A body settles when the session has written its last piece to the client
 // (BodyStream::Delivered). No usable value (absent, not a whole number >= 0),
 // or a client gone before the end, or an upstream failing mid-body: the
-// reservation stands (no store call). A degraded check (the failure mode
+// reservation stands (no store call). A request that never reached the
+// upstream (the gateway's own reply before it was sent, a concurrency
+// refusal, a held request turned away) settles at 0 (RefundUnforwarded).
+// A degraded check (the failure mode
 // decided) has nothing to settle: the enforcer charges no group of it (the
 // decision API issues no reservation for one either). `max` caps the actual cost. Each
 // outcome is counted (Metrics::Settlements, settled_debited/refunded).
@@ -98,10 +101,17 @@ void SetRouteCost(policy::RequestPlan& plan, int64_t reserved);
 void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> actual,
                    Metrics::SettleOutcome outcome);
 
+// An allowed request on a metered route that never reached the upstream
+// (refused by the route's concurrency limit, a held request rejected or
+// whose client left): settles at 0, counted as not_forwarded. Does nothing
+// for other requests.
+void RefundUnforwarded(Enforcer& enforcer, const Outcome& o);
+
 // After the upstream answered `r` for an allowed request on a metered route
 // (o.charged not empty): settles from the response header now, or wraps
-// r.body_stream so that the end of the body settles. Does nothing for other
-// requests.
+// r.body_stream so that the end of the body settles; a reply the gateway
+// made for a request it never sent (r.unsent) settles at 0. Does nothing
+// for other requests.
 void MeterReply(Enforcer& enforcer, Outcome o, Reply& r);
 
 }  // namespace ratelimit::server

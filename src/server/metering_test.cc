@@ -157,7 +157,8 @@ uint64_t SettlementsSoFar() {
   Metrics& m = Metrics::Global();
   uint64_t n = 0;
   for (auto o : {Metrics::SettleOutcome::kSettled, Metrics::SettleOutcome::kMissing,
-                 Metrics::SettleOutcome::kDisconnected, Metrics::SettleOutcome::kError}) {
+                 Metrics::SettleOutcome::kDisconnected, Metrics::SettleOutcome::kError,
+                 Metrics::SettleOutcome::kNotForwarded}) {
     n += m.Settlements(o).value();
   }
   return n;
@@ -214,6 +215,7 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
   }
   void TearDown() override {
     if (listener_) listener_->Stop();
+    if (other_listener_) other_listener_->Stop();
     for (const auto& s : registry_.Snapshot()) s->Shutdown();
     if (gateway_) gateway_->CloseIdle();
     work_.reset();
@@ -221,11 +223,27 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
     for (std::thread& t : threads_) t.join();
   }
 
-  int Connect() const {
+  // Serves the same policy and store through a gateway to `upstream`; the
+  // port to connect to.
+  uint16_t ServeThrough(const std::string& upstream) {
+    auto g = Gateway::Create(ioc_, upstream, GatewayOptions{});
+    EXPECT_TRUE(g.ok());
+    if (!g.ok()) return 0;
+    other_gateway_ = std::move(*g);
+    other_router_ = std::make_unique<Router>(*holder_, *enforcer_, other_gateway_.get(), false);
+    other_listener_ =
+        std::make_shared<Listener>(ioc_, tcp::endpoint(net::ip::address_v4::loopback(), 0),
+                                   *other_router_, SessionLimits{}, registry_, ConnectionCaps{});
+    EXPECT_TRUE(other_listener_->Open().ok());
+    other_listener_->Run();
+    return other_listener_->local_endpoint().port();
+  }
+
+  int Connect(uint16_t port = 0) const {
     const int c = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
-    a.sin_port = htons(port_);
+    a.sin_port = htons(port != 0 ? port : port_);
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
     timeval tv{10, 0};
@@ -289,8 +307,11 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
       ioc_.get_executor()};
   std::unique_ptr<Gateway> gateway_;
   std::unique_ptr<Router> router_;
+  std::unique_ptr<Gateway> other_gateway_;  // ServeThrough
+  std::unique_ptr<Router> other_router_;
   SessionRegistry registry_;
   std::shared_ptr<Listener> listener_;
+  std::shared_ptr<Listener> other_listener_;
   uint16_t port_ = 0;
   std::vector<std::thread> threads_;
 };
@@ -457,6 +478,39 @@ TEST_P(MeteredGateway, AReservationAboveTheCapacityIsDeniedAndAShadowRouteLetsIt
   // Let a settlement, if one were made, land before looking.
   EXPECT_TRUE(Get("/header", 0).raw.starts_with("HTTP/1.1 200"));
   EXPECT_EQ(Remaining(), 7000);
+}
+
+// A request the gateway never sent (the upstream refuses the connection:
+// 502) gives its reservation back, counted as not_forwarded; the reservation
+// of 2,500 stood, uncounted (outcome missing).
+TEST_P(MeteredGateway, AnUnreachableUpstreamRefundsTheReservation) {
+  // A port nobody listens on: bound, then closed.
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(s);
+  const uint16_t port = ServeThrough("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  ASSERT_NE(port, 0);
+  Metrics& m = Metrics::Global();
+  const uint64_t unforwarded = m.Settlements(Metrics::SettleOutcome::kNotForwarded).value();
+  const uint64_t before = SettlementsSoFar();
+  const int c = Connect(port);
+  const std::string req =
+      "POST /header HTTP/1.1\r\nHost: t\r\nX-Estimate: 2500\r\nContent-Length: 0\r\n"
+      "Connection: close\r\n\r\n";
+  ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string raw;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<size_t>(n));
+  ::close(c);
+  ASSERT_TRUE(raw.starts_with("HTTP/1.1 502")) << raw;
+  WaitForSettlements(before + 1);
+  EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kNotForwarded).value(), unforwarded + 1);
+  EXPECT_EQ(Remaining(), 10'000);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, MeteredGateway, ::testing::Values(false, true),

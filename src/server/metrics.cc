@@ -325,11 +325,13 @@ std::string Metrics::Render(const Store* store) const {
          "Metered gateway requests settled after the response, by outcome: settled (the actual "
          "cost was read), missing (no usable actual cost: the reservation stands), disconnected "
          "(the client left mid-response: the reservation stands), error (the upstream failed "
-         "mid-body or the store did not settle).");
+         "mid-body or the store did not settle), not_forwarded (the request never reached the "
+         "upstream: the reservation is given back).");
   for (const auto& [o, name] : {std::pair{SettleOutcome::kSettled, "settled"},
                                 {SettleOutcome::kMissing, "missing"},
                                 {SettleOutcome::kDisconnected, "disconnected"},
-                                {SettleOutcome::kError, "error"}}) {
+                                {SettleOutcome::kError, "error"},
+                                {SettleOutcome::kNotForwarded, "not_forwarded"}}) {
     out += "ratelimit_settlements_total{outcome=\"";
     out += name;
     out += "\"} " + std::to_string(settlements_[static_cast<size_t>(o)].value()) + "\n";

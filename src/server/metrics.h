@@ -181,7 +181,13 @@ class Metrics {
 
   // Metered costs settled by the gateway (issue 21, server/metering.h):
   // ratelimit_settlements_total{outcome} and ratelimit_settled_units_total{direction}.
-  enum class SettleOutcome : uint8_t { kSettled = 0, kMissing, kDisconnected, kError };
+  enum class SettleOutcome : uint8_t {
+    kSettled = 0,
+    kMissing,
+    kDisconnected,
+    kError,
+    kNotForwarded,
+  };
   Counter& Settlements(SettleOutcome o) { return settlements_[static_cast<size_t>(o)]; }
   Counter settled_debited;   // {direction="debited"}: units taken beyond the reservations
   Counter settled_refunded;  // {direction="refunded"}: units given back
@@ -198,7 +204,7 @@ class Metrics {
   std::string Render(const Store* store) const;
 
  private:
-  std::array<Counter, 4> settlements_;
+  std::array<Counter, 5> settlements_;
   mutable Mutex envoy_mu_;
   std::vector<std::pair<std::string, int64_t>> envoy_domains_ RL_GUARDED_BY(envoy_mu_);
 

@@ -58,6 +58,10 @@ struct Reply {
   bool keep_content_length = false;  // HEAD via the gateway: headers carry the length
   // When set, the body is streamed from here and `body` is ignored.
   std::shared_ptr<BodyStream> body_stream;
+  // The gateway's own answer to a request it never sent whole to the
+  // upstream (no place, connection refused): a metered reservation is
+  // given back (MeterReply).
+  bool unsent = false;
 
   void Add(std::string_view name, std::string value) {
     headers.emplace_back(std::string(name), std::move(value));

@@ -260,10 +260,18 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
           // Shaping first, then the concurrency lease: a request waiting for
           // its turn does not hold a place in the upstream.
           const std::chrono::microseconds delay = o.decision.delay;
+          // A held request that is never forwarded (too many held, or its
+          // client left) gives a metered reservation back when dropped.
+          std::shared_ptr<Outcome> unsent(new Outcome(std::move(o)), [this](Outcome* held) {
+            RefundUnforwarded(enforcer_, *held);
+            delete held;
+          });
           return AfterDelay(
               delay, face, holder, max_held, path, std::move(done),
-              [this, &req, peer_text, dialect, path, o = std::move(o),
+              [this, &req, peer_text, dialect, path, unsent = std::move(unsent),
                concurrency = std::move(concurrency)](std::function<void(Reply &&)> done) mutable {
+                Outcome o = std::move(*unsent);
+                unsent->charged.clear();  // forwarded: it settles after the answer
                 Forward(req, peer_text, std::move(o), dialect, path, std::move(concurrency),
                         std::move(done));
               });
@@ -296,6 +304,7 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
     if (c.status != 200) {
       if (c.denial != ConcurrencyOutcome::Denial::kNone)
         enforcer_.RecordDenial(key, "concurrency:" + name, path, name);
+      RefundUnforwarded(enforcer_, o);
       return done(ConcurrencyRefusalReply(c, name, dialect, path));
     }
     // The lease is held until the upstream answer ended, failed or was

@@ -5,6 +5,8 @@
 // (The bucket refills 0.01 token a second: a run of under 100 s leaves the
 // whole-number count unchanged.)
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <random>
@@ -79,6 +81,63 @@ TEST(MeteredDaemon, TwoInstancesSettle200ConcurrentStreamsExactly) {
   ASSERT_EQ(s.status, 200) << s.body;
   json j = json::parse(s.body);
   EXPECT_EQ(j["limits"][0]["remaining"].get<int64_t>(), 300'000 - sum) << s.body;
+}
+
+// A request the route's concurrency limit refuses (429) never reached the
+// upstream: its reservation is given back (outcome not_forwarded). It was
+// kept: max_in_flight 1, a second request reserving 4,000 while the first
+// (usage 100) streamed left 5,900 of 10,000 instead of 9,900.
+TEST(MeteredDaemon, AConcurrencyRefusalRefundsTheReservation) {
+  ratelimit::testing::SseUpstream upstream;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "server:\n  upstream: " + upstream.url() +
+                "\n"
+                "limits:\n"
+                "  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 0.01}\n"
+                "routes:\n"
+                "  - name: chat\n    path: /sse\n    limits: [tokens]\n"
+                "    concurrency: {max_in_flight: 1}\n"
+                "    cost: {from_request_header: X-Estimate, settle_from: sse_last_event, "
+                "field: usage.total_tokens}\n");
+  Daemon d({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  // The first request holds the only place: its first event has arrived.
+  const int first = Connect(d.port());
+  ASSERT_GE(first, 0);
+  ASSERT_TRUE(SendAll(first,
+                      "GET /sse HTTP/1.1\r\nHost: t\r\nX-Estimate: 100\r\nX-Usage: 100\r\n"
+                      "X-Hold: 1\r\nConnection: close\r\n\r\n"));
+  std::string got;
+  char buf[4096];
+  while (got.find("Hello") == std::string::npos) {
+    const ssize_t n = ::recv(first, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  HttpResponse refused =
+      Http(d.port(), "GET", "/sse", {{"X-Estimate", "4000"}, {"X-Usage", "4000"}});
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  upstream.Release();
+  for (ssize_t n; (n = ::recv(first, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+  ::close(first);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got;
+  auto count = [&](const std::string& outcome) {
+    HttpResponse m = Http(d.admin_port(), "GET", "/metrics");
+    const std::string key = "ratelimit_settlements_total{outcome=\"" + outcome + "\"} ";
+    const size_t at = m.body.find(key);
+    return at == std::string::npos ? -1 : std::atoll(m.body.c_str() + at + key.size());
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((count("settled") < 1 || count("not_forwarded") < 1) &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(count("settled"), 1);
+  EXPECT_EQ(count("not_forwarded"), 1);
+  HttpResponse s = Http(d.admin_port(), "GET", "/v1/clients/ip:127.0.0.1/state");
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(json::parse(s.body)["limits"][0]["remaining"].get<int64_t>(), 10'000 - 100) << s.body;
 }
 
 }  // namespace
