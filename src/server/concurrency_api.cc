@@ -38,6 +38,18 @@ bool IssuedLeaseId(std::string_view id) {
          });
 }
 
+// A release's lease_id, checked.
+StatusOr<ParsedAcquire> WithLeaseId(const json& j, ParsedAcquire p) {
+  if (Status s = String(j, "lease_id", &p.lease_id); !s.ok()) return s;
+  if (p.lease_id.empty()) return InvalidArgument("field 'lease_id' is required");
+  if (!IssuedLeaseId(p.lease_id)) {
+    return InvalidArgument(
+        "field 'lease_id' is not a lease id /v1/acquire gives out (32 hex digits, "
+        "or l- and 32 hex digits)");
+  }
+  return p;
+}
+
 // Common to both: key, and either route or name (+ limits, for acquire).
 StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool release) {
   if (!j.is_object()) return InvalidArgument("the body must be a JSON object");
@@ -82,6 +94,13 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
                                "' does not go with 'route' (the route sets it)");
       }
     }
+    // A release needs only the limit's name, which is the route's name: a
+    // reload that removed the route (or its concurrency block) since the
+    // acquire must not keep its place held until lease_ttl.
+    if (release) {
+      p.request.name = route;
+      return WithLeaseId(j, std::move(p));
+    }
     const policy::RouteClass* r = nullptr;
     if (policy != nullptr) {
       for (const policy::RouteClass& rc : policy->config().routes) {
@@ -122,15 +141,7 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
       }
     }
   }
-  if (release) {
-    if (Status s = String(j, "lease_id", &p.lease_id); !s.ok()) return s;
-    if (p.lease_id.empty()) return InvalidArgument("field 'lease_id' is required");
-    if (!IssuedLeaseId(p.lease_id)) {
-      return InvalidArgument(
-          "field 'lease_id' is not a lease id /v1/acquire gives out (32 hex digits, "
-          "or l- and 32 hex digits)");
-    }
-  }
+  if (release) return WithLeaseId(j, std::move(p));
   return p;
 }
 

@@ -225,5 +225,36 @@ TEST(ParseAcquire, ContractAndErrors) {
   }
 }
 
+// A lease taken by route is released by route after a reload removed the
+// route (or its concurrency block): the release needs only the name.
+TEST(ParseAcquire, ReleaseByRouteSurvivesRouteRemoval) {
+  auto make = [](std::string_view yaml) {
+    StatusOr<policy::Config> c = policy::ParseConfig(yaml, "t.yaml");
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(*std::move(c));
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    return *std::move(p);
+  };
+  auto before = make(
+      "server: {upstream: \"http://127.0.0.1:1\"}\n"
+      "routes:\n  - name: upload\n    path: /up\n    concurrency: {max_in_flight: 3}\n");
+  StatusOr<ParsedAcquire> acquired =
+      ParseAcquire(nlohmann::json{{"key", "u"}, {"route", "upload"}}, before.get());
+  ASSERT_TRUE(acquired.ok()) << acquired.status().message();
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  const nlohmann::json release = {{"key", "u"}, {"route", "upload"}, {"lease_id", id}};
+  for (const auto& after : {before,
+                            make("server: {upstream: \"http://127.0.0.1:1\"}\n"
+                                 "routes:\n  - name: upload\n    path: /up\n"),
+                            make("server: {upstream: \"http://127.0.0.1:1\"}\n"
+                                 "routes:\n  - name: other\n    path: /o\n")}) {
+    StatusOr<ParsedAcquire> released = ParseRelease(release, after.get());
+    ASSERT_TRUE(released.ok()) << released.status().message();
+    EXPECT_EQ(released->request.key, acquired->request.key);
+    EXPECT_EQ(released->request.name, acquired->request.name);
+    EXPECT_EQ(released->lease_id, id);
+  }
+}
+
 }  // namespace
 }  // namespace ratelimit::server
