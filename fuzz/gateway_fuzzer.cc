@@ -266,9 +266,9 @@ int FuzzGateway(const uint8_t* data, size_t size) {
 
   // The gateway reads the method as its upstreams do, case-insensitively
   // ("hEAD" is a HEAD: its answer has no body), so the model does too.
-  const bool head = req.method() == http::verb::head ||
-                    (req.method() == http::verb::unknown &&
-                     core::AsciiUpper(req.method_string()) == "HEAD");
+  const bool head =
+      req.method() == http::verb::head ||
+      (req.method() == http::verb::unknown && core::AsciiUpper(req.method_string()) == "HEAD");
   const auto expected = ex.received ? Expected(answer, head) : std::nullopt;
   if (expected) {
     // The upstream's answer, passed through: its status and body, clean headers.

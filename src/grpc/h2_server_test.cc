@@ -18,8 +18,8 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -633,8 +633,8 @@ TEST_F(H2ServerTest, AStreamWaitingItsTurnOnAMovingConnectionIsServed) {
   const std::string headers = RequestHeaders(kCheck);
   // The streams' windows wide open; the connection's stays at 65,535 bytes
   // until the client grants more.
-  std::string out = std::string(kPreface) +
-                    Frame(0x4, 0, 0, std::string("\x00\x04", 2) + Be32(0x7fffffff));
+  std::string out =
+      std::string(kPreface) + Frame(0x4, 0, 0, std::string("\x00\x04", 2) + Be32(0x7fffffff));
   const std::vector<uint32_t> ids = {1, 3, 5, 7, 9};
   for (uint32_t id : ids) out += Frame(0x1, 0x4, id, headers) + Frame(0x0, 0x1, id, Framed(10));
   ASSERT_TRUE(SendAll(fd, out));
