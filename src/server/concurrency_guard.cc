@@ -27,9 +27,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-constexpr milliseconds kFirstRetry{10};
-constexpr milliseconds kMaxRetry{200};
-
 std::string WaitKey(std::string_view key, std::string_view name) {
   std::string k(key);
   k.push_back('\0');
@@ -43,19 +40,25 @@ struct ConcurrencyLimiter::Waiter {
   ConcurrencyRequest req;
   std::function<void(ConcurrencyOutcome)> done;
   std::chrono::steady_clock::time_point started, deadline;
-  milliseconds backoff = kFirstRetry;
+  milliseconds backoff;
   net::strand<net::any_io_executor> strand;
   net::steady_timer timer;
   bool queued = false;  // counted in `waiting` and listed in State::waiters
   bool woken = false;   // on the strand: a release asked for an early retry
+  // Under State::mu: a release woke it and its retry has not been answered
+  // yet; the next release wakes the next waiter, not this one again.
+  bool wake_pending = false;
+  bool retry_after_wake = false;  // this Try began after a wake-up (one Try at a time)
   ConcurrencyCells* cells = nullptr;
 
-  Waiter(net::any_io_executor ex) : strand(net::make_strand(ex)), timer(strand) {}
+  Waiter(net::any_io_executor ex, milliseconds first_retry)
+      : backoff(first_retry), strand(net::make_strand(ex)), timer(strand) {}
 };
 
 struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   using Waiter = ConcurrencyLimiter::Waiter;
   net::any_io_executor executor;
+  milliseconds first_retry, max_retry;  // a waiter's polls (Options)
   // The server's store with the failure modes (the local fallback's leases
   // start with kLocalLeasePrefix). Detached at shutdown: leases of the
   // server's store are then left to expire.
@@ -67,7 +70,8 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   std::unordered_map<std::string, std::deque<std::weak_ptr<ConcurrencyLimiter::Waiter>>> waiters
       RL_GUARDED_BY(mu);
 
-  // A lease of (key, name) was given back here: the oldest waiter asks again now.
+  // A lease of (key, name) was given back here: the oldest waiter not woken
+  // yet asks again now (two releases in a row wake two waiters).
   void Wake(const std::string& key, const std::string& name) {
     std::shared_ptr<ConcurrencyLimiter::Waiter> w;
     {
@@ -75,14 +79,17 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
       if (stopped) return;
       auto it = waiters.find(WaitKey(key, name));
       if (it == waiters.end()) return;
-      while (!it->second.empty() && !w) {
-        w = it->second.front().lock();
-        if (!w) it->second.pop_front();
+      std::erase_if(it->second, [](const std::weak_ptr<Waiter>& x) { return x.expired(); });
+      for (const std::weak_ptr<Waiter>& x : it->second) {
+        std::shared_ptr<Waiter> p = x.lock();
+        if (p && !p->wake_pending) {
+          w = std::move(p);
+          break;
+        }
       }
-      if (!w) {
-        waiters.erase(it);
-        return;
-      }
+      if (it->second.empty()) waiters.erase(it);
+      if (!w) return;
+      w->wake_pending = true;
     }
     net::dispatch(w->strand, [w] {
       w->woken = true;
@@ -143,11 +150,13 @@ void LeaseGuard::Release(std::function<void()> then) {
 }
 
 ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store,
-                                       size_t max_key_length)
+                                       Options options)
     : state_(std::make_shared<LeaseGuard::State>()) {
   state_->executor = std::move(executor);
+  state_->first_retry = options.first_retry;
+  state_->max_retry = std::max(options.first_retry, options.max_retry);
   state_->store = std::make_unique<ResilientConcurrencyStore>(
-      &store, ResilientConcurrencyStore::Options{.local_max_key_length = max_key_length,
+      &store, ResilientConcurrencyStore::Options{.local_max_key_length = options.max_key_length,
                                                  .on_failure = ConcurrencyFailureReporter()});
 }
 
@@ -165,7 +174,7 @@ void ConcurrencyLimiter::Sweep() { state_->store->Sweep(); }
 
 void ConcurrencyLimiter::Acquire(ConcurrencyRequest request,
                                  std::function<void(ConcurrencyOutcome)> done) {
-  auto w = std::make_shared<Waiter>(state_->executor);
+  auto w = std::make_shared<Waiter>(state_->executor, state_->first_retry);
   w->started = core::SteadyClock::now();
   w->deadline = w->started + request.config.max_wait;
   w->cells = &Metrics::Global().Concurrency(request.route);
@@ -215,6 +224,10 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
     return Finish(std::move(w), std::move(o));
   }
   // Denied.
+  if (std::exchange(w->retry_after_wake, false)) {
+    LockGuard lock(mu);
+    w->wake_pending = false;  // the next release may wake it again
+  }
   const auto now = core::SteadyClock::now();
   o.status = 429;
   if (w->req.config.on_limit == ConcurrencyConfig::OnLimit::kReject) {
@@ -237,12 +250,16 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
   }
   if (o.denial == ConcurrencyOutcome::Denial::kQueueFull) return Finish(std::move(w), std::move(o));
   const auto delay = std::min<std::chrono::steady_clock::duration>(w->backoff, w->deadline - now);
-  w->backoff = std::min(w->backoff * 2, kMaxRetry);
+  w->backoff = std::min(w->backoff * 2, max_retry);
   net::dispatch(w->strand, [st = shared_from_this(), w, delay] {
-    if (std::exchange(w->woken, false)) return st->Try(w);
+    if (std::exchange(w->woken, false)) {
+      w->retry_after_wake = true;
+      return st->Try(w);
+    }
     w->timer.expires_after(delay);
     w->timer.async_wait([st, w](const boost::system::error_code&) {
-      w->woken = false;  // a wake-up cancels the timer: retry either way
+      // A wake-up cancels the timer: retry either way.
+      if (std::exchange(w->woken, false)) w->retry_after_wake = true;
       st->Try(w);
     });
   });

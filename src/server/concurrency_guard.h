@@ -20,8 +20,9 @@
 // on_limit: wait holds a denied request without a thread: it retries after
 // 10 ms, doubling up to 200 ms (other instances' releases are only seen by
 // asking), and at once when a lease of the same (key, name) is released on
-// this instance; after max_wait it is refused (429). At most max_waiting
-// requests of a route wait at once on this instance; beyond, 429 at once.
+// this instance (each release wakes one more waiter, oldest first); after max_wait it is refused
+// (429). At most max_waiting requests of a route wait at once on this instance; beyond, 429 at
+// once.
 //
 // Thread-safety: all methods may be called from any thread; `done` runs on
 // a store thread or a timer's strand, possibly inside the call.
@@ -97,13 +98,22 @@ struct ConcurrencyRequest {
 
 class ConcurrencyLimiter {
  public:
+  struct Options {
+    // The longest key of the local fallback (failure mode local), the
+    // store's (StoreKeyLength).
+    size_t max_key_length = kDefaultMaxKeyLength;
+    // A waiter asks again after first_retry, doubling up to max_retry (and
+    // at once when a lease of its (key, name) is released here).
+    std::chrono::milliseconds first_retry{10};
+    std::chrono::milliseconds max_retry{200};
+  };
   // `executor` runs the wait timers. `store` (shared by every instance) is
   // not owned: it must outlive the limiter and every lease (the server
   // destroys it after its io_context, where leases may still be held).
-  // `max_key_length`: the longest key of the local fallback (failure mode
-  // local), the store's (StoreKeyLength).
   ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store,
-                     size_t max_key_length = kDefaultMaxKeyLength);
+                     Options options);
+  ConcurrencyLimiter(boost::asio::any_io_executor executor, ConcurrencyStore& store)
+      : ConcurrencyLimiter(std::move(executor), store, Options{}) {}
   ~ConcurrencyLimiter();
 
   void Acquire(ConcurrencyRequest request, std::function<void(ConcurrencyOutcome)> done);

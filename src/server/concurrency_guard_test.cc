@@ -5,11 +5,13 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "server/concurrency_api.h"
+#include "server/metrics.h"
 #include "server/outcome_reply.h"
 
 namespace ratelimit::server {
@@ -157,6 +159,43 @@ TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {
   EXPECT_GE(second.waited, milliseconds(300));
   // Woken by the release, not by its next poll (up to 200 ms later).
   EXPECT_LT(std::chrono::steady_clock::now() - released, milliseconds(150) + kSlack);
+}
+
+// Two releases in a row wake two waiters, not the oldest one twice. The
+// waiters' own polls are 10 s apart here: only a wake-up lets them in soon.
+TEST_F(LimiterTest, TwoReleasesWakeTwoWaiters) {
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_,
+                       {.first_retry = milliseconds(10'000), .max_retry = milliseconds(10'000)});
+  const policy::ConcurrencyConfig wait{.max_in_flight = 2,
+                                       .on_limit = OnLimit::kWait,
+                                       .max_wait = milliseconds(60'000),
+                                       .max_waiting = 2};
+  ConcurrencyOutcome a = Acquire(l, wait), b = Acquire(l, wait);
+  ASSERT_EQ(a.status, 200u);
+  ASSERT_EQ(b.status, 200u);
+  std::promise<ConcurrencyOutcome> p1, p2;
+  auto f1 = p1.get_future(), f2 = p2.get_future();
+  auto& waiting = Metrics::Global().Concurrency("upload").waiting;
+  const int64_t before = waiting.value();
+  for (auto* p : {&p1, &p2}) {
+    l.Acquire({.key = "user:ada", .name = "upload", .route = "upload", .config = wait},
+              [p](ConcurrencyOutcome o) { p->set_value(std::move(o)); });
+  }
+  for (int i = 0; i < 500 && waiting.value() < before + 2; ++i) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  ASSERT_EQ(waiting.value(), before + 2);
+  // Both releases land before the first woken waiter has asked again: the
+  // I/O thread is held busy meanwhile.
+  std::promise<void> go;
+  boost::asio::post(ioc_, [f = go.get_future()]() mutable { f.wait(); });
+  a.lease.reset();
+  b.lease.reset();
+  go.set_value();
+  ASSERT_EQ(f1.wait_for(milliseconds(2000)), std::future_status::ready);
+  ASSERT_EQ(f2.wait_for(milliseconds(2000)), std::future_status::ready);
+  EXPECT_EQ(f1.get().status, 200u);
+  EXPECT_EQ(f2.get().status, 200u);
 }
 
 TEST_F(LimiterTest, GivesUpAfterMaxWait) {

@@ -135,8 +135,9 @@ Status Server::Start(std::shared_ptr<Store> store) {
       MakeConcurrencyStore(s.start_config.store, shared);
   if (!cs.ok()) return cs.status();
   s.concurrency_store = std::move(*cs);
-  s.limiter = std::make_unique<ConcurrencyLimiter>(s.ioc.get_executor(), *s.concurrency_store,
-                                                   StoreKeyLength(s.start_config.store));
+  s.limiter = std::make_unique<ConcurrencyLimiter>(
+      s.ioc.get_executor(), *s.concurrency_store,
+      ConcurrencyLimiter::Options{.max_key_length = StoreKeyLength(s.start_config.store)});
   StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store, shared);
   if (!os.ok()) return os.status();
   s.overrides = std::make_unique<Overrides>(*std::move(os), Clock::System());
