@@ -91,12 +91,19 @@ void RedisConcurrencyStore::Release(std::string_view key, std::string_view name,
   if (Status s = ValidateKey(key, impl_->opts.max_key_length); !s.ok()) return done(s);
   if (Status s = ValidateLimitName(name); !s.ok()) return done(s);
   const std::string k = impl_->keys.Concurrency(key, name);
-  // ZREM reports whether the member was there; an expired lease that no
-  // acquire has swept yet still counts as released (it was in the set).
-  const std::string_view args[] = {"ZREM", k, lease_id};
-  impl_->backend->GuardedExecute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+  // The script removes the lease and says whether it was still held: an
+  // expired lease no acquire has swept yet is in the set but not held (the
+  // time is Redis's, or ours with TimeSource::kLocal, as for an acquire).
+  const std::string now = impl_->opts.time_source == TimeSource::kLocal
+                              ? std::to_string(impl_->clock->NowMicros())
+                              : std::string();
+  const std::string_view keys[] = {k};
+  const std::string_view args[] = {now, "release", "", lease_id};
+  impl_->backend->GuardedEval(keys, args, [done = std::move(done)](StatusOr<redis::Reply> r) {
     if (!r.ok()) return done(r.status());
-    if (r->type == redis::Reply::Type::kError) return done(Internal("redis: " + r->str));
+    if (r->type == redis::Reply::Type::kError) {
+      return done(Internal("redis concurrency script error: " + r->str));
+    }
     done(r->type == redis::Reply::Type::kInteger && r->integer == 1);
   });
 }

@@ -67,6 +67,21 @@ void LeasesUpToTheLimit(ConcurrencyStore& s, ManualClock& clock) {
   EXPECT_FALSE(*s.ReleaseSync("user:ada", "upload", ids[0]));  // expired and swept
 }
 
+// An expired lease is not held: releasing it says so, whether or not an
+// acquire has swept it yet.
+void ReleasingAnExpiredLeaseSaysNotHeld(ConcurrencyStore& s, ManualClock& clock) {
+  const std::string a = MustAcquire(s, "user:eve", 3, seconds(10)).lease_id;
+  const std::string b = MustAcquire(s, "user:eve", 3, seconds(20)).lease_id;
+  const std::string c = MustAcquire(s, "user:eve", 3, seconds(20)).lease_id;
+  clock.Advance(seconds(10));
+  EXPECT_FALSE(*s.ReleaseSync("user:eve", "upload", a));  // expired at t=10, not swept
+  EXPECT_FALSE(*s.ReleaseSync("user:eve", "upload", a));
+  clock.Advance(seconds(10) - milliseconds(1));
+  EXPECT_TRUE(*s.ReleaseSync("user:eve", "upload", b));  // 1 ms left
+  clock.Advance(milliseconds(1));
+  EXPECT_FALSE(*s.ReleaseSync("user:eve", "upload", c));
+}
+
 void RejectsBadInput(ConcurrencyStore& s) {
   auto code = [&](AcquireRequest r) { return s.AcquireSync(r).status().code(); };
   EXPECT_EQ(code({.key = "", .name = "n"}), StatusCode::kInvalidArgument);
@@ -86,6 +101,12 @@ TEST(MemoryConcurrencyStore, LeasesUpToTheLimit) {
   ManualClock clock;
   MemoryConcurrencyStore s({.clock = &clock});
   LeasesUpToTheLimit(s, clock);
+}
+
+TEST(MemoryConcurrencyStore, ReleasingAnExpiredLeaseSaysNotHeld) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.clock = &clock});
+  ReleasingAnExpiredLeaseSaysNotHeld(s, clock);
 }
 
 TEST(MemoryConcurrencyStore, RejectsBadInput) {
@@ -151,6 +172,17 @@ class RedisConcurrencyTest : public ::testing::Test {
 };
 
 TEST_F(RedisConcurrencyTest, LeasesUpToTheLimit) { LeasesUpToTheLimit(*local_, clock_); }
+
+TEST_F(RedisConcurrencyTest, ReleasingAnExpiredLeaseSaysNotHeld) {
+  ReleasingAnExpiredLeaseSaysNotHeld(*local_, clock_);
+  // By Redis's own clock (TIME in the script), as the default time source.
+  const std::string id = MustAcquire(*store_, "k", 2, milliseconds(10)).lease_id;
+  ASSERT_FALSE(id.empty());
+  std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_FALSE(*store_->ReleaseSync("k", "upload", id));
+  const std::string held = MustAcquire(*store_, "k", 2, seconds(30)).lease_id;
+  EXPECT_TRUE(*store_->ReleaseSync("k", "upload", held));
+}
 
 TEST_F(RedisConcurrencyTest, RejectsBadInput) { RejectsBadInput(*store_); }
 

@@ -3,11 +3,13 @@
 -- KEYS[1]  the sorted set of the (client, name): member = lease id, score =
 --          expiry in microseconds (below 2^53: exact in Lua's doubles)
 -- ARGV[1]  now in microseconds, or "" to take it from Redis TIME
--- ARGV[2]  max_in_flight
+-- ARGV[2]  max_in_flight, or "release" to release the lease ARGV[4]
 -- ARGV[3]  lease_ttl in microseconds
 -- ARGV[4]  the new lease's id
 -- Returns  {acquired (0/1), in_flight after the call, retry_after_us}
 --          retry_after_us: denied, until the oldest held lease expires.
+-- Release returns 1 when the lease was held (there and not expired at `now`),
+-- else 0; it is removed either way.
 -- Expired leases are removed first. The key lives until its last lease expires
 -- (plus a second), so an abandoned key disappears by itself.
 
@@ -23,6 +25,14 @@ local ttl = tonumber(ARGV[3])
 local function str(n) return string.format('%.0f', n) end
 
 local kind = redis.call('TYPE', key).ok
+if ARGV[2] == 'release' then
+  if kind ~= 'zset' then return 0 end
+  local score = redis.call('ZSCORE', key, ARGV[4])
+  if not score then return 0 end
+  redis.call('ZREM', key, ARGV[4])
+  if tonumber(score) > now then return 1 end
+  return 0  -- expired: it was no longer held
+end
 if kind ~= 'zset' and kind ~= 'none' then
   redis.call('DEL', key)  -- another type under our key: start fresh
 end
