@@ -213,10 +213,10 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   if (!auth && IsOwnPath(plan->canonical_path)) {
     return done(ProblemReply(404,
                              "no endpoint '" + path +
-                                 "': paths under /v1/check, /v1/auth, /v1/acquire and /v1/release "
-                                 "are ratelimitd's and never forwarded; its endpoints are spelled "
-                                 "exactly /v1/check, /v1/check/batch, /v1/auth, /v1/acquire, "
-                                 "/v1/release",
+                                 "': paths under /v1/check, /v1/auth, /v1/acquire, /v1/release "
+                                 "and /v1/settle are ratelimitd's and never forwarded; its "
+                                 "endpoints are spelled exactly /v1/check, /v1/check/batch, "
+                                 "/v1/auth, /v1/acquire, /v1/release, /v1/settle",
                              path));
   }
 
