@@ -17,11 +17,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <set>
 #include <sstream>
 #include <utility>
 
+#include "core/percent.h"
 #include "core/return_if_error.h"
 #include "core/utf8.h"
 #include "policy/policy.h"
@@ -368,6 +370,8 @@ Status Loader::Store(const YAML::Node& n, StoreConfig* s) {
       n, "type", {{"memory", StoreConfig::Type::kMemory}, {"redis", StoreConfig::Type::kRedis}},
       &s->type));
   RL_RETURN_IF_ERROR(String(n, "url", &s->url));
+  // Its TLS files, like every file the config names, relative to its folder.
+  s->url = MapRedisUrlFiles(s->url, [&](const std::string& f) { return RelativeTo(base_dir_, f); });
   RL_RETURN_IF_ERROR(ClusterNodes(n, s));
   if (s->type == StoreConfig::Type::kRedis) {
     if (s->url.empty()) return Error(n, "store type redis needs a 'url' (redis://host:6379)");
@@ -1238,6 +1242,46 @@ Status CheckStoreUrlScheme(std::string_view url) {
 std::string FolderOf(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+}
+
+std::string MapRedisUrlFiles(const std::string& url,
+                             const std::function<std::string(const std::string&)>& map) {
+  const size_t query = url.find('?');
+  if (query == std::string::npos) return url;
+  std::string out = url.substr(0, query + 1);
+  std::string_view rest = std::string_view(url).substr(query + 1);
+  bool first = true;
+  while (true) {
+    const size_t amp = rest.find('&');
+    const std::string_view param = rest.substr(0, amp);
+    if (!first) out += '&';
+    first = false;
+    const size_t eq = param.find('=');
+    const std::string_view key = param.substr(0, eq);
+    std::optional<std::string> value =
+        eq == std::string_view::npos ? std::nullopt : core::PercentDecode(param.substr(eq + 1));
+    if (value && !value->empty() &&
+        (key == "tls_ca_file" || key == "tls_cert_file" || key == "tls_key_file")) {
+      out += std::string(key) + "=";
+      // Encoded as the URL parser decodes it: all but unreserved bytes and '/'.
+      for (const char c : map(*value)) {
+        if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+            c == '-' || c == '.' || c == '_' || c == '~' || c == '/') {
+          out += c;
+        } else {
+          static constexpr char kHex[] = "0123456789ABCDEF";
+          out += '%';
+          out += kHex[static_cast<unsigned char>(c) >> 4];
+          out += kHex[static_cast<unsigned char>(c) & 15];
+        }
+      }
+    } else {
+      out += param;  // as written: a bad one is the URL parser's to refuse
+    }
+    if (amp == std::string_view::npos) break;
+    rest = rest.substr(amp + 1);
+  }
+  return out;
 }
 
 std::string RelativeTo(const std::string& dir, const std::string& path) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -243,6 +244,13 @@ StatusOr<std::string> ReadTextFile(const std::string& path);
 // rediss+cluster://; the error ("must start with ...") never echoes the URL.
 Status CheckStoreUrlScheme(std::string_view url);
 
+// `url` (a store URL) with each of its tls_ca_file, tls_cert_file and
+// tls_key_file values replaced by map(value), decoded and encoded again;
+// everything else as written: the loader joins them with the config's folder
+// (RelativeTo), the dump makes them absolute.
+//   MapRedisUrlFiles("rediss://h?tls_ca_file=ca.pem", f) -> "rediss://h?tls_ca_file=" + f("ca.pem")
+std::string MapRedisUrlFiles(const std::string& url,
+                             const std::function<std::string(const std::string&)>& map);
 // `path` relative to `dir` unless it is absolute (or `dir` is "").
 std::string RelativeTo(const std::string& dir, const std::string& path);
 // The folder of a file path: "examples/gateway.yaml" -> "examples", "x.yaml" -> ".".

@@ -418,6 +418,26 @@ TEST_F(ApiKeysFile, AdminTokenFileIsRelativeToTheConfigToo) {
   EXPECT_EQ(c->server.admin_token_file, "/etc/ratelimit/admin.token");
 }
 
+// The Redis URL's TLS files too (they were opened as written, relative to
+// the working directory), escaped as the URL parser reads them.
+TEST_F(ApiKeysFile, RedisTlsFilesAreRelativeToTheConfigToo) {
+  Write("c.yaml",
+        "store: {type: redis, url: \"rediss://h:6380/0?tls_ca_file=ca.pem&connections=2"
+        "&tls_cert_file=/etc/c%20rt.pem&tls_key_file=my%20key.pem\"}\n");
+  StatusOr<Config> c = LoadConfigFile((dir_ / "c.yaml").string());
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const std::string escaped = dir_.string();  // a temporary folder: no byte to escape
+  ASSERT_EQ(escaped.find_first_of("% &?#+"), std::string::npos) << escaped;
+  EXPECT_EQ(c->store.url, "rediss://h:6380/0?tls_ca_file=" + escaped +
+                              "/ca.pem&connections=2&tls_cert_file=/etc/c%20rt.pem"
+                              "&tls_key_file=" +
+                              escaped + "/my%20key.pem");
+  EXPECT_EQ(MapRedisUrlFiles("rediss://h?tls_ca_file=a",
+                             [](const std::string&) { return std::string("/x&y z%"); }),
+            "rediss://h?tls_ca_file=/x%26y%20z%25");
+  EXPECT_EQ(MapRedisUrlFiles("redis://h:1", [](const std::string&) { return "x"; }), "redis://h:1");
+}
+
 TEST_F(ApiKeysFile, UnreadableConfigSaysWhy) {
   StatusOr<Config> c = LoadConfigFile(dir_.string());
   ASSERT_FALSE(c.ok());
