@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
+#include <system_error>
 
 #include "core/hex.h"
 #include "core/limit_fields.h"
@@ -30,6 +32,17 @@ YAML::Emitter& operator<<(YAML::Emitter& out, YamlString t) {
   });
   if (quote) out << YAML::DoubleQuoted;
   return out << t.s;
+}
+
+// A file path the loader has resolved (joined with the config's folder),
+// absolute: the dump loads back the same from any folder. A joined path that
+// is still relative ("rl2/tok" for a config loaded as rl2/c.yaml) would be
+// joined again ("rl2/rl2/tok") by a load of the dump from elsewhere.
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path.front() == '/') return path;
+  std::error_code ec;
+  const std::filesystem::path full = std::filesystem::absolute(path, ec);
+  return ec ? path : full.lexically_normal().string();
 }
 
 // The fields core::LimitFieldsOf lists (the overrides' JSON takes the same list).
@@ -127,7 +140,7 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "server" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "listen" << YAML::Value << YamlString{s.listen};
   out << YAML::Key << "admin_listen" << YAML::Value << YamlString{s.admin_listen};
-  out << YAML::Key << "admin_token_file" << YAML::Value << YamlString{s.admin_token_file};
+  out << YAML::Key << "admin_token_file" << YAML::Value << YamlString{Absolute(s.admin_token_file)};
   out << YAML::Key << "upstream" << YAML::Value << YamlString{s.upstream};
   out << YAML::Key << "demo" << YAML::Value << s.demo;
   out << YAML::Key << "headers" << YAML::Value << std::string(HeaderDialectName(s.headers));
@@ -150,7 +163,10 @@ std::string DumpRedacted(const Config& c) {
   out << YAML::Key << "store" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "type" << YAML::Value
       << (st.type == StoreConfig::Type::kRedis ? "redis" : "memory");
-  if (!st.url.empty()) out << YAML::Key << "url" << YAML::Value << YamlString{RedactUrl(st.url)};
+  if (!st.url.empty()) {
+    out << YAML::Key << "url" << YAML::Value
+        << YamlString{RedactUrl(MapRedisUrlFiles(st.url, Absolute))};
+  }
   out << YAML::Key << "deadline" << YAML::Value << Millis(st.deadline);
   out << YAML::Key << "key_prefix" << YAML::Value << YamlString{st.key_prefix};
   out << YAML::Key << "time_source" << YAML::Value
@@ -217,7 +233,8 @@ std::string DumpRedacted(const Config& c) {
     out << YAML::EndSeq;
   }
   if (!c.api_keys_file.empty())
-    out << YAML::Key << "api_keys_file" << YAML::Value << YamlString{c.api_keys_file};
+    out << YAML::Key << "api_keys_file" << YAML::Value
+        << YamlString{Absolute(RelativeTo(FolderOf(c.source), c.api_keys_file))};
 
   out << YAML::Key << "global" << YAML::Value;
   EmitRules(out, c.global_limits);
@@ -285,7 +302,7 @@ std::string DumpRedacted(const Config& c) {
   }
   out << YAML::EndSeq;
   out << YAML::Key << "envoy" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "config_dir" << YAML::Value << YamlString{c.envoy.config_dir};
+  out << YAML::Key << "config_dir" << YAML::Value << YamlString{Absolute(c.envoy.config_dir)};
   out << YAML::Key << "failure_mode" << YAML::Value << YamlString{c.envoy.failure_mode};
   out << YAML::Key << "headers" << YAML::Value << std::string(HeaderDialectName(c.envoy.headers));
   out << YAML::EndMap;

@@ -438,6 +438,36 @@ TEST_F(ApiKeysFile, RedisTlsFilesAreRelativeToTheConfigToo) {
   EXPECT_EQ(MapRedisUrlFiles("redis://h:1", [](const std::string&) { return "x"; }), "redis://h:1");
 }
 
+// A config loaded by a relative path ("rl2/c.yaml") holds its files joined
+// with that folder ("rl2/tok"); the dump writes them absolute, so it loads
+// back as the same config from any folder (it said "rl2/tok", which a load
+// of the dump resolved as "<dump's folder>/rl2/tok").
+TEST_F(ApiKeysFile, TheDumpOfARelativeConfigLoadsBackFromAnywhere) {
+  fs::create_directories(dir_ / "rl2");
+  fs::create_directories(dir_ / "elsewhere");
+  Write("rl2/c.yaml",
+        "server: {admin_token_file: tok}\n"
+        "store: {type: redis, url: \"rediss://h:6380?tls_ca_file=ca.pem\"}\n"
+        "envoy: {config_dir: envoy}\n");
+  const fs::path was = fs::current_path();
+  fs::current_path(dir_);
+  StatusOr<Config> c = LoadConfigFile("rl2/c.yaml");
+  fs::current_path(was);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->server.admin_token_file, "rl2/tok");
+  fs::current_path(dir_);
+  const std::string dump = DumpRedacted(*c);
+  fs::current_path(was);
+  Write("elsewhere/d.yaml", dump);
+  StatusOr<Config> again = LoadConfigFile((dir_ / "elsewhere/d.yaml").string());
+  ASSERT_TRUE(again.ok()) << again.status().message() << "\n" << dump;
+  EXPECT_EQ(again->server.admin_token_file, (dir_ / "rl2/tok").string()) << dump;
+  EXPECT_EQ(again->store.url, "rediss://h:6380?tls_ca_file=" + (dir_ / "rl2/ca.pem").string());
+  EXPECT_EQ(again->envoy.config_dir, (dir_ / "rl2/envoy").string());
+  const std::string again_dump = DumpRedacted(*again);  // its first line names the source
+  EXPECT_EQ(again_dump.substr(again_dump.find('\n')), dump.substr(dump.find('\n')));
+}
+
 TEST_F(ApiKeysFile, UnreadableConfigSaysWhy) {
   StatusOr<Config> c = LoadConfigFile(dir_.string());
   ASSERT_FALSE(c.ok());
