@@ -26,7 +26,6 @@
 #include "server/config_check.h"
 #include "server/explain.h"
 #include "server/json_log.h"
-#include "server/overrides.h"
 #include "server/privileges.h"
 #include "server/server.h"
 #include "server/store_factory.h"
@@ -252,28 +251,14 @@ int main(int argc, char** argv) {
         std::cerr << line << "\n";
       }
       if (envoy_dir.empty()) envoy_dir = c->envoy.config_dir;
-      const ratelimit::policy::StoreConfig store = c->store;
       auto p = ratelimit::policy::Policy::Create(std::move(*c));
       if (!p.ok()) {
         std::cout << p.status().message() << "\n";
         return 1;
       }
-      // The per-client overrides in effect (Redis; the memory store's live
-      // in a running daemon): a line each, and warnings for what this
-      // config would not apply.
-      auto overrides = ratelimit::server::ReadStoredOverrides(store);
-      if (!overrides.ok()) {
-        warnings.push_back("overrides not read: " + overrides.status().message());
-      } else {
-        const int64_t now_ms = ratelimit::Clock::System().NowMicros() / 1000;
-        for (std::string& line : ratelimit::server::DescribeOverrides(**overrides, **p, now_ms)) {
-          if (line.starts_with("warning: ")) {
-            warnings.push_back(line.substr(9));
-          } else {
-            std::cerr << line << "\n";
-          }
-        }
-      }
+      // Nothing is connected to: a check neither needs Redis up nor waits
+      // on it. The stored per-client overrides are the running daemons'
+      // (GET /v1/overrides, --explain), not the config's.
     }
     if (!envoy_dir.empty()) {
       if (auto s = ratelimit::grpcface::CheckEnvoyConfig(envoy_dir); !s.ok()) {

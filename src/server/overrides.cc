@@ -196,37 +196,6 @@ StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
   return std::make_shared<const OverrideTable>(set->version, std::move(parsed));
 }
 
-std::vector<std::string> DescribeOverrides(const OverrideTable& table, const policy::Policy& policy,
-                                           int64_t now_ms) {
-  std::vector<std::string> out;
-  for (const ClientOverride* o : table.Sorted()) {
-    if (o->ExpiredAt(now_ms)) continue;
-    const std::string who = RedactKey(o->client);
-    std::string line = "override in effect for " + who + ":";
-    if (o->plan) {
-      line += " plan " + *o->plan + ";";
-      if (policy.config().plans.count(*o->plan) == 0) {
-        out.push_back("warning: the override for " + who + " names plan '" + *o->plan +
-                      "', which this config does not have: not applied");
-      }
-    }
-    for (const Limit& l : o->limits) {
-      line += " " + l.name() + " " + l.ToString() + ";";
-      const Limit* configured = policy.NamedLimit(l.name());
-      if (!o->client.starts_with(kDecisionApiPrefix) &&
-          (configured == nullptr || configured->algorithm() != l.algorithm())) {
-        out.push_back("warning: the override for " + who + " names limit '" + l.name() +
-                      "', which this config does not have as a " +
-                      std::string(AlgorithmName(l.algorithm())) + ": not applied");
-      }
-    }
-    if (o->expires_unix_ms != 0) line += " until " + UtcText(o->expires_unix_ms) + ";";
-    if (!o->reason.empty()) line += " reason: " + o->reason;
-    out.push_back(line);
-  }
-  return out;
-}
-
 Overrides::Overrides(std::unique_ptr<OverrideStore> store, const Clock& clock, Options options)
     : store_(std::move(store)),
       clock_(clock),

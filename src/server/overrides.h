@@ -121,17 +121,12 @@ void ApplyOverride(const ClientOverride& o, const policy::Policy& policy,
 // The same for a decision-API check's limits (replaced in place).
 void ApplyOverrideLimits(const ClientOverride& o, std::vector<LimitCheck>& checks);
 
-// For the command line (--check-config, --explain): the overrides the store
+// For the command line (--explain): the overrides the store
 // of `config` holds now (Redis: read once, within `patience`); the memory
 // store's live in a running daemon only: an empty table.
 StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
     const policy::StoreConfig& config,
     std::chrono::milliseconds patience = std::chrono::milliseconds(2000));
-// One line per override in effect at `now_ms` ("k:acme***: plan pro; burst
-// token_bucket(capacity=50, ...); until 2026-...; reason ..."), and a
-// warning line for a plan or limit `policy` does not have (not applied).
-std::vector<std::string> DescribeOverrides(const OverrideTable& table, const policy::Policy& policy,
-                                           int64_t now_ms);
 
 class Overrides {
  public:

@@ -58,6 +58,19 @@ TEST(ConfigDaemon, CheckConfigChecksTheFilesTheConfigNames) {
   EXPECT_NE(out.find("OK\n"), std::string::npos) << out;
 }
 
+// A config check connects to nothing: with no Redis listening, the README's
+// --check-config of examples/redis.yaml says OK at once and warns of nothing
+// (it read the stored overrides, waited on Redis and warned "overrides not
+// read").
+TEST(ConfigDaemon, CheckConfigConnectsToNothing) {
+  const auto start = std::chrono::steady_clock::now();
+  auto [rc, out] = RunDaemon("--check-config " RL_EXAMPLES_DIR "/redis.yaml");
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "OK\n");
+  EXPECT_LT(took, std::chrono::milliseconds(1500)) << out;
+}
+
 // What the start resolves on its machine, --check-config resolves too, and
 // fails with the start's message: a run-as user this machine lacks, and an
 // upstream host that does not resolve. It printed OK for both.

@@ -135,11 +135,11 @@ TEST(OverridesDaemon, SurvivesARestartDeleteRestoresThePlanAndExpiryEndsIt) {
   EXPECT_LT(Until([&] { return Auth(*p.b) == 204; }), 1s);
   EXPECT_TRUE(p.a->WaitForLog("\"op\":\"put\"", 1s));
   EXPECT_TRUE(p.a->WaitForLog("\"reason\":\"upgraded\"", 1s));
-  // The command line reads Redis too: --check-config lists it, --explain applies it.
+  // --explain reads Redis too and applies it; --check-config connects to
+  // nothing (a config check, not a look at the store).
   auto [rc, out] = Command("--check-config " + p.dir + "/c.yaml");
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("override in effect for k:acme***"), std::string::npos) << out;
-  EXPECT_NE(out.find("plan pro; reason: upgraded"), std::string::npos) << out;
+  EXPECT_EQ(out.find("override"), std::string::npos) << out;
   std::tie(rc, out) =
       Command("--config " + p.dir + "/c.yaml --explain 'GET /api/x' -H 'X-API-Key: acme-key'");
   EXPECT_EQ(rc, 0) << out;
