@@ -7,6 +7,7 @@
 #include "ratelimit/redis_store.h"
 #include "server/admin.h"
 #include "server/gateway.h"
+#include "server/listen_address.h"
 #include "server/privileges.h"
 
 namespace ratelimit::server {
@@ -99,10 +100,20 @@ Status CheckOnThisMachine(const policy::Config& c) {
       return who.status();
     }
   }
+  boost::asio::io_context ioc;
+  // Every address a listener binds, read as the start reads it (nothing is
+  // bound here): "cannot resolve listen address '...': ...".
+  for (const std::string* listen :
+       {&c.server.listen, &c.server.admin_listen, &c.server.grpc_listen}) {
+    if (listen->empty()) continue;
+    if (StatusOr<boost::asio::ip::tcp::endpoint> ep = ResolveListenAddress(ioc, *listen);
+        !ep.ok()) {
+      return ep.status();
+    }
+  }
   if (!c.server.upstream.empty()) {
     // The start's parse and resolution of the address; the gateway made
     // here holds no connection and is dropped at once.
-    boost::asio::io_context ioc;
     StatusOr<std::unique_ptr<Gateway>> g = Gateway::Create(ioc, c.server.upstream, {});
     if (!g.ok()) return g.status();
   }

@@ -35,7 +35,9 @@ StatusOr<std::vector<std::string>> CheckConfig(const policy::Config& config);
 // What the start checks against the machine it runs on, before it binds
 // anything: server.user and server.group name a user and a group of this
 // machine (the start's "--user: unknown user 'x'", "--group: unknown group
-// 'x'"), and server.upstream is an address the gateway takes whose host
+// 'x'"), server.listen, admin_listen and grpc_listen are addresses whose host
+// resolves here ("cannot resolve listen address '...': ..."; whether the port
+// is free is not asked), and server.upstream is an address the gateway takes whose host
 // resolves here ("cannot resolve upstream '...': ..."). `ratelimitd
 // --check-config` runs it as well as CheckConfig: its answer holds for the
 // machine it runs on (another host may have other users and names). Whether

@@ -105,5 +105,18 @@ routes: [{name: all, path: /, limits: [{name: b, algorithm: token_bucket, capaci
   EXPECT_TRUE(r->empty());
 }
 
+// Every listen address is resolved as the start resolves it: a host that
+// does not resolve was OK here and then stopped the start.
+TEST_F(CheckConfigTest, OnThisMachineTheListenAddressesResolveAsTheStartResolvesThem) {
+  EXPECT_TRUE(CheckOnThisMachine(Load("server: {listen: \"127.0.0.1:8080\"}\n")).ok());
+  for (const std::string key : {"listen", "admin_listen", "grpc_listen"}) {
+    SCOPED_TRACE(key);
+    Status s = CheckOnThisMachine(Load("server: {" + key + ": \"rl-nosuch.invalid:8080\"}\n"));
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.message().rfind("cannot resolve listen address 'rl-nosuch.invalid:8080': ", 0), 0u)
+        << s.message();
+  }
+}
+
 }  // namespace
 }  // namespace ratelimit::server
