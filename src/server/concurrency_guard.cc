@@ -156,7 +156,8 @@ ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, Concurrenc
   state_->first_retry = options.first_retry;
   state_->max_retry = std::max(options.first_retry, options.max_retry);
   state_->store = std::make_unique<ResilientConcurrencyStore>(
-      &store, ResilientConcurrencyStore::Options{.local_max_key_length = options.max_key_length,
+      &store, ResilientConcurrencyStore::Options{.local_max_keys = options.local_max_keys,
+                                                 .local_max_key_length = options.max_key_length,
                                                  .on_failure = ConcurrencyFailureReporter()});
 }
 

@@ -9,6 +9,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "server/concurrency_api.h"
 #include "server/metrics.h"
@@ -132,6 +133,29 @@ TEST_F(LimiterTest, FailedClosedWith429IsNotALimitDenial) {
     EXPECT_FALSE(name.starts_with("RateLimit")) << name << ": " << value;
   }
   EXPECT_NE(r.Find("X-RateLimit-Degraded"), nullptr);
+}
+
+// failure_mode local keeps leases for at most store.local_max_keys keys
+// (here 2); beyond, it admits without a lease, as the rate limits' fallback.
+TEST_F(LimiterTest, LocalFallbackHonoursLocalMaxKeys) {
+  FailingConcurrencyStore down;
+  ConcurrencyLimiter l(ioc_.get_executor(), down, {.local_max_keys = 2});
+  std::vector<ConcurrencyOutcome> held;
+  for (const char* key : {"a", "b", "c"}) {
+    std::promise<ConcurrencyOutcome> p;
+    l.Acquire({.key = key,
+               .name = "upload",
+               .route = "upload",
+               .config = {.max_in_flight = 3},
+               .failure_mode = policy::FailureMode::kLocal},
+              [&p](ConcurrencyOutcome o) { p.set_value(std::move(o)); });
+    held.push_back(p.get_future().get());
+    EXPECT_EQ(held.back().status, 200u) << key;
+    EXPECT_TRUE(held.back().degraded) << key;
+  }
+  EXPECT_NE(held[0].lease, nullptr);
+  EXPECT_NE(held[1].lease, nullptr);
+  EXPECT_EQ(held[2].lease, nullptr);  // full: no third key
 }
 
 TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {

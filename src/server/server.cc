@@ -137,7 +137,8 @@ Status Server::Start(std::shared_ptr<Store> store) {
   s.concurrency_store = std::move(*cs);
   s.limiter = std::make_unique<ConcurrencyLimiter>(
       s.ioc.get_executor(), *s.concurrency_store,
-      ConcurrencyLimiter::Options{.max_key_length = StoreKeyLength(s.start_config.store)});
+      ConcurrencyLimiter::Options{.max_key_length = StoreKeyLength(s.start_config.store),
+                                  .local_max_keys = s.start_config.store.local_max_keys});
   StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store, shared);
   if (!os.ok()) return os.status();
   s.overrides = std::make_unique<Overrides>(*std::move(os), Clock::System());

@@ -122,7 +122,7 @@ inline constexpr std::string_view kLocalLeasePrefix = "l-";
 class ResilientConcurrencyStore final : public ConcurrencyStore {
  public:
   struct Options {
-    size_t local_max_keys = 1'000'000;
+    size_t local_max_keys = 100'000;                     // store.local_max_keys
     size_t local_max_key_length = kDefaultMaxKeyLength;  // as ResilientStore's
     const Clock* clock = nullptr;
     FailureObserver on_failure;
