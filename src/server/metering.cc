@@ -132,6 +132,34 @@ void SseFieldReader::Dispatch() {
   has_data_ = false;
 }
 
+bool IsJsonType(std::string_view content_type) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.remove_prefix(1);
+  constexpr std::string_view kJson = "application/json", kSuffix = "+json";
+  return EqualsIgnoreCase(type, kJson) ||
+         (type.size() > kSuffix.size() &&
+          EqualsIgnoreCase(type.substr(type.size() - kSuffix.size()), kSuffix));
+}
+
+void JsonBodyReader::Feed(std::string_view piece) {
+  if (over_) return;
+  if (body_.size() + piece.size() > kMaxBody) {
+    over_ = true;
+    body_.clear();
+    body_.shrink_to_fit();
+    return;
+  }
+  body_.append(piece);
+}
+
+std::optional<int64_t> JsonBodyReader::Cost(const std::vector<std::string>& path) const {
+  if (over_) return std::nullopt;
+  nlohmann::json doc = nlohmann::json::parse(body_, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) return std::nullopt;
+  return JsonCost(doc, path);
+}
+
 StatusOr<int64_t> ReserveCost(const MeteredCost& cost, int64_t route_cost, const Request& request) {
   if (cost.source == MeteredCost::Source::kReserve) return route_cost;
   std::optional<int64_t> value;
@@ -170,6 +198,30 @@ void SetRouteCost(policy::RequestPlan& plan, int64_t reserved) {
       }
     }
   }
+}
+
+namespace {
+
+// What a request costs when its actual cost was not read (no usable value,
+// or the client left before the end): on a route whose reservation the
+// request names (from_request_*), the route's `max`, else its `reserve` when
+// above the reservation: a client that names a small reservation must not
+// pay only that by leaving early or by asking for an answer without usage.
+// nullopt (the reservation stands) on a route with a fixed reservation.
+std::optional<int64_t> UnreadCost(const Outcome& o) {
+  const MeteredCost& m = *o.metered;
+  if (m.source == MeteredCost::Source::kReserve) return std::nullopt;
+  const int64_t reserved = o.charged.front().checks.front().cost;
+  const std::optional<int64_t> fallback = m.max ? m.max : m.reserve;
+  if (!fallback || *fallback <= reserved) return std::nullopt;
+  return *fallback;
+}
+
+}  // namespace
+
+void SettleUnread(Enforcer& enforcer, const Outcome& o, SettleOutcome outcome) {
+  if (o.charged.empty() || o.metered == nullptr) return;
+  SettleCharged(enforcer, o, UnreadCost(o), outcome);
 }
 
 void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> actual,
@@ -233,20 +285,23 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
 namespace {
 
 // The body of a metered answer: passes every piece on unchanged, reads the
-// actual cost on the way (SSE) or at the end (trailer), and settles when the
-// client has the last piece; dropped before that, the reservation stands.
+// actual cost on the way (SSE, JSON) or at the end (trailer), and settles
+// when the client has the last piece; dropped before that, as SettleUnread
+// says.
 class SettlingBody final : public BodyStream, public std::enable_shared_from_this<SettlingBody> {
  public:
-  SettlingBody(std::shared_ptr<BodyStream> inner, Enforcer& enforcer, Outcome o)
-      : inner_(std::move(inner)), enforcer_(enforcer), o_(std::move(o)) {
-    if (o_.metered->settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
+  SettlingBody(std::shared_ptr<BodyStream> inner, Enforcer& enforcer, Outcome o, bool json)
+      : inner_(std::move(inner)), enforcer_(enforcer), o_(std::move(o)), json_(json) {
+    if (!json_ && o_.metered->settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
       sse_.emplace(&o_.metered->field_path);
     }
   }
   ~SettlingBody() override {
-    if (!settled_) {
-      SettleCharged(enforcer_, o_, std::nullopt,
-                    failed_ ? SettleOutcome::kError : SettleOutcome::kDisconnected);
+    if (settled_) return;
+    if (failed_) {
+      SettleCharged(enforcer_, o_, std::nullopt, SettleOutcome::kError);
+    } else {
+      SettleUnread(enforcer_, o_, SettleOutcome::kDisconnected);
     }
   }
 
@@ -257,6 +312,7 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
         self->failed_ = true;
       } else {
         if (self->sse_) self->sse_->Feed(p);
+        if (self->json_) self->json_body_.Feed(p);
         if (last) self->ReadActual();
       }
       piece(ok, p, last);
@@ -270,8 +326,8 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
     inner_->Delivered();
     if (settled_ || !ended_) return;
     settled_ = true;
-    SettleCharged(enforcer_, o_, actual_,
-                  actual_ ? SettleOutcome::kSettled : SettleOutcome::kMissing);
+    if (!actual_) return SettleUnread(enforcer_, o_, SettleOutcome::kMissing);
+    SettleCharged(enforcer_, o_, actual_, SettleOutcome::kSettled);
   }
 
  private:
@@ -280,6 +336,8 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
     if (sse_) {
       sse_->Finish();
       actual_ = sse_->value();
+    } else if (json_) {
+      actual_ = json_body_.Cost(o_.metered->field_path);
     } else if (std::optional<std::string> t = inner_->Trailer(o_.metered->field)) {
       actual_ = ParseCostText(*t);
     }
@@ -289,6 +347,8 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
   Enforcer& enforcer_;
   Outcome o_;
   std::optional<SseFieldReader> sse_;
+  bool json_ = false;  // sse_last_event, but the answer is one JSON document
+  JsonBodyReader json_body_;
   std::optional<int64_t> actual_;
   bool ended_ = false;
   bool failed_ = false;
@@ -306,26 +366,33 @@ void MeterReply(Enforcer& enforcer, Outcome o, Reply& r) {
   if (o.charged.empty() || o.metered == nullptr) return;
   if (r.unsent) return RefundUnforwarded(enforcer, o);
   const MeteredCost& m = *o.metered;
+  std::optional<int64_t> actual;
   if (m.settle_from == MeteredCost::SettleFrom::kResponseHeader) {
     const std::string* v = r.Find(m.field);
-    const std::optional<int64_t> actual = v != nullptr ? ParseCostText(*v) : std::nullopt;
-    return SettleCharged(enforcer, o, actual,
-                         actual ? SettleOutcome::kSettled : SettleOutcome::kMissing);
+    if (v != nullptr) actual = ParseCostText(*v);
+  } else {
+    const std::string* type = r.Find("Content-Type");
+    const bool json = m.settle_from == MeteredCost::SettleFrom::kSseLastEvent && type != nullptr &&
+                      IsJsonType(*type);
+    if (r.body_stream != nullptr) {
+      r.body_stream =
+          std::make_shared<SettlingBody>(std::move(r.body_stream), enforcer, std::move(o), json);
+      return;
+    }
+    // The whole answer came at once (a small Content-Length body: no trailer).
+    if (json) {
+      JsonBodyReader reader;
+      reader.Feed(r.body);
+      actual = reader.Cost(m.field_path);
+    } else if (m.settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
+      SseFieldReader reader(&m.field_path);
+      reader.Feed(r.body);
+      reader.Finish();
+      actual = reader.value();
+    }
   }
-  if (r.body_stream != nullptr) {
-    r.body_stream =
-        std::make_shared<SettlingBody>(std::move(r.body_stream), enforcer, std::move(o));
-    return;
-  }
-  // The whole answer came at once (a small Content-Length body: no trailer).
-  std::optional<int64_t> actual;
-  if (m.settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
-    SseFieldReader reader(&m.field_path);
-    reader.Feed(r.body);
-    reader.Finish();
-    actual = reader.value();
-  }
-  SettleCharged(enforcer, o, actual, actual ? SettleOutcome::kSettled : SettleOutcome::kMissing);
+  if (!actual) return SettleUnread(enforcer, o, SettleOutcome::kMissing);
+  SettleCharged(enforcer, o, actual, SettleOutcome::kSettled);
 }
 
 }  // namespace ratelimit::server

@@ -17,9 +17,12 @@
 //                     be split across pieces; the stream is relayed unchanged,
 //                     piece by piece).
 // A body settles when the session has written its last piece to the client
-// (BodyStream::Delivered). No usable value (absent, not a whole number >= 0),
-// or a client gone before the end, or an upstream failing mid-body: the
-// reservation stands (no store call). A request that never reached the
+// (BodyStream::Delivered). For sse_last_event, an answer of Content-Type
+// application/json (a non-streaming request) is read whole instead
+// (JsonBodyReader, bounded). No usable value (absent, not a whole number
+// >= 0), or a client gone before the end: on a route whose reservation the
+// request names, the route's max (SettleUnread), else the reservation
+// stands; an upstream failing mid-body: the reservation stands. A request that never reached the
 // upstream (the gateway's own reply before it was sent, a concurrency
 // refusal, a held request turned away) settles at 0 (RefundUnforwarded).
 // A degraded check (the failure mode
@@ -86,6 +89,24 @@ class SseFieldReader {
   std::optional<int64_t> value_;
 };
 
+// Whether a Content-Type names JSON (application/json, or a +json type).
+bool IsJsonType(std::string_view content_type);
+
+// A JSON answer read whole for sse_last_event (an answer to a non-streaming
+// request is one JSON document, not a stream): up to kMaxBody bytes; a
+// larger body gives no value.
+class JsonBodyReader {
+ public:
+  static constexpr size_t kMaxBody = 1 << 20;
+  void Feed(std::string_view piece);
+  // The whole number >= 0 at `path` in the body read, or nullopt.
+  std::optional<int64_t> Cost(const std::vector<std::string>& path) const;
+
+ private:
+  std::string body_;
+  bool over_ = false;
+};
+
 // The reservation of a request on a metered route: the request header or
 // JSON body value (capped at max) or, when that is absent, `reserve`.
 // kInvalidArgument (a 400) when neither is there or the value is not a whole
@@ -100,6 +121,12 @@ void SetRouteCost(policy::RequestPlan& plan, int64_t reserved);
 // The enforcer's store settles (none once it was released at shutdown).
 void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> actual,
                    Metrics::SettleOutcome outcome);
+
+// Settles `o.charged` whose actual cost was not read (`outcome` missing or
+// disconnected): on a route whose reservation the request names
+// (from_request_*), at the route's `max`, else its `reserve` when above the
+// reservation; otherwise the reservation stands (counted all the same).
+void SettleUnread(Enforcer& enforcer, const Outcome& o, Metrics::SettleOutcome outcome);
 
 // An allowed request on a metered route that never reached the upstream
 // (refused by the route's concurrency limit, a held request rejected or

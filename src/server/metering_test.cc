@@ -143,8 +143,11 @@ std::string ConfigFor(const std::string& upstream) {
          "    cost: {from_request_header: X-Estimate, settle_from: response_header, "
          "field: X-Usage}\n"
          "  - name: chat\n    path: /sse\n    limits: [tokens]\n"
-         "    cost: {reserve: 1000, settle_from: sse_last_event, field: usage.total_tokens, "
-         "max: 6000, unit: tokens}\n"
+         "    cost: {from_request_header: X-Estimate, reserve: 1000, settle_from: sse_last_event, "
+         "field: usage.total_tokens, max: 6000, unit: tokens}\n"
+         "  - name: completion\n    path: /json\n    limits: [tokens]\n"
+         "    cost: {from_request_header: X-Estimate, settle_from: sse_last_event, "
+         "field: usage.total_tokens, max: 2000}\n"
          "  - name: header\n    path: /header\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}\n"
          "  - name: trailer\n    path: /trailer\n    limits: [tokens]\n"
@@ -275,6 +278,22 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
       WaitForSettlements(before + 1);
     }
     return a;
+  }
+  // A GET of `path` with `headers` ("Name: value\r\n" each), read to the
+  // end; waits until its settlement was counted.
+  std::string GetWith(const std::string& path, const std::string& headers) {
+    const uint64_t before = SettlementsSoFar();
+    const int c = Connect();
+    const std::string req =
+        "GET " + path + " HTTP/1.1\r\nHost: t\r\n" + headers + "Connection: close\r\n\r\n";
+    EXPECT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    std::string raw;
+    char buf[8192];
+    for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;)
+      raw.append(buf, static_cast<size_t>(n));
+    ::close(c);
+    WaitForSettlements(before + 1);
+    return raw;
   }
   static void WaitForSettlements(uint64_t n) {
     const auto until = SteadyClock::now() + std::chrono::seconds(10);
@@ -419,9 +438,11 @@ TEST_P(MeteredGateway, FromAResponseHeaderAndFromATrailer) {
 }
 
 // Unbuffered: the client reads the first event while the upstream holds the
-// rest back; the client then leaves, and the request is settled at its
-// reservation however much the upstream reports afterwards.
-TEST_P(MeteredGateway, FirstEventArrivesBeforeTheLastAndALeavingClientPaysTheReservation) {
+// rest back; the client then leaves, and the request (its reservation the
+// route's `reserve`, 1,000: the request names none) is settled at the route's
+// max, 6,000, however much the upstream reports afterwards. (It paid its
+// reservation: a client could pay what it chose by leaving.)
+TEST_P(MeteredGateway, FirstEventArrivesBeforeTheLastAndALeavingClientPaysTheMax) {
   const uint64_t disconnected =
       Metrics::Global().Settlements(Metrics::SettleOutcome::kDisconnected).value();
   const int c = Connect();
@@ -445,7 +466,46 @@ TEST_P(MeteredGateway, FirstEventArrivesBeforeTheLastAndALeavingClientPaysTheRes
   }
   EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kDisconnected).value(),
             disconnected + 1);
-  EXPECT_EQ(Remaining(), 10'000 - 1000);
+  EXPECT_EQ(Remaining(), 10'000 - 6000);
+}
+
+// The reservation a request names (X-Estimate, as max_tokens) is not what it
+// pays when the usage cannot be read: a JSON answer (a non-streaming request)
+// is read whole for the usage, whether it came with its head or chunked; no
+// usable usage charges the route's max (2,000), and so does a client leaving
+// mid-stream (the chat route's 6,000). The client paid 1 for a JSON answer
+// reporting 1,500 (no SSE event to read), and 0 by leaving.
+TEST_P(MeteredGateway, ClientChosenReservationIsNotTheCostWhenUsageIsMissingOrTheClientLeaves) {
+  Metrics& m = Metrics::Global();
+  const uint64_t missing = m.Settlements(Metrics::SettleOutcome::kMissing).value();
+  std::string raw = GetWith("/json", "X-Estimate: 1\r\nX-Usage: 1500\r\n");
+  EXPECT_TRUE(raw.starts_with("HTTP/1.1 200")) << raw;
+  EXPECT_EQ(Remaining(), 10'000 - 1500);
+  raw = GetWith("/json", "X-Estimate: 1\r\nX-Usage: 500\r\nX-Chunked: 1\r\n");
+  EXPECT_TRUE(raw.starts_with("HTTP/1.1 200")) << raw;
+  EXPECT_EQ(Remaining(), 10'000 - 1500 - 500);
+  raw = GetWith("/json", "X-Estimate: 1\r\nX-Usage: \"many\"\r\n");  // not a number
+  EXPECT_TRUE(raw.starts_with("HTTP/1.1 200")) << raw;
+  EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kMissing).value(), missing + 1);
+  EXPECT_EQ(Remaining(), 10'000 - 1500 - 500 - 2000);
+  // A stream reserving 0, left after its first event: the route's max.
+  const uint64_t before = SettlementsSoFar();
+  const int c = Connect();
+  const std::string req =
+      "GET /sse HTTP/1.1\r\nHost: t\r\nX-Estimate: 0\r\nX-Usage: 5000\r\nX-Hold: 1\r\n"
+      "Connection: close\r\n\r\n";
+  ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("Hello") == std::string::npos) {
+    const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << got;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  ::close(c);
+  upstream_.Release();
+  WaitForSettlements(before + 1);
+  EXPECT_EQ(Remaining(), 10'000 - 1500 - 500 - 2000 - 6000);
 }
 
 // A reservation the request names (no `max`) above the limit's capacity can

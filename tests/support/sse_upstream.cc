@@ -97,6 +97,22 @@ void SseUpstream::Serve(int c) {
                 "\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
     return;
   }
+  if (path == "/json") {  // a non-streaming answer: one JSON document
+    const std::string body =
+        "{\"id\":\"x\",\"usage\":{\"prompt_tokens\":1,\"total_tokens\":" + usage + "}}";
+    if (HeaderValue(req, "x-chunked") == "1") {
+      Send(c,
+           "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+           "Connection: close\r\n\r\n" +
+               Chunk(body.substr(0, 10)) + Chunk(body.substr(10)) + "0\r\n\r\n");
+    } else {
+      Send(c,
+           "HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\n"
+           "Content-Length: " +
+               std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+    }
+    return;
+  }
   if (path == "/trailer") {
     Send(c,
          "HTTP/1.1 200 OK\r\nTrailer: X-Usage\r\nTransfer-Encoding: chunked\r\n"

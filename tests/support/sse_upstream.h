@@ -10,6 +10,8 @@
 //             X-Hold: 1) waits for Release(), then the usage event written in
 //             two halves 5 ms apart, then data: [DONE]
 //   /header   X-Usage as a response header, a small body
+//   /json     application/json {"usage":{"total_tokens":<X-Usage>}}, with a
+//             Content-Length (with X-Chunked: 1, chunked in two pieces)
 //   /trailer  chunked with the usage in the trailer field X-Usage
 #pragma once
 
