@@ -113,13 +113,25 @@ void SseFieldReader::Line(std::string_view line) {
   if (!value.empty() && value.front() != ':') return;  // "database: ..." is another field
   if (!value.empty()) value.remove_prefix(1);
   if (!value.empty() && value.front() == ' ') value.remove_prefix(1);
-  if (has_data_) data_.push_back('\n');
-  data_.append(value);
+  if (has_data_ && !skip_event_ && data_.size() + 1 + value.size() > kMaxEvent) {
+    skip_event_ = true;  // it can give no value: dropped, not held
+    data_.clear();
+    data_.shrink_to_fit();
+  }
+  if (!skip_event_) {
+    if (has_data_) data_.push_back('\n');
+    data_.append(value);
+  }
   has_data_ = true;
 }
 
 void SseFieldReader::Dispatch() {
   if (!has_data_) return;
+  if (skip_event_) {
+    skip_event_ = false;
+    has_data_ = false;
+    return;
+  }
   // Parse only data that can carry the field (the last name of the path):
   // most events of a stream are content, and "[DONE]" is not JSON.
   if (!path_->empty() && data_.find(path_->back()) != std::string::npos) {

@@ -61,10 +61,13 @@ std::optional<int64_t> JsonCost(const nlohmann::json& doc, const std::vector<std
 // from the last event whose data carries it. Lines end with LF, CRLF or CR
 // (also split across pieces); an event's data lines are joined with LF and
 // the event ends at a blank line (and at Finish: a last event without its
-// blank line still counts). Lines longer than kMaxLine are skipped.
+// blank line still counts). Lines longer than kMaxLine are skipped; an
+// event whose data grows beyond kMaxEvent is dropped (no value from it; the
+// next events are read as ever).
 class SseFieldReader {
  public:
   static constexpr size_t kMaxLine = 1 << 20;
+  static constexpr size_t kMaxEvent = 1 << 20;
 
   explicit SseFieldReader(std::vector<std::string> path);
   // Reads `*path`, which must outlive the reader (a config's field_path).
@@ -74,6 +77,8 @@ class SseFieldReader {
   void Feed(std::string_view piece);
   void Finish();
   std::optional<int64_t> value() const { return value_; }
+  // Bytes held now (a line not ended, the current event's data).
+  size_t buffered() const { return line_.size() + data_.size(); }
 
  private:
   void Line(std::string_view line);
@@ -86,6 +91,7 @@ class SseFieldReader {
   bool after_cr_ = false;  // the last byte was a CR: a LF next ends nothing
   std::string data_;       // the current event's data
   bool has_data_ = false;
+  bool skip_event_ = false;  // the current event grew beyond kMaxEvent
   std::optional<int64_t> value_;
 };
 

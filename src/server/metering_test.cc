@@ -83,6 +83,26 @@ TEST(SseFieldReader, SkipsLinesBeyondTheBound) {
   EXPECT_EQ(r.value(), 1);
 }
 
+// An event whose data grows beyond kMaxEvent (an upstream sending data
+// lines without the blank line that ends an event) is dropped as it grows,
+// not buffered: it gives no value, and a later event's usage still counts.
+// The reader held the whole event (260 MB of data lines: 281 MB RSS), and a
+// usage spread over it counted.
+TEST(SseFieldReader, AnEventsDataIsBoundedAndALaterUsageStillCounts) {
+  SseFieldReader r(std::vector<std::string>{"usage", "total_tokens"});
+  r.Feed("data: {\"usage\": {\"total_tokens\": 7}\n");
+  const std::string spaces = "data: " + std::string(1000, ' ') + "\n";  // JSON whitespace
+  for (size_t fed = 0; fed < 3 * SseFieldReader::kMaxEvent; fed += spaces.size()) {
+    r.Feed(spaces);
+    ASSERT_LE(r.buffered(), SseFieldReader::kMaxEvent + SseFieldReader::kMaxLine);
+  }
+  r.Feed("data: }\n\n");
+  EXPECT_EQ(r.value(), std::nullopt) << "an event beyond the bound gave a value";
+  r.Feed("data: {\"usage\": {\"total_tokens\": 9}}\n\n");
+  EXPECT_EQ(r.value(), 9);
+  EXPECT_LE(r.buffered(), size_t{64});
+}
+
 TEST(ParseCostText, WholeNumbersOnly) {
   EXPECT_EQ(ParseCostText(" 42 "), 42);
   EXPECT_EQ(ParseCostText("0"), 0);
