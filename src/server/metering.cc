@@ -19,7 +19,9 @@ std::optional<int64_t> ParseCostText(std::string_view text) {
   if (text.empty() || text.front() < '0' || text.front() > '9') return std::nullopt;
   int64_t v = 0;
   auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || ptr != text.data() + text.size()) return std::nullopt;
+  if (ptr != text.data() + text.size()) return std::nullopt;
+  if (ec == std::errc::result_out_of_range) return INT64_MAX;  // capped where it is used
+  if (ec != std::errc()) return std::nullopt;
   return v;
 }
 
@@ -49,9 +51,11 @@ std::optional<int64_t> CostOf(const nlohmann::json* at) {
   if (at == nullptr) return std::nullopt;
   if (at->is_number_unsigned()) {
     const uint64_t v = at->get<uint64_t>();
-    if (v > static_cast<uint64_t>(INT64_MAX)) return std::nullopt;
-    return static_cast<int64_t>(v);
+    return v > static_cast<uint64_t>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(v);
   }
+  // A whole number above uint64's range is parsed as a float: still a
+  // (very large) whole number, capped where it is used.
+  if (at->is_number_float() && at->get<double>() >= 9223372036854775807.0) return INT64_MAX;
   if (at->is_number_integer()) {
     const int64_t v = at->get<int64_t>();
     if (v < 0) return std::nullopt;

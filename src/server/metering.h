@@ -52,9 +52,11 @@
 
 namespace ratelimit::server {
 
-// A decimal whole number >= 0 (surrounding spaces allowed), or nullopt.
+// A decimal whole number >= 0 (surrounding spaces allowed), or nullopt; one
+// above INT64_MAX reads as INT64_MAX (a cost is capped where it is used).
 std::optional<int64_t> ParseCostText(std::string_view text);
-// The whole number >= 0 at `path` in `doc`, or nullopt.
+// The whole number >= 0 at `path` in `doc` (above INT64_MAX: INT64_MAX, as
+// is a float above it), or nullopt.
 std::optional<int64_t> JsonCost(const nlohmann::json& doc, const std::vector<std::string>& path);
 
 // Reads a text/event-stream incrementally and keeps the value at a JSON path

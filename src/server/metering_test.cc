@@ -106,9 +106,11 @@ TEST(SseFieldReader, AnEventsDataIsBoundedAndALaterUsageStillCounts) {
 TEST(ParseCostText, WholeNumbersOnly) {
   EXPECT_EQ(ParseCostText(" 42 "), 42);
   EXPECT_EQ(ParseCostText("0"), 0);
-  for (const char* bad : {"", "-1", "4.5", "1e3", "12abc", "+3", "99999999999999999999"}) {
+  for (const char* bad : {"", "-1", "4.5", "1e3", "12abc", "+3"}) {
     EXPECT_FALSE(ParseCostText(bad).has_value()) << bad;
   }
+  // A whole number beyond int64 is a very large cost, capped where it is used.
+  EXPECT_EQ(ParseCostText("99999999999999999999"), INT64_MAX);
 }
 
 policy::MeteredCost Cost(policy::MeteredCost::Source source, std::string field,
@@ -591,6 +593,24 @@ TEST_P(MeteredGateway, AnUnreachableUpstreamRefundsTheReservation) {
   WaitForSettlements(before + 1);
   EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kNotForwarded).value(), unforwarded + 1);
   EXPECT_EQ(Remaining(), 10'000);
+}
+
+// A usage above what an int64 holds is a very large cost, capped (at `max`,
+// else at the most one settlement debits), not an unusable value: read as
+// missing, it left the reservation standing. From an SSE event (an unsigned
+// JSON number above INT64_MAX), a JSON body (above uint64: a float) and a
+// trailer (text).
+TEST_P(MeteredGateway, AnOverflowingUsageIsCappedNotIgnored) {
+  const uint64_t missing = Metrics::Global().Settlements(Metrics::SettleOutcome::kMissing).value();
+  EXPECT_TRUE(GetWith("/sse", "X-Usage: 9223372036854775808\r\n").starts_with("HTTP/1.1 200"));
+  EXPECT_EQ(Remaining(), 10'000 - 6000);  // the chat route's max
+  EXPECT_TRUE(GetWith("/json", "X-Estimate: 1\r\nX-Usage: 99999999999999999999999\r\n")
+                  .starts_with("HTTP/1.1 200"));
+  EXPECT_EQ(Remaining(), 10'000 - 6000 - 2000);  // the completion route's max
+  EXPECT_TRUE(
+      GetWith("/trailer", "X-Usage: 99999999999999999999999\r\n").starts_with("HTTP/1.1 200"));
+  EXPECT_EQ(Remaining(), 0);  // 2^31-1 debited beyond the reservation: deep in debt
+  EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kMissing).value(), missing);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, MeteredGateway, ::testing::Values(false, true),
