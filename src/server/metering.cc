@@ -252,33 +252,36 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
     return;
   }
   const int64_t cost = o.metered->max ? std::min(*actual, *o.metered->max) : *actual;
-  // One count per request: the last group's answer gives it.
+  // One count per request, and its units once (every group settles the same
+  // difference): the last group's answer gives them.
   struct Pending {
     std::atomic<size_t> groups;
     std::atomic<bool> failed{false};
+    int64_t delta = 0;
   };
   auto pending = std::make_shared<Pending>();
   pending->groups = o.charged.size();
+  pending->delta = std::min(cost - o.charged.front().checks.front().cost, kMaxSettleDelta);
   for (const ChargedGroup& g : o.charged) {
     std::vector<LimitSettle> settlements;
     settlements.reserve(g.checks.size());
-    int64_t delta = 0;
     for (const LimitCheck& c : g.checks) {
       // A debit is at most what a store settles in one step (kMaxSettleDelta,
       // 2^31-1 units): a cost reported above it debits that much and is
       // settled, not refused as an error (the client would pay only its
       // reservation). Both are >= 0: no overflow.
-      delta = std::min(cost - c.cost, kMaxSettleDelta);
+      const int64_t delta = std::min(cost - c.cost, kMaxSettleDelta);
       if (delta != 0) settlements.push_back({c.limit, delta});
     }
-    auto answered = [pending, delta, outcome](bool ok) {
+    auto answered = [pending, outcome](bool ok) {
       Metrics& m = Metrics::Global();
       if (!ok) pending->failed.store(true);
-      if (ok && delta > 0) m.settled_debited.Inc(static_cast<uint64_t>(delta));
-      if (ok && delta < 0) m.settled_refunded.Inc(static_cast<uint64_t>(-delta));
-      if (pending->groups.fetch_sub(1) == 1) {
-        m.Settlements(pending->failed.load() ? SettleOutcome::kError : outcome).Inc();
-      }
+      if (pending->groups.fetch_sub(1) != 1) return;
+      if (pending->failed.load()) return m.Settlements(SettleOutcome::kError).Inc();
+      m.Settlements(outcome).Inc();
+      const int64_t delta = pending->delta;
+      if (delta > 0) m.settled_debited.Inc(static_cast<uint64_t>(delta));
+      if (delta < 0) m.settled_refunded.Inc(static_cast<uint64_t>(-delta));
     };
     if (settlements.empty()) {  // it cost what was reserved
       answered(true);

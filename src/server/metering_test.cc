@@ -156,6 +156,7 @@ std::string ConfigFor(const std::string& upstream) {
   return "limits:\n"
          "  tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: "
          "166.66666666666666}\n"
+         "  tokens_b: {algorithm: token_bucket, capacity: 10000, refill_per_second: 1}\n"
          "routes:\n"
          "  - name: estimate\n    methods: [POST]\n    path: /header\n    limits: [tokens]\n"
          "    cost: {from_request_header: X-Estimate, settle_from: response_header, "
@@ -172,6 +173,9 @@ std::string ConfigFor(const std::string& upstream) {
          "field: usage.total_tokens, max: 2000}\n"
          "  - name: header\n    path: /header\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: response_header, field: X-Usage}\n"
+         "  - name: split\n    path: /split\n    limits: [tokens, {name: tokens_b, failure_mode: "
+         "closed}]\n"
+         "    cost: {reserve: 1000, settle_from: sse_last_event, field: usage.total_tokens}\n"
          "  - name: trailer\n    path: /trailer\n    limits: [tokens]\n"
          "    cost: {reserve: 1000, settle_from: response_trailer, field: X-Usage}\n"
          "server:\n  headers: structured\n  upstream: " +
@@ -611,6 +615,15 @@ TEST_P(MeteredGateway, AnOverflowingUsageIsCappedNotIgnored) {
       GetWith("/trailer", "X-Usage: 99999999999999999999999\r\n").starts_with("HTTP/1.1 200"));
   EXPECT_EQ(Remaining(), 0);  // 2^31-1 debited beyond the reservation: deep in debt
   EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kMissing).value(), missing);
+}
+
+// A route whose limits fall into two groups (another failure_mode) settles
+// each group, but its units count once: a refund of 700 counted 1,400.
+TEST_P(MeteredGateway, SettledUnitsCountOncePerRequest) {
+  const uint64_t refunded = Metrics::Global().settled_refunded.value();
+  ASSERT_TRUE(Get("/split", 300).raw.starts_with("HTTP/1.1 200"));
+  EXPECT_EQ(Remaining(), 10'000 - 300);
+  EXPECT_EQ(Metrics::Global().settled_refunded.value() - refunded, 700u);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stores, MeteredGateway, ::testing::Values(false, true),
