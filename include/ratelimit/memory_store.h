@@ -13,10 +13,12 @@
 //   LimitCheck checks[] = {{&burst, 1}};
 //   StatusOr<CheckResult> r = store.CheckSync({"user:ada", checks});
 //
-// Bounded: at most `max_keys` live entries: a (key, limit)'s state, and a
+// Bounded: at most `max_keys` live entries: a (key, limit)'s state, a
 // block period in force (Limit::block_for, which outlives the state that
-// started it). When full (after dropping expired ones), requests for NEW
-// keys fail with kResourceExhausted (the caller's failure policy decides);
+// started it), and a settlement remembered once (SettleRequest::once, until
+// its once_ttl). When full (after dropping expired ones), requests for NEW
+// keys fail with kResourceExhausted (the caller's failure policy decides),
+// and so does a settlement with a new `once` (nothing applied);
 // a denial that would start a block denies without it; existing keys are
 // never evicted, so a flood of unique keys cannot reset a real client's limit.
 //
@@ -72,8 +74,8 @@ class MemoryStore final : public Store {
   // Drops expired keys; returns how many (Store::Sweep: the whole store).
   // Part `part` of `parts` is the shards whose index is `part` modulo `parts`.
   size_t SweepPart(size_t part, size_t parts) override;
-  // Live entries: keys' states and blocks (including expired ones not yet
-  // swept).
+  // Live entries: keys' states, blocks and once marks (including expired
+  // ones not yet swept).
   size_t size() const;
   // Bytes held by the tables, logs, blocks and settlements remembered once
   // (not counting this object).

@@ -403,7 +403,9 @@ struct alignas(64) Shard {
   // Each counts as a key against max_keys until it ends and is dropped: a
   // block (up to 366 days) outlives the state whose denial started it.
   std::unordered_map<uint64_t, int64_t> blocks RL_GUARDED_BY(mu);
-  // Settlements made once (SettleRequest::once): until when each is remembered.
+  // Settlements made once (SettleRequest::once): until when each is
+  // remembered. Each counts as a key against max_keys until it ends and is
+  // dropped, as a block does.
   std::unordered_map<uint64_t, int64_t> settled RL_GUARDED_BY(mu);
   // A full store: no new key here is admitted before this time (us), unless
   // another shard's keys went. See Admit.
@@ -455,7 +457,7 @@ struct MemoryStore::Impl {
   uint64_t seed;
   size_t shard_mask;
   std::unique_ptr<Shard[]> shards;
-  std::atomic<size_t> keys{0};  // live slots + logs + blocks, all shards
+  std::atomic<size_t> keys{0};  // live slots + logs + blocks + once marks, all shards
   std::atomic<int64_t> last_full_sweep{0};
 
   uint64_t Fingerprint(uint64_t key_hash, const Limit& limit) const {
@@ -489,6 +491,7 @@ struct MemoryStore::Impl {
         keys.fetch_sub(shard.table.Rebuild(shard.table.capacity(), now), std::memory_order_relaxed);
       }
       keys.fetch_sub(DropEndedBlocks(shard, now), std::memory_order_relaxed);
+      keys.fetch_sub(DropEndedOnceMarks(shard, now), std::memory_order_relaxed);
       if (HasKeysFor(new_keys)) return Status::Ok();
       shard.admit_retry_at = now + kAdmitRetryUs;
     }
@@ -499,6 +502,10 @@ struct MemoryStore::Impl {
   // Blocks that ended by `now`, dropped; returns how many.
   static size_t DropEndedBlocks(Shard& shard, int64_t now) RL_REQUIRES(shard.mu) {
     return std::erase_if(shard.blocks, [now](const auto& b) { return b.second <= now; });
+  }
+  // Once-settlement marks that ended by `now`, dropped; returns how many.
+  static size_t DropEndedOnceMarks(Shard& shard, int64_t now) RL_REQUIRES(shard.mu) {
+    return std::erase_if(shard.settled, [now](const auto& s) { return s.second <= now; });
   }
 
   // Starts the block on `fp` that a denial of `limit` at `now` starts, and
@@ -770,8 +777,16 @@ StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
   std::array<CompactState, kMaxChecksPerRequest> next;
   bool admitted = false;
   FrozenSlots frozen;
+  // The once mark lives in the first limit's shard, locked above; a new one
+  // is a key (an ended one not dropped yet is counted already).
+  Shard& first = ShardFor(fps[0]);
+  const uint64_t once_fp = req.once.empty() ? 0 : Mix(Hash64(req.once, seed), fps[0]);
+  if (!req.once.empty()) {
+    const auto it = first.settled.find(once_fp);
+    if (it != first.settled.end() && it->second > now) return CheckResult{.already_settled = true};
+  }
   for (;;) {
-    size_t new_keys = 0;
+    size_t new_keys = !req.once.empty() && !first.settled.contains(once_fp) ? 1 : 0;
     for (size_t i = 0; i < n; ++i) {
       const Limit& limit = *req.settlements[i].limit;
       Slot* slot = ShardFor(fps[i]).table.Find(fps[i]);
@@ -785,14 +800,9 @@ StatusOr<CheckResult> MemoryStore::Impl::Settle(const SettleRequest& req) {
     if (Status s = Admit(ShardFor(fps[0]), new_keys, now); !s.ok()) return s;
     admitted = true;
   }
-  if (!req.once.empty()) {  // remembered in the first limit's shard, locked above
-    Shard& first = ShardFor(fps[0]);
-    const uint64_t once_fp = Mix(Hash64(req.once, seed), fps[0]);
+  if (!req.once.empty()) {
     auto [it, inserted] = first.settled.try_emplace(once_fp, now + req.once_ttl.count());
-    if (!inserted && it->second > now) {
-      frozen.ThawAll(n);
-      return CheckResult{.already_settled = true};
-    }
+    if (inserted) keys.fetch_add(1, std::memory_order_relaxed);
     it->second = now + req.once_ttl.count();
   }
   CheckResult result;
@@ -956,7 +966,7 @@ size_t MemoryStore::SweepPart(size_t part, size_t parts) {
     // only when it reclaims something.)
     size_t n = reclaimable > 0 || cap != shard.table.capacity() ? shard.table.Rebuild(cap, now) : 0;
     n += Impl::DropEndedBlocks(shard, now);
-    std::erase_if(shard.settled, [now](const auto& b) { return b.second <= now; });
+    n += Impl::DropEndedOnceMarks(shard, now);
     for (auto it = shard.logs.begin(); it != shard.logs.end();) {
       if (it->second.expires <= now) {
         it = shard.logs.erase(it);

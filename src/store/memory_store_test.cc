@@ -296,6 +296,52 @@ TEST(MemoryStoreBounds, AFullShardLooksForExpiredKeysAtMostEvery10ms) {
   EXPECT_EQ(store.size(), 2u);
 }
 
+// A settlement made once (a decision-API reservation's nonce) is remembered
+// until its once_ttl ends: an entry against max_keys like any other. With
+// max_keys 50, the 51st mark is refused with an error that says the store
+// is full, nothing applied (the bucket keeps its debt), and a mark that
+// ended makes room again. The marks were not counted: 30,000 such
+// settlements all succeeded, ~130 bytes each.
+TEST(MemoryStore, OnceMarksCountAgainstMaxKeys) {
+  ManualClock clock;
+  MemoryStore store({.max_keys = 50, .clock = &clock});
+  const Limit tokens = *Limit::TokenBucket("tokens", 1000, 1);
+  const LimitSettle refund[] = {{&tokens, -1}};  // a full bucket stays full: no state kept
+  auto settle = [&](int i) {
+    const std::string id = "nonce-" + std::to_string(i);
+    return store.SettleSync(
+        {.key = "k", .settlements = refund, .once = id, .once_ttl = std::chrono::hours(1)});
+  };
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(settle(i).ok()) << i;
+  EXPECT_EQ(store.size(), 50u);
+  StatusOr<CheckResult> full = settle(50);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("full"), std::string::npos) << full.status().message();
+  // A mark still remembered answers as ever; a new client's check is refused.
+  StatusOr<CheckResult> again = settle(7);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->already_settled);
+  EXPECT_FALSE(store.DecideOne("other", tokens, 1).ok());
+  // Nothing of the refused settlement was applied: a debit of 5 with it is
+  // refused too, and the bucket is untouched.
+  const LimitSettle debit[] = {{&tokens, 5}};
+  EXPECT_FALSE(store
+                   .SettleSync({.key = "k",
+                                .settlements = debit,
+                                .once = "nonce-x",
+                                .once_ttl = std::chrono::hours(1)})
+                   .ok());
+  const LimitCheck peek[] = {{&tokens, 0}};
+  StatusOr<CheckResult> state = store.PeekSync({.key = "k", .checks = peek});
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_EQ(state->decisions[0].remaining, 1000);
+  // Once the marks end, their entries go, and new ones are admitted.
+  clock.Advance(std::chrono::hours(1));
+  EXPECT_TRUE(settle(51).ok());
+  EXPECT_LE(store.size(), 50u);
+}
+
 // A block (up to 366 days) outlives the state whose denial started it, so
 // it is an entry of its own against max_keys and in MemoryUsage(): a flood
 // of clients that each get blocked fills the store as far as their states
