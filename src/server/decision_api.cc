@@ -472,6 +472,17 @@ Status ParseReserve(const json* reserve, const json* ttl, const json& limits, Pa
   if (ttl != nullptr && !out.reserve)
     return InvalidArgument("field 'reserve_ttl' needs \"reserve\": true");
   if (!out.reserve) return Status::Ok();
+  // A reservation that can never be settled would leave its cost charged,
+  // whatever the work cost: refused here, not at /v1/settle.
+  for (const LimitCheck& c : out.checks) {
+    const bool log = c.limit->algorithm() == Algorithm::kSlidingLog;
+    if (log || c.limit->calendar() != nullptr) {
+      return InvalidArgument("limit '" + c.limit->name() + "' cannot be reserved: " +
+                             (log ? "a sliding log" : "a calendar quota (align: calendar)") +
+                             " cannot be settled; reserve on token buckets, leaky buckets, "
+                             "fixed windows aligned to the epoch or sliding windows");
+    }
+  }
   out.reserve_ttl_ms = kDefaultReservationTtlMs;
   if (ttl != nullptr) {
     if (!ttl->is_string())

@@ -197,6 +197,27 @@ TEST(ParseCheck, Errors) {
   EXPECT_NE(ParseError("{").find("request body is not valid JSON"), std::string::npos);
 }
 
+// "reserve": true on a limit that cannot be settled (a sliding log, a
+// calendar quota) is refused when asked (400), not answered with a
+// reservation whose settlement is refused (400) while its cost stays
+// charged. A check of the same limits without "reserve" is fine.
+TEST(DecisionApi, ReserveRefusesLimitsThatCannotBeSettled) {
+  const std::string log = R"({"algorithm": "sliding_log", "limit": 5, "window": "1m"})";
+  const std::string month =
+      R"({"algorithm": "fixed_window", "limit": 5, "window": "1mo", "align": "calendar"})";
+  const std::string bucket =
+      R"({"name": "b", "algorithm": "token_bucket", "capacity": 5, "refill_per_second": 1})";
+  EXPECT_EQ(ParseError(R"({"key": "k", "reserve": true, "limit": )" + log + "}"),
+            "limit 'default' cannot be reserved: a sliding log cannot be settled; reserve on "
+            "token buckets, leaky buckets, fixed windows aligned to the epoch or sliding windows");
+  EXPECT_NE(ParseError(R"({"key": "k", "reserve": true, "limits": [)" + bucket + "," + month + "]}")
+                .find("limit 'default' cannot be reserved: a calendar quota"),
+            std::string::npos);
+  EXPECT_EQ(ParseError(R"({"key": "k", "limit": )" + log + "}"), "");
+  EXPECT_EQ(ParseError(R"({"key": "k", "limits": [)" + bucket + "," + month + "]}"), "");
+  EXPECT_EQ(ParseError(R"({"key": "k", "reserve": true, "limit": )" + bucket + "}"), "");
+}
+
 TEST(DecisionApi, LeakyBucketAnswers200WithTheDelay) {
   ManualClock clock(1'700'000'000'000'000);
   auto store = std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
