@@ -309,16 +309,21 @@ class MeteredGateway : public ::testing::TestWithParam<bool> {  // true: Redis
   // end; waits until its settlement was counted.
   std::string GetWith(const std::string& path, const std::string& headers) {
     const uint64_t before = SettlementsSoFar();
-    const int c = Connect();
-    const std::string req =
-        "GET " + path + " HTTP/1.1\r\nHost: t\r\n" + headers + "Connection: close\r\n\r\n";
+    std::string raw = Exchange("GET " + path + " HTTP/1.1\r\nHost: t\r\n" + headers +
+                               "Connection: close\r\n\r\n");
+    WaitForSettlements(before + 1);
+    return raw;
+  }
+  // Sends `req` on a new connection (to `port`, else the gateway's) and
+  // reads the answer until the server closes.
+  std::string Exchange(const std::string& req, uint16_t port = 0) const {
+    const int c = Connect(port);
     EXPECT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
     std::string raw;
     char buf[8192];
     for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;)
       raw.append(buf, static_cast<size_t>(n));
     ::close(c);
-    WaitForSettlements(before + 1);
     return raw;
   }
   static void WaitForSettlements(uint64_t n) {
@@ -534,6 +539,25 @@ TEST_P(MeteredGateway, ClientChosenReservationIsNotTheCostWhenUsageIsMissingOrTh
   EXPECT_EQ(Remaining(), 10'000 - 1500 - 500 - 2000 - 6000);
 }
 
+// A small answer that arrives whole with its head (a Content-Length body of
+// up to 64 KiB) is settled at once, from its usage, when the gateway has it:
+// a client that leaves without reading it pays the usage (outcome settled),
+// as configuration.md says; a streamed one settles after its last piece.
+TEST_P(MeteredGateway, ASmallSseAnswerSettlesAtItsUsageEvenIfTheClientLeaves) {
+  const uint64_t settled = Metrics::Global().Settlements(Metrics::SettleOutcome::kSettled).value();
+  const uint64_t before = SettlementsSoFar();
+  const int c = Connect();
+  const std::string req =
+      "GET /sse HTTP/1.1\r\nHost: t\r\nX-Estimate: 100\r\nX-Usage: 2500\r\nX-Small: 1\r\n"
+      "Connection: close\r\n\r\n";
+  ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  ::shutdown(c, SHUT_WR);
+  ::close(c);  // gone without reading a byte
+  WaitForSettlements(before + 1);
+  EXPECT_EQ(Metrics::Global().Settlements(Metrics::SettleOutcome::kSettled).value(), settled + 1);
+  EXPECT_EQ(Remaining(), 10'000 - 2500);
+}
+
 // A reservation the request names (no `max`) above the limit's capacity can
 // never fit: a denial (429, the limit's numbers, nothing taken), not a 400;
 // on a shadow route it passes, and nothing is settled for the group that
@@ -542,17 +566,9 @@ TEST_P(MeteredGateway, AReservationAboveTheCapacityIsDeniedAndAShadowRouteLetsIt
   ASSERT_TRUE(Get("/header", 3000).raw.starts_with("HTTP/1.1 200"));
   ASSERT_EQ(Remaining(), 7000);
   auto send = [this](std::string_view method) {
-    const int c = Connect();
-    const std::string req = std::string(method) +
-                            " /header HTTP/1.1\r\nHost: t\r\nX-Estimate: 20000\r\n"
-                            "X-Usage: 300\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
-    EXPECT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-    std::string raw;
-    char buf[8192];
-    for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;)
-      raw.append(buf, static_cast<size_t>(n));
-    ::close(c);
-    return raw;
+    return Exchange(std::string(method) +
+                    " /header HTTP/1.1\r\nHost: t\r\nX-Estimate: 20000\r\n"
+                    "X-Usage: 300\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
   };
   const std::string denied = send("POST");
   EXPECT_TRUE(denied.starts_with("HTTP/1.1 429")) << denied;
@@ -584,15 +600,10 @@ TEST_P(MeteredGateway, AnUnreachableUpstreamRefundsTheReservation) {
   Metrics& m = Metrics::Global();
   const uint64_t unforwarded = m.Settlements(Metrics::SettleOutcome::kNotForwarded).value();
   const uint64_t before = SettlementsSoFar();
-  const int c = Connect(port);
-  const std::string req =
+  const std::string raw = Exchange(
       "POST /header HTTP/1.1\r\nHost: t\r\nX-Estimate: 2500\r\nContent-Length: 0\r\n"
-      "Connection: close\r\n\r\n";
-  ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
-  std::string raw;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(c, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<size_t>(n));
-  ::close(c);
+      "Connection: close\r\n\r\n",
+      port);
   ASSERT_TRUE(raw.starts_with("HTTP/1.1 502")) << raw;
   WaitForSettlements(before + 1);
   EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kNotForwarded).value(), unforwarded + 1);

@@ -25,6 +25,14 @@ namespace {
 
 using nlohmann::json;
 
+// ratelimit_settlements_total{outcome} of one instance, or -1.
+int64_t Settlements(const Daemon& d, const std::string& outcome) {
+  HttpResponse m = Http(d.admin_port(), "GET", "/metrics");
+  const std::string key = "ratelimit_settlements_total{outcome=\"" + outcome + "\"} ";
+  const size_t at = m.body.find(key);
+  return at == std::string::npos ? -1 : std::atoll(m.body.c_str() + at + key.size());
+}
+
 TEST(MeteredDaemon, TwoInstancesSettle200ConcurrentStreamsExactly) {
   ratelimit::testing::RedisServer redis;
   ratelimit::testing::SseUpstream upstream;
@@ -66,12 +74,7 @@ TEST(MeteredDaemon, TwoInstancesSettle200ConcurrentStreamsExactly) {
   ASSERT_EQ(ok.load(), kRequests);
 
   // Each instance counts its own settlements; together, every request.
-  auto settled = [](const Daemon& d) {
-    HttpResponse m = Http(d.admin_port(), "GET", "/metrics");
-    const std::string key = "ratelimit_settlements_total{outcome=\"settled\"} ";
-    const size_t at = m.body.find(key);
-    return at == std::string::npos ? -1 : std::atoll(m.body.c_str() + at + key.size());
-  };
+  auto settled = [](const Daemon& d) { return Settlements(d, "settled"); };
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (settled(a) + settled(b) < kRequests && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -122,12 +125,7 @@ TEST(MeteredDaemon, AConcurrencyRefusalRefundsTheReservation) {
   for (ssize_t n; (n = ::recv(first, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
   ::close(first);
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got;
-  auto count = [&](const std::string& outcome) {
-    HttpResponse m = Http(d.admin_port(), "GET", "/metrics");
-    const std::string key = "ratelimit_settlements_total{outcome=\"" + outcome + "\"} ";
-    const size_t at = m.body.find(key);
-    return at == std::string::npos ? -1 : std::atoll(m.body.c_str() + at + key.size());
-  };
+  auto count = [&](const std::string& outcome) { return Settlements(d, outcome); };
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while ((count("settled") < 1 || count("not_forwarded") < 1) &&
          std::chrono::steady_clock::now() < until) {

@@ -120,6 +120,13 @@ void SseUpstream::Serve(int c) {
              Chunk("embedding") + "0\r\nX-Usage: " + usage + "\r\n\r\n");
     return;
   }
+  if (HeaderValue(req, "x-small") == "1") {  // the whole stream at once, with a length
+    const std::string body =
+        "data: {\"usage\":{\"total_tokens\":" + usage + "}}\n\ndata: [DONE]\n\n";
+    Send(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+    return;
+  }
   Send(c,
        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
        "Connection: close\r\n\r\n" +

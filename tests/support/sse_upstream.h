@@ -8,7 +8,8 @@
 // says what the answer reports):
 //   /sse      text/event-stream, chunked: a content event, then (with
 //             X-Hold: 1) waits for Release(), then the usage event written in
-//             two halves 5 ms apart, then data: [DONE]
+//             two halves 5 ms apart, then data: [DONE]; with X-Small: 1, the
+//             usage event and data: [DONE] at once, with a Content-Length
 //   /header   X-Usage as a response header, a small body
 //   /json     application/json {"usage":{"total_tokens":<X-Usage>}}, with a
 //             Content-Length (with X-Chunked: 1, chunked in two pieces)
