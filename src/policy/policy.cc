@@ -342,7 +342,8 @@ StatusOr<RequestPlan> Policy::Resolve(const RequestView& request) const {
         ConcurrencyPlan{.config = &*r.concurrency,
                         .key = whole ? std::string(kWholeRouteKey)
                                      : (by_ip ? plan.identity.ip_key : plan.identity.key),
-                        .failure_mode = r.failure_mode.value_or(config_.store.failure_mode)};
+                        .failure_mode = r.failure_mode.value_or(config_.store.failure_mode),
+                        .shadow = r.shadow};
   }
   return plan;
 }

@@ -70,6 +70,7 @@ struct ConcurrencyPlan {
   const ConcurrencyConfig* config = nullptr;  // points into the Policy
   std::string key;
   FailureMode failure_mode = FailureMode::kOpen;  // the route's, else the store's
+  bool shadow = false;  // the route is in shadow mode: counted and logged, never refuses
 };
 inline constexpr std::string_view kWholeRouteKey = "~all";
 

@@ -281,7 +281,9 @@ void LeaseGuard::State::Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o) 
   }
   switch (o.denial) {
     case ConcurrencyOutcome::Denial::kNone: break;
-    case ConcurrencyOutcome::Denial::kLimit: w->cells->denied_limit.Inc(); break;
+    case ConcurrencyOutcome::Denial::kLimit:
+      (w->req.shadow ? w->cells->denied_shadow : w->cells->denied_limit).Inc();
+      break;
     case ConcurrencyOutcome::Denial::kWaitTimeout: w->cells->denied_timeout.Inc(); break;
     case ConcurrencyOutcome::Denial::kQueueFull: w->cells->denied_full.Inc(); break;
   }

@@ -94,6 +94,9 @@ struct ConcurrencyRequest {
   // request's policy has them (a reload changes them for the next request).
   int expected_instances = 1;
   int closed_status = 503;
+  // A shadow route's limit: a denial is counted as {reason="shadow"}, not as
+  // a refusal (the caller forwards the request anyway, without a lease).
+  bool shadow = false;
 };
 
 class ConcurrencyLimiter {

@@ -250,6 +250,8 @@ std::string Metrics::Render(const Store* store) const {
           static_cast<int64_t>(c->denied_timeout.value()));
       row("ratelimit_concurrency_denied_total", *route, ",reason=\"queue_full\"",
           static_cast<int64_t>(c->denied_full.value()));
+      row("ratelimit_concurrency_denied_total", *route, ",reason=\"shadow\"",
+          static_cast<int64_t>(c->denied_shadow.value()));
     }
   }
 

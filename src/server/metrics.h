@@ -135,6 +135,7 @@ struct ConcurrencyCells {
   Counter denied_limit;    // ratelimit_concurrency_denied_total{reason="limit"}
   Counter denied_timeout;  // {reason="wait_timeout"}: waited max_wait in vain
   Counter denied_full;     // {reason="queue_full"}: max_waiting already waiting
+  Counter denied_shadow;   // {reason="shadow"}: a shadow route's limit; the request passed
 };
 
 class Metrics {

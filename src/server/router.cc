@@ -237,7 +237,11 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
                            .config = *plan->concurrency->config,
                            .failure_mode = plan->concurrency->failure_mode,
                            .expected_instances = policy->config().store.expected_instances,
-                           .closed_status = policy->config().store.closed_status};
+                           .closed_status = policy->config().store.closed_status,
+                           .shadow = plan->concurrency->shadow};
+    // A shadow limit never holds a request back either.
+    if (concurrency->shadow)
+      concurrency->config.on_limit = policy::ConcurrencyConfig::OnLimit::kReject;
   }
   const Face face = auth                              ? Face::kAuthRequest
                     : (gateway_ != nullptr || !demo_) ? Face::kGateway
@@ -297,36 +301,43 @@ void Router::Forward(const Request& req, std::string_view peer_text, Outcome o,
         });
   }
   const std::string name = concurrency->name, key = concurrency->key;
-  limiter_->Acquire(*std::move(concurrency), [this, &req, peer_text, dialect,
-                                              path = std::string(path), name, key, o = std::move(o),
-                                              done =
-                                                  std::move(done)](ConcurrencyOutcome c) mutable {
-    if (c.status != 200) {
-      if (c.denial != ConcurrencyOutcome::Denial::kNone)
-        enforcer_.RecordDenial(key, "concurrency:" + name, path, name);
-      RefundUnforwarded(enforcer_, o);
-      return done(ConcurrencyRefusalReply(c, name, dialect, path));
-    }
-    // The lease is held until the upstream answer ended, failed or was
-    // dropped: the guard releases it on every path.
-    std::shared_ptr<LeaseGuard> lease = std::move(c.lease);
-    o.degraded = o.degraded || c.degraded;
-    gateway_->Forward(
-        req, peer_text,
-        [this, o = std::move(o), dialect, lease = std::move(lease),
-         done = std::move(done)](Reply&& r) mutable {
-          AddOutcomeHeaders(o, dialect, r);
-          MeterReply(enforcer_, std::move(o), r);
-          if (!lease) return done(std::move(r));
-          if (r.body_stream != nullptr) {
-            r.body_stream =
-                std::make_shared<LeasedBody>(std::move(r.body_stream), std::move(lease));
-            return done(std::move(r));
-          }
-          auto answer = std::make_shared<Reply>(std::move(r));
-          lease->Release([answer, done = std::move(done)]() mutable { done(std::move(*answer)); });
-        });
-  });
+  const bool shadow = concurrency->shadow;
+  limiter_->Acquire(*std::move(concurrency),
+                    [this, &req, peer_text, dialect, path = std::string(path), name, key, shadow,
+                     o = std::move(o), done = std::move(done)](ConcurrencyOutcome c) mutable {
+                      if (c.status != 200) {
+                        if (c.denial != ConcurrencyOutcome::Denial::kNone)
+                          enforcer_.RecordDenial(key, "concurrency:" + name, path, name, shadow);
+                        // A shadow route's limit is counted and logged ("shadow:concurrency:..."),
+                        // and the request goes on without a lease (a failed-closed store does
+                        // not refuse it either).
+                        if (!shadow || c.status == 400) {
+                          RefundUnforwarded(enforcer_, o);
+                          return done(ConcurrencyRefusalReply(c, name, dialect, path));
+                        }
+                      }
+                      // The lease is held until the upstream answer ended, failed or was
+                      // dropped: the guard releases it on every path.
+                      std::shared_ptr<LeaseGuard> lease = std::move(c.lease);
+                      o.degraded = o.degraded || c.degraded;
+                      gateway_->Forward(
+                          req, peer_text,
+                          [this, o = std::move(o), dialect, lease = std::move(lease),
+                           done = std::move(done)](Reply&& r) mutable {
+                            AddOutcomeHeaders(o, dialect, r);
+                            MeterReply(enforcer_, std::move(o), r);
+                            if (!lease) return done(std::move(r));
+                            if (r.body_stream != nullptr) {
+                              r.body_stream = std::make_shared<LeasedBody>(std::move(r.body_stream),
+                                                                           std::move(lease));
+                              return done(std::move(r));
+                            }
+                            auto answer = std::make_shared<Reply>(std::move(r));
+                            lease->Release([answer, done = std::move(done)]() mutable {
+                              done(std::move(*answer));
+                            });
+                          });
+                    });
 }
 
 void Router::AfterDelay(std::chrono::microseconds delay, Face face, Holder* holder, size_t max_held,

@@ -258,6 +258,33 @@ TEST(ConcurrencyDaemon, WaitModeHoldsRequestsUntilALeaseFrees) {
   EXPECT_NE(m.body.find("ratelimit_concurrency_waiting{route=\"work\"} 0"), std::string::npos);
 }
 
+// A shadow route's concurrency limit is counted and logged, never refuses
+// nor holds a request back (here on_limit: wait), and its leases are
+// released as any.
+TEST(ConcurrencyDaemon, AShadowRoutesConcurrencyLimitNeverRefuses) {
+  CountingUpstream upstream(milliseconds(500));
+  const std::string config =
+      WriteConfig("server:\n  upstream: \"http://127.0.0.1:" + std::to_string(upstream.port()) +
+                  "\"\n  threads: 2\nroutes:\n  - name: work\n    path: /\n    shadow: true\n"
+                  "    concurrency: {max_in_flight: 1, on_limit: wait, max_wait: 8s}\n");
+  Daemon d({"--config", config});
+  ASSERT_TRUE(d.started()) << d.Log();
+  std::vector<HttpResponse> rs = Burst({d.port()}, 3, "/work");
+  EXPECT_EQ(Count(rs, 200), 3);
+  EXPECT_GE(upstream.peak(), 2);  // none waited for the one place
+  EXPECT_TRUE(d.WaitForLog("shadow:concurrency:work", milliseconds(2000))) << d.Log();
+  HttpResponse m = Http(d.admin_port(), "GET", "/metrics");
+  const std::string shadow =
+      "ratelimit_concurrency_denied_total{route=\"work\",reason=\"shadow\"} ";
+  ASSERT_NE(m.body.find(shadow), std::string::npos) << m.body;
+  EXPECT_EQ(m.body.find(shadow + "0"), std::string::npos) << m.body;
+  EXPECT_NE(m.body.find("ratelimit_concurrency_denied_total{route=\"work\",reason=\"limit\"} 0"),
+            std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("ratelimit_concurrency_in_flight{route=\"work\"} 0"), std::string::npos)
+      << m.body;
+}
+
 TEST(ConcurrencyDaemon, DecisionApiAcquireAndRelease) {
   Daemon d({"--listen", "127.0.0.1:0"});
   ASSERT_TRUE(d.started()) << d.Log();
