@@ -59,6 +59,8 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   using Waiter = ConcurrencyLimiter::Waiter;
   net::any_io_executor executor;
   milliseconds first_retry, max_retry;  // a waiter's polls (Options)
+  milliseconds release_retry, max_release_retry;
+  size_t max_release_retries = 0;
   // The server's store with the failure modes (the local fallback's leases
   // start with kLocalLeasePrefix). Detached at shutdown: leases of the
   // server's store are then left to expire.
@@ -66,6 +68,7 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   LogSampler error_log{10, "concurrency store errors suppressed"};
   Mutex mu;
   bool stopped RL_GUARDED_BY(mu) = false;
+  size_t release_retries RL_GUARDED_BY(mu) = 0;  // failed releases waiting to be retried
   // (key, name) -> requests waiting for one of its leases, oldest first.
   std::unordered_map<std::string, std::deque<std::weak_ptr<ConcurrencyLimiter::Waiter>>> waiters
       RL_GUARDED_BY(mu);
@@ -97,6 +100,11 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
     });
   }
 
+  // The store failed to release lease `id`: ask again after `backoff`, unless
+  // it expires by itself before (`expires`), or too many already wait.
+  void RetryRelease(std::string key, std::string name, std::string id,
+                    std::chrono::steady_clock::time_point expires, milliseconds backoff);
+
   void Try(std::shared_ptr<Waiter> w);
   void OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResult> r);
   void Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o);
@@ -111,12 +119,13 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
 };
 
 LeaseGuard::LeaseGuard(std::shared_ptr<State> state, std::string key, std::string name,
-                       std::string id, std::string route)
+                       std::string id, std::string route, milliseconds lease_ttl)
     : state_(std::move(state)),
       key_(std::move(key)),
       name_(std::move(name)),
       id_(std::move(id)),
-      route_(std::move(route)) {
+      route_(std::move(route)),
+      expires_(core::SteadyClock::now() + lease_ttl) {
   Metrics::Global().Concurrency(route_).in_flight.Add(1);
 }
 
@@ -139,14 +148,47 @@ void LeaseGuard::Release(std::function<void()> then) {
     if (then) then();
     return;
   }
-  st->store->Release(
-      key_, name_, id_, [st, key = key_, name = name_, then = std::move(then)](StatusOr<bool> r) {
-        if (!r.ok()) {
-          st->LogError("concurrency lease release failed: it expires by itself", r.status());
-        }
-        st->Wake(key, name);
-        if (then) then();
-      });
+  st->store->Release(key_, name_, id_,
+                     [st, key = key_, name = name_, id = id_, expires = expires_,
+                      then = std::move(then)](StatusOr<bool> r) mutable {
+                       if (!r.ok() && r.status().code() != StatusCode::kInvalidArgument) {
+                         st->LogError("concurrency lease release failed: retrying", r.status());
+                         st->RetryRelease(key, name, id, expires, st->release_retry);
+                       }
+                       st->Wake(key, name);
+                       if (then) then();
+                     });
+}
+
+void LeaseGuard::State::RetryRelease(std::string key, std::string name, std::string id,
+                                     std::chrono::steady_clock::time_point expires,
+                                     milliseconds backoff) {
+  if (store->detached() || core::SteadyClock::now() + backoff >= expires) return;
+  {
+    LockGuard lock(mu);
+    if (stopped) return;
+    if (release_retries >= max_release_retries) {
+      LogError("concurrency lease release retries full: the lease expires by itself",
+               ResourceExhausted(std::to_string(max_release_retries) + " retries waiting"));
+      return;
+    }
+    ++release_retries;
+  }
+  auto timer = std::make_shared<net::steady_timer>(executor, backoff);
+  timer->async_wait([st = shared_from_this(), timer, key = std::move(key), name = std::move(name),
+                     id = std::move(id), expires, backoff](const boost::system::error_code&) {
+    {
+      LockGuard lock(st->mu);
+      --st->release_retries;
+      if (st->stopped) return;
+    }
+    if (st->store->detached()) return;
+    st->store->Release(key, name, id, [st, key, name, id, expires, backoff](StatusOr<bool> r) {
+      if (r.ok()) return st->Wake(key, name);
+      if (r.status().code() == StatusCode::kInvalidArgument) return;
+      st->RetryRelease(key, name, id, expires, std::min(backoff * 2, st->max_release_retry));
+    });
+  });
 }
 
 ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, ConcurrencyStore& store,
@@ -154,6 +196,9 @@ ConcurrencyLimiter::ConcurrencyLimiter(net::any_io_executor executor, Concurrenc
     : state_(std::make_shared<LeaseGuard::State>()) {
   state_->executor = std::move(executor);
   state_->first_retry = options.first_retry;
+  state_->release_retry = options.release_retry;
+  state_->max_release_retry = std::max(options.release_retry, options.max_release_retry);
+  state_->max_release_retries = options.max_release_retries;
   state_->max_retry = std::max(options.first_retry, options.max_retry);
   state_->store = std::make_unique<ResilientConcurrencyStore>(
       &store, ResilientConcurrencyStore::Options{.local_max_keys = options.local_max_keys,
@@ -219,8 +264,9 @@ void LeaseGuard::State::OnResult(std::shared_ptr<Waiter> w, StatusOr<AcquireResu
   if (o.result.acquired) {
     // Admitted without a lease when failing open.
     if (!o.result.lease_id.empty()) {
-      o.lease = std::make_unique<LeaseGuard>(shared_from_this(), w->req.key, w->req.name,
-                                             o.result.lease_id, w->req.route);
+      o.lease =
+          std::make_unique<LeaseGuard>(shared_from_this(), w->req.key, w->req.name,
+                                       o.result.lease_id, w->req.route, w->req.config.lease_ttl);
     }
     return Finish(std::move(w), std::move(o));
   }

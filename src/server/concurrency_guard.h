@@ -41,8 +41,11 @@ namespace ratelimit::server {
 
 class ConcurrencyLimiter;
 
-// A held lease. Destroying it (or Release()) gives it back, exactly once;
-// a failed release is logged and the lease expires after its lease_ttl.
+// A held lease. Destroying it (or Release()) gives it back, exactly once.
+// A release the store failed is retried (the release is idempotent), 100 ms
+// later, doubling up to 2 s, until the store takes it or the lease would have
+// expired anyway; at most Options::max_release_retries wait at once (beyond,
+// the lease is left to expire: logged).
 class LeaseGuard {
  public:
   ~LeaseGuard();
@@ -62,11 +65,12 @@ class LeaseGuard {
 
   struct State;  // the limiter's, shared with its leases
   LeaseGuard(std::shared_ptr<State> state, std::string key, std::string name, std::string id,
-             std::string route);
+             std::string route, std::chrono::milliseconds lease_ttl);
 
  private:
   std::shared_ptr<State> state_;
   std::string key_, name_, id_, route_;
+  std::chrono::steady_clock::time_point expires_;  // about when the store drops it
   bool released_ = false;
 };
 
@@ -112,6 +116,11 @@ class ConcurrencyLimiter {
     // at once when a lease of its (key, name) is released here).
     std::chrono::milliseconds first_retry{10};
     std::chrono::milliseconds max_retry{200};
+    // A failed release is retried first after release_retry, doubling up to
+    // max_release_retry; at most max_release_retries wait at once.
+    std::chrono::milliseconds release_retry{100};
+    std::chrono::milliseconds max_release_retry{2000};
+    size_t max_release_retries = 10'000;
   };
   // `executor` runs the wait timers. `store` (shared by every instance) is
   // not owned: it must outlive the limiter and every lease (the server

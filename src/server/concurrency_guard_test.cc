@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -37,6 +38,26 @@ class FailingConcurrencyStore final : public ConcurrencyStore {
                ReleaseCallback done) override {
     done(Unavailable("redis down"));
   }
+};
+
+// Its first `failures` releases fail as in a Redis blip; then `inner` answers.
+class FlakyReleaseStore final : public ConcurrencyStore {
+ public:
+  FlakyReleaseStore(ConcurrencyStore& inner, int failures) : inner_(inner), failures_(failures) {}
+  void Acquire(const AcquireRequest& r, AcquireCallback done) override {
+    inner_.Acquire(r, std::move(done));
+  }
+  void Release(std::string_view key, std::string_view name, std::string_view id,
+               ReleaseCallback done) override {
+    ++releases;
+    if (failures_.fetch_sub(1) > 0) return done(Unavailable("redis blip"));
+    inner_.Release(key, name, id, std::move(done));
+  }
+  std::atomic<int> releases{0};
+
+ private:
+  ConcurrencyStore& inner_;
+  std::atomic<int> failures_;
 };
 
 class LimiterTest : public testing::Test {
@@ -156,6 +177,22 @@ TEST_F(LimiterTest, LocalFallbackHonoursLocalMaxKeys) {
   EXPECT_NE(held[0].lease, nullptr);
   EXPECT_NE(held[1].lease, nullptr);
   EXPECT_EQ(held[2].lease, nullptr);  // full: no third key
+}
+
+// A release the store failed is retried once it answers again, not left
+// to hold the place for all of lease_ttl (here 30 s).
+TEST_F(LimiterTest, AFailedReleaseIsRetriedWhenTheStoreReturns) {
+  FlakyReleaseStore flaky(memory_, 2);
+  ConcurrencyLimiter l(ioc_.get_executor(), flaky, {.release_retry = milliseconds(5)});
+  ConcurrencyOutcome held = Acquire(l, {.max_in_flight = 1, .lease_ttl = milliseconds(30'000)});
+  ASSERT_NE(held.lease, nullptr);
+  held.lease.reset();  // fails: the blip
+  for (int i = 0; i < 1000 && memory_.InFlight("user:ada", "upload") != 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
+  EXPECT_EQ(flaky.releases.load(), 3);  // failed, failed, released
+  EXPECT_EQ(Acquire(l, {.max_in_flight = 1}).status, 200u);
 }
 
 TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {
