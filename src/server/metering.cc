@@ -223,10 +223,11 @@ namespace {
 // request names (from_request_*), the route's `max`, else its `reserve` when
 // above the reservation: a client that names a small reservation must not
 // pay only that by leaving early or by asking for an answer without usage.
-// nullopt (the reservation stands) on a route with a fixed reservation.
-std::optional<int64_t> UnreadCost(const Outcome& o) {
+// nullopt (the reservation stands) on a route with a fixed reservation, and
+// for an upstream's answer other than 2xx (an error did no metered work).
+std::optional<int64_t> UnreadCost(const Outcome& o, unsigned status) {
   const MeteredCost& m = *o.metered;
-  if (m.source == MeteredCost::Source::kReserve) return std::nullopt;
+  if (m.source == MeteredCost::Source::kReserve || status / 100 != 2) return std::nullopt;
   const int64_t reserved = o.charged.front().checks.front().cost;
   const std::optional<int64_t> fallback = m.max ? m.max : m.reserve;
   if (!fallback || *fallback <= reserved) return std::nullopt;
@@ -235,9 +236,9 @@ std::optional<int64_t> UnreadCost(const Outcome& o) {
 
 }  // namespace
 
-void SettleUnread(Enforcer& enforcer, const Outcome& o, SettleOutcome outcome) {
+void SettleUnread(Enforcer& enforcer, const Outcome& o, SettleOutcome outcome, unsigned status) {
   if (o.charged.empty() || o.metered == nullptr) return;
-  SettleCharged(enforcer, o, UnreadCost(o), outcome);
+  SettleCharged(enforcer, o, UnreadCost(o, status), outcome);
 }
 
 void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> actual,
@@ -309,8 +310,13 @@ namespace {
 // says.
 class SettlingBody final : public BodyStream, public std::enable_shared_from_this<SettlingBody> {
  public:
-  SettlingBody(std::shared_ptr<BodyStream> inner, Enforcer& enforcer, Outcome o, bool json)
-      : inner_(std::move(inner)), enforcer_(enforcer), o_(std::move(o)), json_(json) {
+  SettlingBody(std::shared_ptr<BodyStream> inner, Enforcer& enforcer, Outcome o, bool json,
+               unsigned status)
+      : inner_(std::move(inner)),
+        enforcer_(enforcer),
+        o_(std::move(o)),
+        json_(json),
+        status_(status) {
     if (!json_ && o_.metered->settle_from == MeteredCost::SettleFrom::kSseLastEvent) {
       sse_.emplace(&o_.metered->field_path);
     }
@@ -320,7 +326,7 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
     if (failed_) {
       SettleCharged(enforcer_, o_, std::nullopt, SettleOutcome::kError);
     } else {
-      SettleUnread(enforcer_, o_, SettleOutcome::kDisconnected);
+      SettleUnread(enforcer_, o_, SettleOutcome::kDisconnected, status_);
     }
   }
 
@@ -345,7 +351,7 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
     inner_->Delivered();
     if (settled_ || !ended_) return;
     settled_ = true;
-    if (!actual_) return SettleUnread(enforcer_, o_, SettleOutcome::kMissing);
+    if (!actual_) return SettleUnread(enforcer_, o_, SettleOutcome::kMissing, status_);
     SettleCharged(enforcer_, o_, actual_, SettleOutcome::kSettled);
   }
 
@@ -367,6 +373,7 @@ class SettlingBody final : public BodyStream, public std::enable_shared_from_thi
   Outcome o_;
   std::optional<SseFieldReader> sse_;
   bool json_ = false;  // sse_last_event, but the answer is one JSON document
+  unsigned status_;    // the upstream's
   JsonBodyReader json_body_;
   std::optional<int64_t> actual_;
   bool ended_ = false;
@@ -394,8 +401,8 @@ void MeterReply(Enforcer& enforcer, Outcome o, Reply& r) {
     const bool json = m.settle_from == MeteredCost::SettleFrom::kSseLastEvent && type != nullptr &&
                       IsJsonType(*type);
     if (r.body_stream != nullptr) {
-      r.body_stream =
-          std::make_shared<SettlingBody>(std::move(r.body_stream), enforcer, std::move(o), json);
+      r.body_stream = std::make_shared<SettlingBody>(std::move(r.body_stream), enforcer,
+                                                     std::move(o), json, r.status);
       return;
     }
     // The whole answer came at once (a small Content-Length body: no trailer).
@@ -410,7 +417,7 @@ void MeterReply(Enforcer& enforcer, Outcome o, Reply& r) {
       actual = reader.value();
     }
   }
-  if (!actual) return SettleUnread(enforcer, o, SettleOutcome::kMissing);
+  if (!actual) return SettleUnread(enforcer, o, SettleOutcome::kMissing, r.status);
   SettleCharged(enforcer, o, actual, SettleOutcome::kSettled);
 }
 

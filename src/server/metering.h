@@ -21,12 +21,11 @@
 // application/json (a non-streaming request) is read whole instead
 // (JsonBodyReader, bounded). No usable value (absent, not a whole number
 // >= 0), or a client gone before the end: on a route whose reservation the
-// request names, the route's max (SettleUnread), else the reservation
-// stands; an upstream failing mid-body: the reservation stands. A request that never reached the
-// upstream (the gateway's own reply before it was sent, a concurrency
-// refusal, a held request turned away) settles at 0 (RefundUnforwarded).
-// A degraded check (the failure mode
-// decided) has nothing to settle: the enforcer charges no group of it (the
+// request names, the route's max when the upstream answered 2xx
+// (SettleUnread), else the reservation stands; an upstream failing mid-body: the reservation
+// stands. A request that never reached the upstream (the gateway's own reply before it was sent, a
+// concurrency refusal, a held request turned away) settles at 0 (RefundUnforwarded). A degraded
+// check (the failure mode decided) has nothing to settle: the enforcer charges no group of it (the
 // decision API issues no reservation for one either). `max` caps the actual cost. Each
 // outcome is counted (Metrics::Settlements, settled_debited/refunded).
 //
@@ -131,10 +130,14 @@ void SettleCharged(Enforcer& enforcer, const Outcome& o, std::optional<int64_t> 
                    Metrics::SettleOutcome outcome);
 
 // Settles `o.charged` whose actual cost was not read (`outcome` missing or
-// disconnected): on a route whose reservation the request names
-// (from_request_*), at the route's `max`, else its `reserve` when above the
-// reservation; otherwise the reservation stands (counted all the same).
-void SettleUnread(Enforcer& enforcer, const Outcome& o, Metrics::SettleOutcome outcome);
+// disconnected) from an answer of `status`: on a route whose reservation the
+// request names (from_request_*) and a 2xx answer, at the route's `max`,
+// else its `reserve` when above the reservation; otherwise the reservation
+// stands (counted all the same). An upstream's error answer (its own 429, a
+// 400 for a bad request) did no metered work: the client is not charged
+// the max for it.
+void SettleUnread(Enforcer& enforcer, const Outcome& o, Metrics::SettleOutcome outcome,
+                  unsigned status);
 
 // An allowed request on a metered route that never reached the upstream
 // (refused by the route's concurrency limit, a held request rejected or

@@ -519,6 +519,12 @@ TEST_P(MeteredGateway, ClientChosenReservationIsNotTheCostWhenUsageIsMissingOrTh
   EXPECT_TRUE(raw.starts_with("HTTP/1.1 200")) << raw;
   EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kMissing).value(), missing + 1);
   EXPECT_EQ(Remaining(), 10'000 - 1500 - 500 - 2000);
+  // The upstream's own error (its 429, no usage) did no metered work: the
+  // reservation stands, not the max.
+  raw = GetWith("/json", "X-Estimate: 0\r\nX-Status: 429\r\n");
+  EXPECT_TRUE(raw.starts_with("HTTP/1.1 429")) << raw;
+  EXPECT_EQ(m.Settlements(Metrics::SettleOutcome::kMissing).value(), missing + 2);
+  EXPECT_EQ(Remaining(), 10'000 - 1500 - 500 - 2000);
   // A stream reserving 0, left after its first event: the route's max.
   const uint64_t before = SettlementsSoFar();
   const int c = Connect();

@@ -97,6 +97,13 @@ void SseUpstream::Serve(int c) {
                 "\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok");
     return;
   }
+  if (path == "/json" && !HeaderValue(req, "x-status").empty()) {  // an error, without usage
+    const std::string body = R"({"error":{"message":"slow down","type":"rate_limit"}})";
+    Send(c, "HTTP/1.1 " + HeaderValue(req, "x-status") +
+                " Error\r\nContent-Type: application/json\r\nContent-Length: " +
+                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body);
+    return;
+  }
   if (path == "/json") {  // a non-streaming answer: one JSON document
     const std::string body =
         "{\"id\":\"x\",\"usage\":{\"prompt_tokens\":1,\"total_tokens\":" + usage + "}}";

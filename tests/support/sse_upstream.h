@@ -12,7 +12,8 @@
 //             usage event and data: [DONE] at once, with a Content-Length
 //   /header   X-Usage as a response header, a small body
 //   /json     application/json {"usage":{"total_tokens":<X-Usage>}}, with a
-//             Content-Length (with X-Chunked: 1, chunked in two pieces)
+//             Content-Length (with X-Chunked: 1, chunked in two pieces; with
+//             X-Status: N, an error of status N whose JSON has no usage)
 //   /trailer  chunked with the usage in the trailer field X-Usage
 #pragma once
 
