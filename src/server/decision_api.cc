@@ -630,6 +630,29 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
     if (!full.ok()) return done(ProblemReply(400, full.status().message(), path));
     parsed = std::move(*full);
   }
+  if (parsed->reserve) {
+    // Its id must fit in a settle body, or the reservation could never be
+    // settled: refused before anything is taken.
+    const size_t max_id = MaxReservationIdLength(policy->config().server.max_body_bytes);
+    const int64_t expires_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count() +
+                                    parsed->reserve_ttl_ms;
+    const size_t id_length = ReservationIdLength({.key = parsed->key,
+                                                  .cost = parsed->cost,
+                                                  .expires_unix_ms = expires_unix_ms,
+                                                  .nonce = std::string(32, '0'),
+                                                  .limits = json::parse(parsed->limits_json)});
+    if (id_length > max_id) {
+      return done(ProblemReply(
+          400,
+          "the reservation id would be " + std::to_string(id_length) +
+              " characters, more than a POST /v1/settle body of server.max_body_bytes (" +
+              std::to_string(policy->config().server.max_body_bytes) + ") can carry (" +
+              std::to_string(max_id) + "): use a shorter key or fewer inline limits",
+          path));
+    }
+  }
   auto op = std::make_shared<CheckOp>(CheckOp{std::move(policy), std::move(*parsed), this});
   enforcer_.Check(op->check.store_key, op->check.checks, *op->policy, path, Face::kDecisionApi,
                   [op, path, done = std::move(done)](const Outcome& o) {
@@ -730,12 +753,15 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
   // (kSharedSecretOverlap), or the store's asked again (another instance may
   // have set a new one since this one last asked).
   static_assert(kMaxReservationTtlMs <= std::chrono::milliseconds(kSharedSecretOverlap).count());
-  auto signed_under = [this, id](std::function<void(StatusOr<std::string>)> then) {
+  const size_t max_id = MaxReservationIdLength(policy->config().server.max_body_bytes);
+  auto signed_under = [this, id, max_id](std::function<void(StatusOr<std::string>)> then) {
     enforcer_.store().SecretAccepting(
-        [id](std::string_view secret) { return VerifyReservation(id, secret).ok(); },
+        [id, max_id](std::string_view secret) {
+          return VerifyReservation(id, secret, max_id).ok();
+        },
         std::move(then));
   };
-  signed_under([this, policy = std::move(policy), id = std::move(id), cost, where,
+  signed_under([this, policy = std::move(policy), id = std::move(id), cost, where, max_id,
                 done = std::move(done)](StatusOr<std::string> secret) mutable {
     if (!secret.ok()) {
       Reply r = ProblemReply(
@@ -743,7 +769,7 @@ void DecisionApi::Settle(std::shared_ptr<const policy::Policy> policy, std::stri
       r.Add("Retry-After", "1");
       return done(std::move(r));
     }
-    StatusOr<Reservation> res = VerifyReservation(id, *secret);
+    StatusOr<Reservation> res = VerifyReservation(id, *secret, max_id);
     if (!res.ok()) return done(ProblemReply(400, res.status().message(), *where));
     const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())

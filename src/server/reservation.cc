@@ -66,6 +66,10 @@ Status Invalid() {
       "with another store's secret)");
 }
 
+nlohmann::json Payload(const Reservation& r) {
+  return {{"k", r.key}, {"c", r.cost}, {"x", r.expires_unix_ms}, {"n", r.nonce}, {"l", r.limits}};
+}
+
 }  // namespace
 
 std::string NewReservationNonce() {
@@ -75,14 +79,24 @@ std::string NewReservationNonce() {
 }
 
 std::string SignReservation(const Reservation& r, std::string_view secret) {
-  const nlohmann::json payload = {
-      {"k", r.key}, {"c", r.cost}, {"x", r.expires_unix_ms}, {"n", r.nonce}, {"l", r.limits}};
-  const std::string body = Base64Url(payload.dump());
+  const std::string body = Base64Url(Payload(r).dump());
   return std::string(kVersion) + body + "." + Base64Url(Mac(body, secret));
 }
 
-StatusOr<Reservation> VerifyReservation(std::string_view id, std::string_view secret) {
-  if (!id.starts_with(kVersion) || id.size() > 8192) return Invalid();
+size_t ReservationIdLength(const Reservation& r) {
+  const size_t payload = Payload(r).dump().size();
+  auto base64 = [](size_t n) { return (n * 8 + 5) / 6; };
+  return kVersion.size() + base64(payload) + 1 + base64(32);  // HMAC-SHA256: 32 bytes
+}
+
+size_t MaxReservationIdLength(size_t max_body_bytes) {
+  constexpr size_t kFrame = std::string_view(R"({"reservation":"","cost":2147483647})").size();
+  return max_body_bytes > kFrame ? max_body_bytes - kFrame : 0;
+}
+
+StatusOr<Reservation> VerifyReservation(std::string_view id, std::string_view secret,
+                                        size_t max_length) {
+  if (!id.starts_with(kVersion) || id.size() > max_length) return Invalid();
   id.remove_prefix(kVersion.size());
   const size_t dot = id.find('.');
   if (dot == std::string_view::npos) return Invalid();

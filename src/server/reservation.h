@@ -7,7 +7,7 @@
 // cost. The nonce makes a settlement happen once (SettleRequest::once).
 //
 //   std::string id = SignReservation(r, secret);             // "r1.<payload>.<mac>"
-//   StatusOr<Reservation> back = VerifyReservation(id, secret);
+//   StatusOr<Reservation> back = VerifyReservation(id, secret, max_length);
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -36,7 +36,16 @@ inline constexpr int64_t kDefaultReservationTtlMs = 300'000;
 
 std::string NewReservationNonce();
 std::string SignReservation(const Reservation& r, std::string_view secret);
-// kInvalidArgument for anything not signed by `secret` as SignReservation writes it.
-StatusOr<Reservation> VerifyReservation(std::string_view id, std::string_view secret);
+// The length of the id SignReservation(r, secret) writes (the same under every secret).
+size_t ReservationIdLength(const Reservation& r);
+// The longest id a POST /v1/settle body of at most `max_body_bytes`
+// (server.max_body_bytes) can carry: {"reservation":"<id>","cost":2147483647}.
+// A check whose id would be longer is refused: its reservation could never
+// be settled.
+size_t MaxReservationIdLength(size_t max_body_bytes);
+// kInvalidArgument for anything not signed by `secret` as SignReservation
+// writes it, or longer than `max_length` (MaxReservationIdLength).
+StatusOr<Reservation> VerifyReservation(std::string_view id, std::string_view secret,
+                                        size_t max_length);
 
 }  // namespace ratelimit::server

@@ -21,7 +21,9 @@ TEST(Reservation, RoundTripsUnderTheSameSecret) {
   const Reservation r = Sample();
   const std::string id = SignReservation(r, "secret-a");
   EXPECT_TRUE(id.starts_with("r1."));
-  StatusOr<Reservation> back = VerifyReservation(id, "secret-a");
+  EXPECT_EQ(id.size(), ReservationIdLength(r));
+  StatusOr<Reservation> back = VerifyReservation(id, "secret-a", 65536);
+  EXPECT_FALSE(VerifyReservation(id, "secret-a", id.size() - 1).ok());
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->key, r.key);
   EXPECT_EQ(back->cost, 1000);
@@ -34,11 +36,11 @@ TEST(Reservation, RoundTripsUnderTheSameSecret) {
 
 TEST(Reservation, AnythingAlteredOrForeignIsRefused) {
   const std::string id = SignReservation(Sample(), "secret-a");
-  EXPECT_FALSE(VerifyReservation(id, "secret-b").ok());
+  EXPECT_FALSE(VerifyReservation(id, "secret-b", 65536).ok());
   for (size_t at : {size_t{3}, id.size() / 2, id.size() - 1}) {
     std::string bad = id;
     bad[at] = bad[at] == 'A' ? 'B' : 'A';
-    EXPECT_FALSE(VerifyReservation(bad, "secret-a").ok()) << at;
+    EXPECT_FALSE(VerifyReservation(bad, "secret-a", 65536).ok()) << at;
   }
   // The MAC's last character carries 2 unused bits: setting them spells
   // another id for the same bytes, which is refused too (it was accepted
@@ -50,7 +52,7 @@ TEST(Reservation, AnythingAlteredOrForeignIsRefused) {
     const size_t v = alphabet.find(padded.back());
     ASSERT_NE(v, std::string_view::npos);
     padded.back() = alphabet[v ^ 1];
-    EXPECT_FALSE(VerifyReservation(padded, "secret-a").ok()) << padded;
+    EXPECT_FALSE(VerifyReservation(padded, "secret-a", 65536).ok()) << padded;
   }
   // A cheaper reservation made by the caller: signed by nobody.
   Reservation cheap = Sample();
@@ -58,10 +60,10 @@ TEST(Reservation, AnythingAlteredOrForeignIsRefused) {
   const std::string forged = SignReservation(cheap, "guess");
   const std::string body_forged = forged.substr(0, forged.rfind('.'));
   const std::string mac_real = id.substr(id.rfind('.'));
-  EXPECT_FALSE(VerifyReservation(body_forged + mac_real, "secret-a").ok());
-  EXPECT_FALSE(VerifyReservation("", "secret-a").ok());
-  EXPECT_FALSE(VerifyReservation("r1.", "secret-a").ok());
-  StatusOr<Reservation> r = VerifyReservation("r1.x.y", "secret-a");
+  EXPECT_FALSE(VerifyReservation(body_forged + mac_real, "secret-a", 65536).ok());
+  EXPECT_FALSE(VerifyReservation("", "secret-a", 65536).ok());
+  EXPECT_FALSE(VerifyReservation("r1.", "secret-a", 65536).ok());
+  StatusOr<Reservation> r = VerifyReservation("r1.x.y", "secret-a", 65536);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("not a reservation this deployment issued"),
             std::string::npos);

@@ -228,5 +228,52 @@ TEST(SettleDaemon, AReservationSettlesOnceBeforeItExpiresAndCannotBeForged) {
             true);
 }
 
+// Reservation ids were refused past 8192 characters, but a key may be up to
+// store.max_key_length (65536) long and a check may name inline limits: a
+// reservation on an 8192-byte key was issued and could never be settled
+// (400 "not a reservation this deployment issued"). Now every id that fits in
+// a settle body settles, and a check whose id would not fit is refused (400)
+// before anything is taken.
+TEST(DecisionApi, AReservationWithTheLongestKeySettles) {
+  ratelimit::testing::RedisServer redis;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml",
+            "store:\n"
+            "  max_key_length: 65536\n"
+            "limits:\n"
+            "  tokens: {algorithm: token_bucket, capacity: 100000, refill_per_second: 0.01}\n");
+  Daemon a({"--config", dir + "/c.yaml", "--redis", redis.url()});
+  ASSERT_TRUE(a.started()) << a.Log();
+  json limits = json::array({"tokens"});
+  for (int i = 0; i < 15; ++i) {  // 16 limits: the most a check names
+    limits.push_back({{"name", "t" + std::to_string(i)},
+                      {"algorithm", "token_bucket"},
+                      {"capacity", 100000},
+                      {"refill_per_second", 1}});
+  }
+  const std::string key(8192, 'k');
+  HttpResponse c =
+      Check(a, json{{"key", key}, {"cost", 1000}, {"limits", limits}, {"reserve", true}}.dump());
+  ASSERT_EQ(c.status, 200) << c.body.substr(0, 500);
+  const std::string id = Body(c)["reservation"]["id"];
+  EXPECT_GT(id.size(), 8192u);
+  HttpResponse settled =
+      Http(a.port(), "POST", "/v1/settle", {{"Content-Type", "application/json"}},
+           json{{"reservation", id}, {"cost", 250}}.dump());
+  ASSERT_EQ(settled.status, 200) << settled.body.substr(0, 500);
+  EXPECT_EQ(Body(settled)["difference"], -750);
+  EXPECT_EQ(Body(settled)["state"]["remaining"], 100000 - 250);
+  // A key whose id a 64 KiB settle body cannot carry: refused, nothing taken.
+  const std::string longest(49500, 'x');
+  HttpResponse refused = Check(
+      a, json{{"key", longest}, {"cost", 1000}, {"limit", "tokens"}, {"reserve", true}}.dump());
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.body.find("server.max_body_bytes (65536)"), std::string::npos)
+      << refused.body.substr(0, 500);
+  HttpResponse after = Check(a, json{{"key", longest}, {"limit", "tokens"}}.dump());
+  ASSERT_EQ(after.status, 200);
+  EXPECT_EQ(Body(after)["remaining"], 100000 - 1);
+}
+
 }  // namespace
 }  // namespace rltest
