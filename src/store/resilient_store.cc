@@ -170,6 +170,12 @@ void ResilientStore::Reset(std::string_view key, std::span<const Limit* const> l
 //           checks are decided while the store is down): degraded
 //   open, closed, error   nowhere: the failure (the caller counts it; the
 //           reservation stands as charged)
+// A settlement made once (`once`: a decision-API reservation) goes nowhere
+// but the store, whatever the mode: its once-mark must live where every
+// instance and the store's return see it (a local one let the same
+// reservation settle again on Redis once it was back), and it corrects what
+// the check took from the store, which the fallback never held. The caller
+// gets the failure and retries.
 // The call is never replayed: a failed call may have applied.
 void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
   if (request.settlements.size() > kMaxChecksPerRequest)
@@ -178,19 +184,17 @@ void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
     std::string key;
     std::vector<LimitSettle> settlements;
     OnFailure on_failure;
-    std::string once;
-    std::chrono::microseconds once_ttl;
+    bool once;
   };
   Saved saved{std::string(request.key),
               {request.settlements.begin(), request.settlements.end()},
               request.on_failure,
-              std::string(request.once),
-              request.once_ttl};
+              !request.once.empty()};
   inner_->Settle(request, [this, saved = std::move(saved),
                            done = std::move(done)](StatusOr<CheckResult> r) mutable {
     if (r.ok() || !IsStoreFailure(r.status())) return done(std::move(r));
     if (on_failure_) on_failure_(r.status(), saved.on_failure.mode);
-    if (saved.on_failure.mode != FailureMode::kLocal) return done(std::move(r));
+    if (saved.on_failure.mode != FailureMode::kLocal || saved.once) return done(std::move(r));
     std::vector<Limit> scaled;
     for (const LimitSettle& l : saved.settlements) {
       scaled.push_back(Scaled(*l.limit, saved.on_failure.expected_instances));
@@ -198,8 +202,7 @@ void ResilientStore::Settle(const SettleRequest& request, CheckCallback done) {
     std::vector<LimitSettle> local;
     for (size_t i = 0; i < scaled.size(); ++i)
       local.push_back({&scaled[i], saved.settlements[i].delta});
-    StatusOr<CheckResult> l = local_.SettleSync(
-        {.key = saved.key, .settlements = local, .once = saved.once, .once_ttl = saved.once_ttl});
+    StatusOr<CheckResult> l = local_.SettleSync({.key = saved.key, .settlements = local});
     if (!l.ok()) return done(std::move(r));  // the local store is full too: the failure
     l->degraded = true;
     done(std::move(l));

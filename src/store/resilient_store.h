@@ -28,7 +28,9 @@
 // failures through: they answer questions, they decide nothing. Reset
 // forgets the local fallback's state of the key as well. Settle (a cost
 // known afterwards) goes to the local fallback in mode local and fails in
-// the others: a settlement decides nothing for a mode to answer.
+// the others: a settlement decides nothing for a mode to answer. One made
+// once (SettleRequest::once, a decision-API reservation) fails in every
+// mode: its once-mark must live in the shared store.
 //
 // Concurrency: open admits without a lease, closed refuses (failed_closed),
 // local takes a lease from a process-local MemoryConcurrencyStore with

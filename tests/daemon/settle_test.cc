@@ -22,12 +22,14 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-std::string Config() {
+// `store`: a store section ("store: {...}\n"), or none.
+std::string Config(const std::string& store = "") {
   const std::string dir = MakeTempDir();
   WriteFile(dir + "/c.yaml",
-            "limits:\n"
-            "  login: {algorithm: fixed_window, limit: 5, window: 1s, block_for: 3s}\n"
-            "  tokens: {algorithm: token_bucket, capacity: 100000, refill_per_second: 0.01}\n");
+            store +
+                "limits:\n"
+                "  login: {algorithm: fixed_window, limit: 5, window: 1s, block_for: 3s}\n"
+                "  tokens: {algorithm: token_bucket, capacity: 100000, refill_per_second: 0.01}\n");
   return dir + "/c.yaml";
 }
 
@@ -228,6 +230,44 @@ TEST(SettleDaemon, AReservationSettlesOnceBeforeItExpiresAndCannotBeForged) {
             true);
 }
 
+// With failure_mode local, a settlement Redis could not take went to the
+// instance's local fallback, and its once-mark with it: Redis, back with its
+// state (AOF), settled the same reservation again. A settlement corrects
+// what the check took from Redis, and the fallback took nothing: it is now
+// refused (503, Retry-After) until Redis takes it, once.
+TEST(SettleDaemon, ASettlementAppliedLocallyIsNotAppliedAgainOnceRedisIsBack) {
+  ratelimit::testing::RedisServer redis({.args = {"--appendonly", "yes"}});
+  Daemon a({"--config", Config("store: {type: redis, url: \"" + redis.url() +
+                               "\", failure_mode: local, reconnect_max_backoff: 200ms}\n")});
+  ASSERT_TRUE(a.started()) << a.Log();
+  HttpResponse c = Check(a, R"({"key": "k", "cost": 4000, "limit": "tokens", "reserve": true})");
+  ASSERT_EQ(c.status, 200) << c.body;
+  const std::string settle =
+      json{{"reservation", Body(c)["reservation"]["id"]}, {"cost", 0}}.dump();
+  auto settled = [&] {
+    return Http(a.port(), "POST", "/v1/settle", {{"Content-Type", "application/json"}}, settle);
+  };
+  redis.Stop();
+  HttpResponse down = settled();
+  EXPECT_EQ(down.status, 503) << down.body;
+  EXPECT_EQ(down.Header("Retry-After"), "1");
+  redis.Restart();  // its state kept (AOF): the reservation's 4000 still taken
+  // Until the instance decides on Redis again.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (Body(Check(a, R"({"key": "probe", "limit": "tokens"})"))["degraded"].get<bool>()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << a.Log();
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  HttpResponse back = settled();  // the caller's retry: applied on Redis, once
+  ASSERT_EQ(back.status, 200) << back.body << a.Log();
+  EXPECT_FALSE(Body(back)["state"]["degraded"].get<bool>()) << back.body;
+  EXPECT_EQ(Body(back)["difference"], -4000);
+  EXPECT_EQ(Body(back)["state"]["remaining"], 100000) << back.body;
+  HttpResponse again = settled();
+  EXPECT_EQ(again.status, 409) << again.body;
+  EXPECT_NE(again.body.find("settled already"), std::string::npos) << again.body;
+}
+
 // Reservation ids were refused past 8192 characters, but a key may be up to
 // store.max_key_length (65536) long and a check may name inline limits: a
 // reservation on an 8192-byte key was issued and could never be settled
@@ -236,13 +276,7 @@ TEST(SettleDaemon, AReservationSettlesOnceBeforeItExpiresAndCannotBeForged) {
 // before anything is taken.
 TEST(DecisionApi, AReservationWithTheLongestKeySettles) {
   ratelimit::testing::RedisServer redis;
-  const std::string dir = MakeTempDir();
-  WriteFile(dir + "/c.yaml",
-            "store:\n"
-            "  max_key_length: 65536\n"
-            "limits:\n"
-            "  tokens: {algorithm: token_bucket, capacity: 100000, refill_per_second: 0.01}\n");
-  Daemon a({"--config", dir + "/c.yaml", "--redis", redis.url()});
+  Daemon a({"--config", Config("store: {max_key_length: 65536}\n"), "--redis", redis.url()});
   ASSERT_TRUE(a.started()) << a.Log();
   json limits = json::array({"tokens"});
   for (int i = 0; i < 15; ++i) {  // 16 limits: the most a check names
