@@ -55,11 +55,22 @@ Outcome EnforceGet(Enforcer& e, const std::shared_ptr<const policy::Policy>& pol
   return out;
 }
 
+// The policy of `yaml` (read as if from `file`); nullptr, with a test
+// failure, if it is refused.
+std::shared_ptr<const policy::Policy> CompiledPolicy(const std::string& yaml, const char* file) {
+  auto c = policy::ParseConfig(yaml, file);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (!c.ok()) return nullptr;
+  auto p = policy::Policy::Create(*std::move(c));
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? *std::move(p) : nullptr;
+}
+
 // /chat metered from the X-Usage response header (reserve 1000) on a
 // 10,000-token bucket, after `prefix` (e.g. a store section); nullptr if the
 // config is refused.
 std::shared_ptr<const policy::Policy> MeteredChat(const std::string& prefix) {
-  auto c = policy::ParseConfig(prefix + R"(
+  return CompiledPolicy(prefix + R"(
 limits:
   tokens: {algorithm: token_bucket, capacity: 10000, refill_per_second: 100}
 routes:
@@ -68,12 +79,7 @@ routes:
     limits: [tokens]
     cost: {reserve: 1000, settle_from: response_header, field: X-Usage}
 )",
-                               "metered.yaml");
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  if (!c.ok()) return nullptr;
-  auto p = policy::Policy::Create(*std::move(c));
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return p.ok() ? *std::move(p) : nullptr;
+                        "metered.yaml");
 }
 
 TEST(Enforcer, FailOpenAllowsDegraded) {
@@ -399,7 +405,7 @@ Outcome EnforceAs(Enforcer& e, const std::shared_ptr<const policy::Policy>& poli
 // clients' global burst of capacity 1 (two API keys behind one IP), the route
 // shadow when `shadow`.
 std::shared_ptr<const policy::Policy> LoginBehindNat(const std::string& login, bool shadow) {
-  auto c = policy::ParseConfig(R"(
+  return CompiledPolicy(R"(
 limits:
   burst: {algorithm: token_bucket, capacity: 1, refill_per_second: 0.001}
 plans:
@@ -413,15 +419,10 @@ routes:
     match: exact
     key_by: ip
     shadow: )" + std::string(shadow ? "true" : "false") +
-                                   R"(
+                            R"(
     limits:
       - )" + login + "\n",
-                               "nat.yaml");
-  EXPECT_TRUE(c.ok()) << c.status().ToString();
-  if (!c.ok()) return nullptr;
-  auto p = policy::Policy::Create(*std::move(c));
-  EXPECT_TRUE(p.ok()) << p.status().ToString();
-  return p.ok() ? *std::move(p) : nullptr;
+                        "nat.yaml");
 }
 
 // A request denied by a later group was never forwarded, yet what the
