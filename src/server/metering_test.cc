@@ -480,12 +480,8 @@ TEST_P(MeteredGateway, FirstEventArrivesBeforeTheLastAndALeavingClientPaysTheMax
   const std::string req = Request("/sse", 4000, /*hold=*/true);
   ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   std::string got;
-  char buf[4096];
-  while (got.find("Hello") == std::string::npos) {
-    const ssize_t n = ::recv(c, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0) << "the first event did not come through while the upstream held: " << got;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(ratelimit::testing::ReadFirstEvent(c, got))
+      << "the first event did not come through while the upstream held: " << got;
   EXPECT_EQ(upstream_.last_event_sent.load(), 0) << "the upstream had already finished";
   ::close(c);
   upstream_.Release();
@@ -533,12 +529,7 @@ TEST_P(MeteredGateway, ClientChosenReservationIsNotTheCostWhenUsageIsMissingOrTh
       "Connection: close\r\n\r\n";
   ASSERT_EQ(::send(c, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   std::string got;
-  char buf[4096];
-  while (got.find("Hello") == std::string::npos) {
-    const ssize_t n = ::recv(c, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0) << got;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(ratelimit::testing::ReadFirstEvent(c, got)) << got;
   ::close(c);
   upstream_.Release();
   WaitForSettlements(before + 1);

@@ -112,16 +112,12 @@ TEST(MeteredDaemon, AConcurrencyRefusalRefundsTheReservation) {
                       "GET /sse HTTP/1.1\r\nHost: t\r\nX-Estimate: 100\r\nX-Usage: 100\r\n"
                       "X-Hold: 1\r\nConnection: close\r\n\r\n"));
   std::string got;
-  char buf[4096];
-  while (got.find("Hello") == std::string::npos) {
-    const ssize_t n = ::recv(first, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0) << got;
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(ratelimit::testing::ReadFirstEvent(first, got)) << got;
   HttpResponse refused =
       Http(d.port(), "GET", "/sse", {{"X-Estimate", "4000"}, {"X-Usage", "4000"}});
   EXPECT_EQ(refused.status, 429) << refused.body;
   upstream.Release();
+  char buf[4096];
   for (ssize_t n; (n = ::recv(first, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
   ::close(first);
   EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got;

@@ -66,6 +66,16 @@ SseUpstream::~SseUpstream() {
   for (std::thread& t : workers_) t.join();
 }
 
+bool ReadFirstEvent(int fd, std::string& got) {
+  char buf[4096];
+  while (got.find("Hello") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
 void SseUpstream::Accept() {
   while (!stop_) {
     pollfd p{fd_, POLLIN, 0};

@@ -49,4 +49,8 @@ class SseUpstream {
   std::vector<std::thread> workers_;  // the acceptor's; joined after it
 };
 
+// Reads a client connection `fd` into `got` until an /sse answer's first
+// (content) event has arrived; false if the connection ended before it.
+bool ReadFirstEvent(int fd, std::string& got);
+
 }  // namespace ratelimit::testing
