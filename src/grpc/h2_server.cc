@@ -65,7 +65,12 @@ std::chrono::nanoseconds ParseGrpcTimeout(std::string_view v) {
   if (ec != std::errc() || p != v.data() + v.size() - 1 || n < 0)
     return std::chrono::nanoseconds(-1);
   switch (v.back()) {
-    case 'H': return std::chrono::hours(n);
+    case 'H':
+      // 8 digits of hours (up to 11,400 years) overflow int64 nanoseconds
+      // past 2,562,047 h: such a timeout is "no deadline we keep".
+      if (n > std::chrono::nanoseconds::max() / std::chrono::hours(1))
+        return std::chrono::nanoseconds::max();
+      return std::chrono::hours(n);
     case 'M': return std::chrono::minutes(n);
     case 'S': return std::chrono::seconds(n);
     case 'm': return std::chrono::milliseconds(n);

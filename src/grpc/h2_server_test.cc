@@ -352,6 +352,16 @@ TEST_F(H2ServerTest, AnAnswerAfterTheDeadlineIsDeadlineExceeded) {
   EXPECT_LT(ParseGrpcTimeout("m").count(), 0);
 }
 
+// Eight digits of hours overflow int64 nanoseconds past 2,562,047 h (signed
+// overflow; 5124096H wrapped to a deadline of about +1526 s): such a
+// timeout is no deadline at all.
+TEST(ParseGrpcTimeout, HoursBeyondInt64NanosecondsAreNoDeadline) {
+  EXPECT_EQ(ParseGrpcTimeout("5124096H"), std::chrono::nanoseconds::max());
+  EXPECT_EQ(ParseGrpcTimeout("99999999H"), std::chrono::nanoseconds::max());
+  EXPECT_EQ(ParseGrpcTimeout("2562047H"), std::chrono::hours(2562047));
+  EXPECT_EQ(ParseGrpcTimeout("99999999M"), std::chrono::minutes(99999999));
+}
+
 // Reads until the server closes; false if it did not within 5 s. `received`
 // (if given) counts the bytes read before.
 bool ClosedByServer(int fd, size_t* received = nullptr) {
