@@ -341,6 +341,13 @@ Status Loader::Server(const YAML::Node& n, ServerConfig* s) {
                  "'upstream' must start with http://, got " + Quote(s->upstream));
   }
   RL_RETURN_IF_ERROR(Bool(n, "demo", &s->demo));
+  if (s->demo && !s->upstream.empty()) {
+    // The demo answers "/", "/index.html" and "/demo/state" itself: in front
+    // of an upstream it would hide the upstream's own pages.
+    return Error(Get(n, "demo"),
+                 "'demo' serves '/', '/index.html' and '/demo/state' itself and would hide "
+                 "the upstream's: set 'demo' or 'upstream', not both");
+  }
   RL_RETURN_IF_ERROR(Dialect(n, &s->headers));
   RL_RETURN_IF_ERROR(IntIn(n, "threads", 0, 1024, &s->threads));
   RL_RETURN_IF_ERROR(IntIn(n, "max_body_bytes", 1, int64_t{1} << 30, &s->max_body_bytes));
