@@ -7,6 +7,9 @@
 //   ratelimitd --check-config FILE|DIR  (the config, every file it names, its Envoy directory)
 //   ratelimitd [--config FILE] --explain 'GET /api/x' [-H 'Name: value']... [--peer ADDR]
 //   ratelimitd --help | --version
+#include <pthread.h>
+#include <signal.h>
+
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -210,6 +213,16 @@ void WarnIfUnreachable(ratelimit::Store& store, const ratelimit::policy::StoreCo
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
+  // SIGHUP waits until the server can reload: its default action would end
+  // the daemon while it starts (a reload sent by a script or systemd's
+  // ExecReload too early). Blocked here, so in every thread started before
+  // the server runs; unblocked in this one just before (a SIGHUP that came
+  // meanwhile is delivered then, as one reload). Unblocking also undoes a
+  // mask inherited from the parent, under which reloads never arrived.
+  sigset_t hup;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &hup, nullptr);
   Flags flags;
   if (std::string err = ParseFlags(argc, argv, flags); !err.empty()) {
     std::cerr << "ratelimitd: " << err << "\n";
@@ -375,6 +388,7 @@ int main(int argc, char** argv) {
          {"group", run_as->group},
          {"gid", static_cast<int64_t>(run_as->gid)}});
   }
+  pthread_sigmask(SIG_UNBLOCK, &hup, nullptr);  // the server's signal_set handles it now
   const int code = server.Run();
   if (grpc) grpc->Shutdown();  // drained by the server's drain (AddDrainHooks)
   return code;

@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -48,6 +49,28 @@ TEST(Signals, HupReloadsAGoodFileAndKeepsTheOldOnABadOne) {
   d.Signal(SIGHUP);
   ASSERT_TRUE(d.WaitForLog("changes that need a restart were ignored", std::chrono::seconds(10)))
       << d.Log();
+}
+
+// A SIGHUP that comes while the daemon starts waits and is one reload once
+// it serves (its default action would have ended the daemon). Here it is
+// held by the mask the daemon inherits from its parent (this thread's, with
+// SIGHUP blocked), which the daemon must undo: under it, no reload arrived.
+TEST(Signals, AHupBeforeTheServerRunsIsOneReloadOnceItServes) {
+  std::string dir = MakeTempDir();
+  const std::string file = dir + "/c.yaml";
+  WriteFile(file, Config(2));
+  sigset_t hup, before;
+  sigemptyset(&hup);
+  sigaddset(&hup, SIGHUP);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &hup, &before), 0);
+  Daemon d({"--config", file});
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &before, nullptr), 0);
+  ASSERT_TRUE(d.started()) << d.Log();
+  WriteFile(file, Config(40));
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", std::chrono::seconds(10))) << d.Log();
+  Headers h = {{"X-Original-Method", "GET"}, {"X-Original-URI", "/x"}, {"X-API-Key", "hup"}};
+  EXPECT_EQ(Http(d.port(), "GET", "/v1/auth", h).Header("RateLimit-Limit"), "40");
 }
 
 // While a request holds the drain (a slow upstream answer), the admin
