@@ -117,6 +117,12 @@ struct RedisConnectionOptions {
   // The longest wait between reconnect attempts (with jitter): keeps
   // recovery after Redis returns within about a second.
   std::chrono::milliseconds reconnect_max_backoff{250};
+  // What the endpoint reports for the logs (redis+sentinel://: each master
+  // adopted, each discovery that found none, ROLE not permitted), one
+  // sentence each, `warning` for those that need attention. A failure that
+  // repeats word for word is passed on at most once per 10 s, with the
+  // count of the repeats dropped. Runs on the store's executor; may be empty.
+  std::function<void(bool warning, std::string_view message)> on_redis_event;
   // RedisStore only: denials of cost-1 requests are remembered until their
   // retry time and answered locally (see src/store/over_limit_cache.h). 0
   // entries: off.

@@ -41,6 +41,17 @@ namespace ratelimit::redis {
 
 struct Script;
 
+// Something an endpoint reports for the logs: one sentence, never a password.
+struct EndpointEvent {
+  enum class Kind {
+    kMasterAdopted,    // a master found: the first, or a new one (failover)
+    kDiscoveryFailed,  // no master found this time (the current one is kept)
+    kWarning,          // a setup that works, but less well (ROLE not permitted)
+  };
+  Kind kind;
+  std::string message;
+};
+
 class Endpoint {
  public:
   virtual ~Endpoint() = default;
@@ -96,6 +107,12 @@ class Endpoint {
   // so that per-node state kept by the caller stops counting, and starts
   // afresh if the id comes back. Endpoints that never drop one ignore it.
   virtual void OnNodeDropped(std::function<void(int node)> handler) { (void)handler; }
+  // `handler(event)` runs (on the executor) for what the endpoint's owner
+  // should log (src/redis has no logger): SentinelClient reports each master
+  // it adopts, each discovery that failed and, once, a ROLE it may not run.
+  // Replaces the previous handler; Close() removes it and waits for a run
+  // under way. Endpoints with nothing to report ignore it.
+  virtual void OnEvent(std::function<void(const EndpointEvent& event)> handler) { (void)handler; }
   // Pub/sub (redis::Subscriber): the node to SUBSCRIBE on for the
   // `attempt`th subscription (0, 1, ...: a later attempt may name another
   // node), with this endpoint's credentials and TLS; nullopt while none is

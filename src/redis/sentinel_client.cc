@@ -30,8 +30,8 @@ constexpr std::string_view kSwitchMaster = "+switch-master";
 milliseconds Patience(const Options& o) { return std::max(o.connect_timeout, o.command_timeout); }
 
 // [ip, port] from SENTINEL get-master-addr-by-name (nil: the name is unknown).
-StatusOr<NodeAddress> ParseMasterAddress(const Reply& r) {
-  if (r.IsNil()) return Unavailable("the sentinel does not know this master name");
+StatusOr<NodeAddress> ParseMasterAddress(const Reply& r, const std::string& name) {
+  if (r.IsNil()) return Unavailable("does not know the master name '" + name + "'");
   if (r.IsError()) return Unavailable(r.str);
   if (!r.IsArray() || r.elements.size() != 2 || !r.elements[0].IsString() ||
       !r.elements[1].IsString()) {
@@ -45,10 +45,12 @@ StatusOr<NodeAddress> ParseMasterAddress(const Reply& r) {
 }  // namespace
 
 struct SentinelClient::State : std::enable_shared_from_this<State> {
-  // A master confirmed by ROLE, and the Client that asked it.
+  // A master confirmed by ROLE (or, where ROLE is not permitted, named by a
+  // sentinel: `verified` false), and the Client that asked it.
   struct Found {
     NodeAddress address;
     std::shared_ptr<Client> client;
+    bool verified = true;
   };
   using FoundFn = std::function<void(StatusOr<Found>)>;
 
@@ -82,8 +84,12 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   // verifies it first (the sentinels asked may not have caught up).
   std::optional<NodeAddress> announced RL_GUARDED_BY(mu);
   size_t next_subscription RL_GUARDED_BY(mu) = 0;
-  Mutex dropped_mu;  // held while the handler runs, so Close() can take it away
-  std::function<void(int)> on_dropped RL_GUARDED_BY(dropped_mu);
+  // Why the last discovery found no master ("" after one that did).
+  std::string last_error RL_GUARDED_BY(mu);
+  bool role_warned RL_GUARDED_BY(mu) = false;  // the NOPERM warning was given
+  Mutex hooks_mu;  // held while a handler runs, so Close() can take it away
+  std::function<void(int)> on_dropped RL_GUARDED_BY(hooks_mu);
+  std::function<void(const EndpointEvent&)> on_event RL_GUARDED_BY(hooks_mu);
 
   // Strand-only.
   EarliestTimer discover_timer;
@@ -120,8 +126,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     std::shared_ptr<Client> client = Current(&id);
     if (!client) {
       RequestDiscovery(false);
-      return FailSoon(std::move(cb), Unavailable("redis sentinel: no master of '" +
-                                                 options.master_name + "' known yet"));
+      return FailSoon(std::move(cb), NoMasterStatus());
     }
     send(*client, [self = shared_from_this(), cb = std::move(cb), id](StatusOr<Reply> r) mutable {
       if (r.ok() && r->IsErrorWithPrefix("READONLY")) {
@@ -139,6 +144,22 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       }
       cb(std::move(r));
     });
+  }
+
+  // Why calls fail while no master is known: the last discovery's failure.
+  Status NoMasterStatus() {
+    std::string why;
+    {
+      LockGuard lock(mu);
+      why = last_error;
+    }
+    return Unavailable("redis sentinel: no master of '" + options.master_name + "' known yet" +
+                       (why.empty() ? " (the first discovery is under way)" : ": " + why));
+  }
+
+  void Report(EndpointEvent::Kind kind, std::string message) {
+    LockGuard lock(hooks_mu);
+    if (on_event) on_event(EndpointEvent{kind, std::move(message)});
   }
 
   // ---- discovery ----
@@ -197,9 +218,8 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void Ask(size_t first, size_t i, const std::string& errors) {
     const size_t n = options.sentinels.size();
     if (i == n) {
-      return Finish(Unavailable("redis sentinel: no sentinel named a master of '" +
-                                options.master_name + "' (" + errors + ")"),
-                    0);
+      return Finish(
+          Unavailable("no sentinel named a master of it that answers as one (" + errors + ")"), 0);
     }
     const size_t at = (first + i) % n;
     std::shared_ptr<Client> sentinel;
@@ -218,7 +238,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
         args,
         [self = shared_from_this(), next, at](StatusOr<Reply> r) {
           if (!r.ok()) return next(r.status().message());
-          StatusOr<NodeAddress> named = ParseMasterAddress(*r);
+          StatusOr<NodeAddress> named = ParseMasterAddress(*r, self->options.master_name);
           if (!named.ok()) return next(named.status().message());
           self->Verify(*named, 0, [self, next, at](StatusOr<Found> found) {
             if (!found.ok()) return next(found.status().message());
@@ -254,6 +274,11 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
             why = r.status().message();
           } else if (r->IsArray() && !r->elements.empty() && r->elements[0].str == "master") {
             return done(Found{address, std::move(client)});
+          } else if (r->IsErrorWithPrefix("NOPERM")) {
+            // A least-privilege ACL user (-@dangerous takes ROLE away): the
+            // sentinel's word (or the announcement's) is taken unverified, and
+            // a demoted master is noticed by its -READONLY only. Finish warns.
+            return done(Found{address, std::move(client), /*verified=*/false});
           } else if (r->IsArray() && r->elements.size() >= 3 && r->elements[0].str == "slave" &&
                      r->elements[2].IsInteger() && hops == 0) {
             if (fresh) client->Close();
@@ -274,33 +299,59 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   void Finish(StatusOr<Found> found, size_t at) {
     std::shared_ptr<Client> old;
     int replaced = -1;  // the old master's id
+    bool adopted = false;
     bool retry = false;
+    bool warn_role = false;
+    std::string was;  // the master before, "" if none
     {
       LockGuard lock(mu);
       discovering = false;
       last_discovery = Clock::now();
       retry = again || node < 0;
       again = false;
+      if (node >= 0) was = nodes[static_cast<size_t>(node)].ToString();
       if (found.ok()) {
         ++discovery_count;
         preferred = at;
+        last_error.clear();
+        warn_role = !found->verified && !role_warned;
+        role_warned = role_warned || warn_role;
         if (closed) {
           old = found->client;
         } else if (found->client != data) {
           old = std::exchange(data, found->client);
           replaced = node;
+          adopted = true;
           node = static_cast<int>(nodes.size());
           nodes.push_back(found->address);
           current_node.store(node, std::memory_order_release);
         }
+      } else {
+        last_error = found.status().message();
       }
     }
     if (old) old->Close();
     if (replaced >= 0) {
       // Its id is never used again: per-node state kept for it (a breaker
       // opened by the failover) must not outlive it.
-      LockGuard lock(dropped_mu);
+      LockGuard lock(hooks_mu);
       if (on_dropped) on_dropped(replaced);
+    }
+    const std::string name = "redis sentinel: master '" + options.master_name + "'";
+    if (adopted) {
+      Report(EndpointEvent::Kind::kMasterAdopted,
+             name + " is " + found->address.ToString() +
+                 (was.empty() ? " (found)" : " (was " + was + ")"));
+    } else if (!found.ok()) {
+      Report(EndpointEvent::Kind::kDiscoveryFailed,
+             name + " not found: " + std::string(found.status().message()) +
+                 (was.empty() ? "" : "; still using " + was));
+    }
+    if (warn_role) {
+      Report(EndpointEvent::Kind::kWarning,
+             "redis sentinel: ROLE is not permitted on " + found->address.ToString() +
+                 " (NOPERM): the sentinels' answer is taken unchecked, and a demoted master "
+                 "is noticed only by its READONLY replies; grant the data nodes' user +role");
     }
     if (retry) RequestDiscovery(false);
   }
@@ -427,8 +478,9 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     }
     for (auto& c : clients) c->Close();
     {
-      LockGuard lock(dropped_mu);  // waits for a run under way
+      LockGuard lock(hooks_mu);  // waits for a run under way
       on_dropped = nullptr;
+      on_event = nullptr;
     }
     asio::post(strand, [self = shared_from_this()] {
       self->discover_timer.Stop();
@@ -495,8 +547,13 @@ std::string SentinelClient::RedactedUrl() const { return redis::RedactedUrl(stat
 void SentinelClient::RequestRefresh() { state_->RequestDiscovery(false); }
 
 void SentinelClient::OnNodeDropped(std::function<void(int node)> handler) {
-  LockGuard lock(state_->dropped_mu);
+  LockGuard lock(state_->hooks_mu);
   state_->on_dropped = std::move(handler);
+}
+
+void SentinelClient::OnEvent(std::function<void(const EndpointEvent& event)> handler) {
+  LockGuard lock(state_->hooks_mu);
+  state_->on_event = std::move(handler);
 }
 
 std::string SentinelClient::master() const {

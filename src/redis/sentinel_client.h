@@ -5,7 +5,9 @@
 // Discovery asks the sentinels in turn (the last one that answered first)
 // for `SENTINEL get-master-addr-by-name <name>` and checks the answer with
 // ROLE on the node itself: a node that says it is a replica is followed to
-// the master it names, once, and that one must say `master`. The data calls
+// the master it names, once, and that one must say `master`. A data user
+// that may not run ROLE (-NOPERM: ROLE is @admin @dangerous) takes the
+// sentinel's answer unchecked, and is warned once (OnEvent). The data calls
 // then go to a standalone Client on that node (every slot is the node's);
 // each new master gets a new node id, so per-node state (a circuit breaker)
 // starts fresh, and the old id is reported dropped (OnNodeDropped).
@@ -19,8 +21,9 @@
 //     known (every check_interval);
 //   - on RequestRefresh (the store's breaker for the node opened).
 // While no master is known, calls fail at once with kUnavailable (the
-// store's failure mode answers). NOSCRIPT on a new master loads the script
-// and retries once (Client::EvalScript); an unknown outcome is never replayed.
+// store's failure mode answers), with the last discovery's reasons (each
+// sentinel's: refused, a wrong password, an unknown master name...). NOSCRIPT on a new master loads
+// the script and retries once (Client::EvalScript); an unknown outcome is never replayed.
 //
 //   auto s = SentinelClient::Create(io.executor(),
 //       *ParseSentinelUrl("redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/main"));
@@ -91,6 +94,10 @@ class SentinelClient final : public Endpoint {
   // node `node`: that id is never used again. Replaces the previous handler;
   // Close() removes it and waits for a run under way.
   void OnNodeDropped(std::function<void(int node)> handler) override;
+  // Reports each master adopted ("... is 10.0.0.2:6379 (was 10.0.0.1:6379)"),
+  // each failed discovery (every sentinel's reason), and once that ROLE is
+  // not permitted.
+  void OnEvent(std::function<void(const EndpointEvent& event)> handler) override;
   void Close() override;
 
   // "host:port" of the current master, "" while none is known (for tests).

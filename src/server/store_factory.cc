@@ -19,6 +19,15 @@ void LogBreakerChanges(CircuitBreaker::Options& o, std::string_view which) {
   };
 }
 
+// What the Redis endpoint reports (redis+sentinel://: a master adopted, a
+// discovery that failed, ROLE not permitted) is one log line each; the
+// store passes a repeated failure on once per 10 s (RedisConnectionOptions).
+void LogRedisEvents(RedisConnectionOptions& o, std::string_view which) {
+  o.on_redis_event = [which](bool warning, std::string_view message) {
+    Log(warning ? Level::kWarn : Level::kInfo, which, {{"event", message}});
+  };
+}
+
 // The fields both Redis-backed stores take from `store:` alike (one place,
 // so neither store misses a setting the other honours).
 template <typename Options>
@@ -80,6 +89,7 @@ StatusOr<std::unique_ptr<ConcurrencyStore>> MakeConcurrencyStore(
   o.connections = 1;  // acquire/release are rare next to checks
   o.io_context = io_context;
   LogBreakerChanges(o.breaker, "redis circuit breaker (concurrency)");
+  LogRedisEvents(o, "redis endpoint (concurrency)");
   StatusOr<std::unique_ptr<RedisConcurrencyStore>> s = RedisConcurrencyStore::Create(std::move(o));
   if (!s.ok()) return s.status();
   return std::unique_ptr<ConcurrencyStore>(std::move(*s));
@@ -92,6 +102,7 @@ StatusOr<std::unique_ptr<OverrideStore>> MakeOverrideStore(const policy::StoreCo
   FillRedisOptions(config, o);
   o.io_context = io_context;
   LogBreakerChanges(o.breaker, "redis circuit breaker (overrides)");
+  LogRedisEvents(o, "redis endpoint (overrides)");
   return MakeRedisOverrideStore(std::move(o));
 }
 
@@ -114,6 +125,7 @@ StatusOr<std::shared_ptr<Store>> MakePlainStore(const policy::StoreConfig& confi
       o.connections = config.connections;
       o.io_context = io_context;
       LogBreakerChanges(o.breaker, "redis circuit breaker");
+      LogRedisEvents(o, "redis endpoint");
       StatusOr<std::unique_ptr<RedisStore>> s = RedisStore::Create(std::move(o));
       if (!s.ok()) return s.status();
       return std::shared_ptr<Store>(std::move(*s));

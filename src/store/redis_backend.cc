@@ -53,6 +53,10 @@ StatusOr<std::unique_ptr<RedisBackend>> RedisBackend::Create(const RedisConnecti
   // master Sentinel replaced): its breaker no longer counts, and starts
   // afresh if the id comes back.
   b->endpoint_->OnNodeDropped([raw = b.get()](int node) { raw->ForgetNode(node); });
+  if (b->opts_.on_redis_event) {
+    b->endpoint_->OnEvent(
+        [raw = b.get()](const redis::EndpointEvent& e) { raw->OnEndpointEvent(e); });
+  }
   return b;
 }
 
@@ -96,6 +100,32 @@ void RedisBackend::ForgetNode(int node) {
   retired_breakers_.push_back(std::move(node_breakers_[at]));
   node_breakers_[at] = std::make_unique<CircuitBreaker>(opts_.breaker);
   if (at < std::size(known_)) known_[at].store(node_breakers_[at].get(), std::memory_order_release);
+}
+
+void RedisBackend::OnEndpointEvent(const redis::EndpointEvent& event) {
+  using Kind = redis::EndpointEvent::Kind;
+  constexpr int64_t kRepeatMicros = 10'000'000;
+  std::string message = event.message;
+  {
+    LockGuard lock(events_mu_);
+    if (event.kind != Kind::kDiscoveryFailed) {
+      last_failure_.clear();  // a failure after a success is news
+    } else {
+      const Clock& clock = opts_.steady_clock != nullptr ? *opts_.steady_clock : Clock::Steady();
+      const int64_t now = clock.NowMicros();
+      if (message == last_failure_ && now - last_failure_at_ < kRepeatMicros) {
+        ++failures_dropped_;
+        return;
+      }
+      if (failures_dropped_ > 0) {
+        message += " (" + std::to_string(failures_dropped_) + " failures not logged before)";
+      }
+      last_failure_ = event.message;
+      last_failure_at_ = now;
+      failures_dropped_ = 0;
+    }
+  }
+  opts_.on_redis_event(event.kind != Kind::kMasterAdopted, message);
 }
 
 StatusOr<RedisBackend::Pass> RedisBackend::Admit(uint16_t slot) {

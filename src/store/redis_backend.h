@@ -150,6 +150,10 @@ class RedisBackend {
   // (closed, kept for the calls that hold it, no longer counted) and a
   // fresh one takes its place.
   void ForgetNode(int node);
+  // Passes an endpoint's event on to RedisConnectionOptions::on_redis_event;
+  // a failure the same as the last one passed on, less than 10 s ago, is
+  // counted instead (the count goes with the next one passed on).
+  void OnEndpointEvent(const redis::EndpointEvent& event);
   redis::Callback Counted(redis::Callback done);
 
   const RedisConnectionOptions opts_;
@@ -166,6 +170,10 @@ class RedisBackend {
   // hundred bytes each, kept for the store's life.
   std::vector<std::unique_ptr<CircuitBreaker>> retired_breakers_ RL_GUARDED_BY(breakers_mu_);
   std::atomic<CircuitBreaker*> known_[64] = {};  // node_breakers_' first, read without the lock
+  Mutex events_mu_;
+  std::string last_failure_ RL_GUARDED_BY(events_mu_);
+  int64_t last_failure_at_ RL_GUARDED_BY(events_mu_) = 0;  // steady micros
+  int64_t failures_dropped_ RL_GUARDED_BY(events_mu_) = 0;
   Mutex subscribers_mu_;
   std::vector<std::shared_ptr<redis::Subscriber>> subscribers_ RL_GUARDED_BY(subscribers_mu_);
   // Declared before the endpoint: destroyed after it.

@@ -5,9 +5,12 @@
 // sentinel failover) and the sentinels' own failover seen by the client.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -81,17 +84,94 @@ TEST(SentinelStore, DiscoversTheMasterWithSeparatePasswordsAndDecidesExactly) {
   EXPECT_EQ(store->stats().failures, failures_before);
 }
 
-TEST(SentinelStore, WrongSentinelPasswordFindsNoMaster) {
-  RedisSentinel s({.sentinel_password = "sentinel-pw"});
-  std::string url = s.url();
-  url.replace(url.find("sentinel-pw"), 11, "wrong");
-  auto store = MustCreate({.url = url, .deadline = milliseconds(200)});
+// The store's on_redis_event lines, kept for a test to read.
+struct Events {
+  std::mutex mu;
+  std::vector<std::pair<bool, std::string>> lines;  // (warning, message)
+
+  std::function<void(bool, std::string_view)> Hook() {
+    return [this](bool warning, std::string_view message) {
+      std::lock_guard lock(mu);
+      lines.emplace_back(warning, std::string(message));
+    };
+  }
+  // How many lines (warnings only, if `warning`) contain `text`.
+  int Count(std::string_view text, bool warning = false) {
+    std::lock_guard lock(mu);
+    return static_cast<int>(std::count_if(lines.begin(), lines.end(), [&](const auto& l) {
+      return (!warning || l.first) && l.second.find(text) != std::string::npos;
+    }));
+  }
+};
+
+// A check's failure while the client knows no master: the reason the last
+// discovery found none (each sentinel's), in the status and in a log line.
+std::string FailureWithoutAMaster(const std::string& url, Events& events) {
+  auto store =
+      MustCreate({.url = url, .deadline = milliseconds(200), .on_redis_event = events.Hook()});
   Limit l = *Limit::TokenBucket("w", 10, 1);
   LimitCheck c[] = {{&l, 1}};
   std::this_thread::sleep_for(milliseconds(300));
   StatusOr<CheckResult> r = store->CheckSync({"k", c});
-  ASSERT_FALSE(r.ok());
+  if (r.ok()) return "answered";
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  return r.status().ToString();
+}
+
+TEST(SentinelStore, WrongSentinelPasswordFindsNoMaster) {
+  RedisSentinel s({.sentinel_password = "sentinel-pw"});
+  std::string url = s.url();
+  url.replace(url.find("sentinel-pw"), 11, "wrong");
+  Events events;
+  const std::string failure = FailureWithoutAMaster(url, events);
+  EXPECT_NE(failure.find("no master of 'main' known yet"), std::string::npos) << failure;
+  EXPECT_NE(failure.find("AUTH/SELECT failed: WRONGPASS"), std::string::npos) << failure;
+  EXPECT_GE(events.Count("WRONGPASS", /*warning=*/true), 1);
+}
+
+TEST(SentinelStore, UnknownMasterNameIsSaid) {
+  RedisSentinel s;
+  std::string url = s.url();
+  url.replace(url.rfind("/main"), 5, "/nosuch");
+  Events events;
+  const std::string failure = FailureWithoutAMaster(url, events);
+  const std::string unknown = "does not know the master name 'nosuch'";
+  EXPECT_NE(failure.find(unknown), std::string::npos) << failure;
+  EXPECT_GE(events.Count(unknown, /*warning=*/true), 1);
+  // Repeated word for word: logged once (per 10 s), though discovery runs
+  // every check interval and on every call.
+  EXPECT_EQ(events.Count(unknown), 1);
+}
+
+// Least-privilege ACL users: on the data nodes, one without ROLE
+// (-@dangerous takes it away): the sentinels' answer is taken unchecked,
+// with one warning, and the store decides as with any user; on the
+// sentinels, one with just the commands docs/configuration.md lists.
+TEST(SentinelStore, AUserWithoutRoleStillFindsTheMaster) {
+  RedisSentinel s;
+  for (size_t i = 0; i < s.sentinels(); ++i) {
+    ASSERT_EQ(s.Cli(s.sentinel(i), {"ACL", "SETUSER", "rls", "on", ">spw", "&+switch-master",
+                                    "+sentinel|get-master-addr-by-name", "+subscribe", "+ping"}),
+              "OK");
+  }
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(
+        s.Cli(s.data(i), {"ACL", "SETUSER", "rl", "on", ">pw", "~*", "&*", "+@all", "-@dangerous"}),
+        "OK");
+    ASSERT_NE(s.Cli(s.data(i), {"ACL", "DRYRUN", "rl", "ROLE"}), "OK");  // not permitted
+  }
+  std::string url = s.url();
+  url.insert(std::string_view("redis+sentinel://").size(), "rl:pw@");
+  url += "?sentinel_user=rls&sentinel_password=spw";
+  Events events;
+  auto store = MustCreate({.url = url, .deadline = seconds(1), .on_redis_event = events.Hook()});
+  ASSERT_TRUE(WaitUntilAnswered(*store, "warm-up"));
+  const auto [allowed, failed] = Burst(*store, "burst", 100, 10);
+  EXPECT_EQ(allowed, 10);
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(events.Count("ROLE is not permitted", /*warning=*/true), 1);
+  const std::string master = "127.0.0.1:" + std::to_string(s.data(0).port());
+  EXPECT_EQ(events.Count("master 'main' is " + master + " (found)"), 1);
 }
 
 // A SentinelClient on `s` that has found its first master (node 0).
