@@ -83,6 +83,13 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   // The new master a +switch-master named, not yet tried: the next discovery
   // verifies it first (the sentinels asked may not have caught up).
   std::optional<NodeAddress> announced RL_GUARDED_BY(mu);
+  // The last +switch-master: for switch_hold after it, a sentinel that names
+  // its old master has not caught up (Verify passes over that answer).
+  struct Switch {
+    NodeAddress from, to;
+    Clock::time_point at;
+  };
+  std::optional<Switch> last_switch RL_GUARDED_BY(mu);
   size_t next_subscription RL_GUARDED_BY(mu) = 0;
   // Why the last discovery found no master ("" after one that did).
   std::string last_error RL_GUARDED_BY(mu);
@@ -252,10 +259,26 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   // it names, once (a master demoted by hand before the sentinels noticed).
   void Verify(const NodeAddress& address, int hops, FoundFn done) {
     std::shared_ptr<Client> client;
+    std::optional<Clock::duration> replaced_ago;
     {
       LockGuard lock(mu);
       if (closed) return;
       if (data && nodes[static_cast<size_t>(node)] == address) client = data;
+      const Clock::time_point t = Clock::now();
+      if (last_switch && last_switch->from == address && last_switch->to != address &&
+          t - last_switch->at < options.switch_hold) {
+        replaced_ago = t - last_switch->at;
+      }
+    }
+    if (replaced_ago) {
+      // During a planned failover the old master answers ROLE `master` for a
+      // while, and the sentinels that have not heard of the switch (they learn
+      // it within a hello period, 2 s) still name it: writing there again
+      // would lose the counts. The next sentinel is asked; if none names
+      // another master, the current one is kept.
+      const auto ms = std::chrono::duration_cast<milliseconds>(*replaced_ago).count();
+      return done(Unavailable(address.ToString() + " is the old master of a +switch-master " +
+                              std::to_string(ms) + " ms ago (this answer has not caught up)"));
     }
     const bool fresh = !client;
     if (fresh) {
@@ -398,9 +421,11 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     int old_port = 0, new_port = 0;
     words >> name >> old_host >> old_port >> new_host >> new_port;
     if (name != options.master_name) return;
-    if (words && new_port > 0 && new_port <= 65535) {
+    if (words && new_port > 0 && new_port <= 65535 && old_port > 0 && old_port <= 65535) {
       LockGuard lock(mu);
       announced = NodeAddress{new_host, static_cast<uint16_t>(new_port)};
+      last_switch =
+          Switch{NodeAddress{old_host, static_cast<uint16_t>(old_port)}, *announced, Clock::now()};
     }
     RequestDiscovery(true);
   }

@@ -11,6 +11,12 @@
 // then go to a standalone Client on that node (every slot is the node's);
 // each new master gets a new node id, so per-node state (a circuit breaker)
 // starts fresh, and the old id is reported dropped (OnNodeDropped).
+// For switch_hold (30 s) after a +switch-master, a sentinel that names the
+// master it replaced has not caught up: that answer is passed over (the
+// next sentinel is asked; if none names another master, the current one is
+// kept), since during a planned failover the old master still says `master`
+// for a while, and the other sentinels learn of the switch only from the
+// next hello (2 s).
 // Discovery runs again, at most once per min_discovery_interval:
 //   - on `+switch-master` for our name, from one sentinel we subscribe to;
 //   - on a `-READONLY` reply (the node was demoted: the call did not run and

@@ -114,6 +114,11 @@ struct SentinelOptions {
   std::string master_name;
   std::chrono::milliseconds min_discovery_interval{100};  // between discoveries on errors
   std::chrono::milliseconds check_interval{1000};         // ping the subscription, retry discovery
+  // After a +switch-master, how long a sentinel's answer that names the old
+  // master is taken as not caught up (and passed over). Long enough for a
+  // planned failover to demote the old master; a second failover back to
+  // it whose announcement was missed is followed only after it.
+  std::chrono::milliseconds switch_hold{30'000};
 };
 
 // True iff `url` starts with redis+sentinel:// or rediss+sentinel://.
