@@ -75,7 +75,8 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   std::vector<std::shared_ptr<Client>> sentinels RL_GUARDED_BY(mu);  // one per sentinel
   size_t preferred RL_GUARDED_BY(mu) = 0;                            // the sentinel asked first
   bool discovering RL_GUARDED_BY(mu) = false;
-  bool again RL_GUARDED_BY(mu) = false;
+  bool again RL_GUARDED_BY(mu) = false;              // another discovery was asked for meanwhile
+  bool again_now RL_GUARDED_BY(mu) = false;          // ... at once (an announcement)
   bool discovery_pending RL_GUARDED_BY(mu) = false;  // one is scheduled
   Clock::time_point last_discovery RL_GUARDED_BY(mu);
   uint64_t discovery_count RL_GUARDED_BY(mu) = 0;
@@ -179,6 +180,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       if (closed) return;
       if (discovering) {
         again = true;
+        again_now = again_now || now;
         return;
       }
       if (discovery_pending && !now) return;
@@ -201,11 +203,13 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       if (closed) return;
       discovery_pending = false;
       if (discovering) {
-        again = true;
+        again = true;  // its time has come: no further wait after this one
+        again_now = true;
         return;
       }
       discovering = true;
       again = false;
+      again_now = false;
       first = preferred;
       named = std::exchange(announced, std::nullopt);
     }
@@ -324,6 +328,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
     int replaced = -1;  // the old master's id
     bool adopted = false;
     bool retry = false;
+    bool retry_now = false;
     bool warn_role = false;
     std::string was;  // the master before, "" if none
     {
@@ -331,7 +336,9 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
       discovering = false;
       last_discovery = Clock::now();
       retry = again || node < 0;
+      retry_now = again_now;
       again = false;
+      again_now = false;
       if (node >= 0) was = nodes[static_cast<size_t>(node)].ToString();
       if (found.ok()) {
         ++discovery_count;
@@ -376,7 +383,7 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
                  " (NOPERM): the sentinels' answer is taken unchecked, and a demoted master "
                  "is noticed only by its READONLY replies; grant the data nodes' user +role");
     }
-    if (retry) RequestDiscovery(false);
+    if (retry) RequestDiscovery(retry_now);
   }
 
   // ---- the +switch-master subscription ----

@@ -18,7 +18,8 @@
 // for a while, and the other sentinels learn of the switch only from the
 // next hello (2 s).
 // Discovery runs again, at most once per min_discovery_interval:
-//   - on `+switch-master` for our name, from one sentinel we subscribe to;
+//   - on `+switch-master` for our name, from one sentinel we subscribe to
+//     (at once: without the wait, also after a discovery under way);
 //   - on a `-READONLY` reply (the node was demoted: the call did not run and
 //     fails with kUnavailable, never replayed) and on a failed call
 //     (connection lost or refused, a timeout);

@@ -17,6 +17,7 @@
 #include "ratelimit/redis_store.h"
 #include "redis/io_thread.h"
 #include "redis/sentinel_client.h"
+#include "support/fake_tcp_server.h"
 #include "support/redis_sentinel.h"
 #include "support/redis_server.h"
 
@@ -300,6 +301,43 @@ TEST(SentinelStore, AnAnnouncedMasterIsVerifiedAndTakenBeforeTheSentinelsCatchUp
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_EQ(client->master(), promoted);
   EXPECT_EQ(client->discoveries(), discoveries);  // it ran, and adopted nothing
+}
+
+// A +switch-master heard while a discovery is under way is followed as soon
+// as that discovery ends, not after min_discovery_interval (here 10 s). The
+// discovery is slowed by a "sentinel" that never answers (2 s), listed
+// between the relay (subscribed to, as the first) and the real ones.
+TEST(SentinelStore, AnAnnouncementDuringADiscoveryIsFollowedAtOnce) {
+  RedisSentinel s({.down_after = milliseconds(5000)});
+  testing::RedisServer relay;
+  testing::FakeTcpServer silent(
+      [](int fd) { testing::FakeTcpServer::WaitForClose(fd, seconds(3)); });
+  std::string url = s.url();
+  url.insert(std::string_view("redis+sentinel://").size(),
+             "127.0.0.1:" + std::to_string(relay.port()) +
+                 ",127.0.0.1:" + std::to_string(silent.port()) + ",");
+  redis::SentinelOptions o = *redis::ParseSentinelUrl(url);
+  o.sentinel.command_timeout = seconds(2);
+  o.min_discovery_interval = seconds(10);
+  ASSERT_EQ(s.Cli(s.data(1), {"REPLICAOF", "NO", "ONE"}), "OK");  // both masters now
+  redis::IoThread io;
+  const auto start = Clock::now();
+  auto client = *redis::SentinelClient::Create(io.executor(), std::move(o));
+  const std::string message = s.options().master_name + " 127.0.0.1 " +
+                              std::to_string(s.data(0).port()) + " 127.0.0.1 " +
+                              std::to_string(s.data(1).port());
+  while (relay.Cli("PUBLISH", "+switch-master", message) != "1" &&
+         Clock::now() < start + seconds(1)) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_LT(Clock::now(), start + seconds(1));  // heard during the first discovery
+  const std::string promoted = "127.0.0.1:" + std::to_string(s.data(1).port());
+  while (client->master() != promoted && Clock::now() < start + seconds(6)) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  EXPECT_EQ(client->master(), promoted);
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  EXPECT_LT(ms, 4000.0);  // the slow discovery (2 s) and the announced master's ROLE
 }
 
 // Kills the master (and before it `sentinel`, if >= 0), waits for the
