@@ -263,26 +263,24 @@ struct SentinelClient::State : std::enable_shared_from_this<State> {
   // it names, once (a master demoted by hand before the sentinels noticed).
   void Verify(const NodeAddress& address, int hops, FoundFn done) {
     std::shared_ptr<Client> client;
-    std::optional<Clock::duration> replaced_ago;
+    bool replaced = false;
     {
       LockGuard lock(mu);
       if (closed) return;
       if (data && nodes[static_cast<size_t>(node)] == address) client = data;
-      const Clock::time_point t = Clock::now();
-      if (last_switch && last_switch->from == address && last_switch->to != address &&
-          t - last_switch->at < options.switch_hold) {
-        replaced_ago = t - last_switch->at;
-      }
+      replaced = last_switch && last_switch->from == address && last_switch->to != address &&
+                 Clock::now() - last_switch->at < options.switch_hold;
     }
-    if (replaced_ago) {
+    if (replaced) {
       // During a planned failover the old master answers ROLE `master` for a
       // while, and the sentinels that have not heard of the switch (they learn
       // it within a hello period, 2 s) still name it: writing there again
       // would lose the counts. The next sentinel is asked; if none names
       // another master, the current one is kept.
-      const auto ms = std::chrono::duration_cast<milliseconds>(*replaced_ago).count();
-      return done(Unavailable(address.ToString() + " is the old master of a +switch-master " +
-                              std::to_string(ms) + " ms ago (this answer has not caught up)"));
+      // (No age in the text: a repeated failure is logged once, word for word.)
+      return done(Unavailable(address.ToString() +
+                              " is the master the last +switch-master replaced (this answer "
+                              "has not caught up)"));
     }
     const bool fresh = !client;
     if (fresh) {
