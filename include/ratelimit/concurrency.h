@@ -96,14 +96,17 @@ std::string NewLeaseId();
 inline constexpr int64_t kMaxInFlight = 1'000'000;
 inline constexpr std::chrono::hours kMaxLeaseTtl{24};
 
-// One process. Each (key, name) holds its leases with their expiry times;
-// Acquire first drops the expired ones. Keys without leases are dropped.
-// Bounded: at most `max_keys` (key, name) pairs hold leases; beyond it an
-// Acquire for a new pair fails with kResourceExhausted.
+// One process. Bounded by leases: at most `max_keys` leases are held at once,
+// whatever keys they belong to (one key with max_in_flight 1,000,000 takes a
+// million places, not one); beyond it an Acquire fails with
+// kResourceExhausted (the caller's failure mode decides). Expired leases are
+// dropped in expiry order: a few by every Acquire (and the key's own), the
+// rest by Sweep in chunks; no call walks the whole table under the lock, and
+// a key's count, earliest expiry and release by id cost O(log leases).
 class MemoryConcurrencyStore final : public ConcurrencyStore {
  public:
   struct Options {
-    size_t max_keys = 1'000'000;
+    size_t max_keys = 1'000'000;  // leases held at once
     size_t max_key_length = kDefaultMaxKeyLength;
     const Clock* clock = nullptr;  // nullptr: Clock::System()
   };
@@ -117,7 +120,8 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
 
   // Unexpired leases of (key, name) now.
   int64_t InFlight(std::string_view key, std::string_view name);
-  // Drops every expired lease (and emptied keys); returns how many leases.
+  // Drops every expired lease (and emptied keys), a chunk at a time with the
+  // lock released between chunks; returns how many leases.
   size_t Sweep() override;
 
  private:

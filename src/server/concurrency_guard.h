@@ -109,8 +109,8 @@ class ConcurrencyLimiter {
     // The longest key of the local fallback (failure mode local), the
     // store's (StoreKeyLength).
     size_t max_key_length = kDefaultMaxKeyLength;
-    // The most keys the local fallback holds leases for (store.local_max_keys,
-    // as the rate limits' fallback); beyond, it admits without a lease.
+    // The most leases the local fallback holds (store.local_max_keys, as the
+    // rate limits' fallback); beyond, it admits without a lease.
     size_t local_max_keys = 100'000;
     // A waiter asks again after first_retry, doubling up to max_retry (and
     // at once when a lease of its (key, name) is released here).

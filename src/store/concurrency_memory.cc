@@ -1,12 +1,15 @@
 // ConcurrencyStore's shared functions and MemoryConcurrencyStore.
 #include <openssl/rand.h>
 
-#include <algorithm>
 #include <atomic>
+#include <compare>
 #include <future>
+#include <map>
+#include <optional>
 #include <random>
+#include <set>
 #include <unordered_map>
-#include <vector>
+#include <utility>
 
 #include "core/hex.h"
 #include "ratelimit/concurrency.h"
@@ -71,16 +74,46 @@ std::string NewLeaseId() {
   return core::Hex(bytes);
 }
 
+// The leases are indexed three ways, each O(log n) or O(1) a lease: all of
+// them by expiry (reclaims expired leases oldest first, a bounded number per
+// call, so no call walks the table), each key's by expiry (its count after
+// dropping its own expired ones, and its earliest expiry for retry_after),
+// and all of them by id (Release; ids are unique across keys). A lease id
+// is kept as its 16 bytes, not its 32 hex digits.
 struct MemoryConcurrencyStore::Impl {
-  struct Lease {
-    std::string id;
-    int64_t expires_at;  // micros
+  // Expired leases an Acquire reclaims from other keys: enough to keep ahead
+  // of a store where every lease expires unreleased (one taken, up to 32
+  // freed), few enough to keep the lock short.
+  static constexpr size_t kReclaimPerAcquire = 32;
+  // Leases Sweep drops per lock hold.
+  static constexpr size_t kSweepChunk = 1024;
+
+  struct LeaseId {
+    uint64_t hi = 0, lo = 0;
+    auto operator<=>(const LeaseId&) const = default;
   };
+  struct LeaseIdHash {
+    size_t operator()(const LeaseId& id) const { return id.hi ^ (id.lo * 0x9e3779b97f4a7c15ULL); }
+  };
+  using Expiry = std::pair<int64_t, LeaseId>;  // micros; ordered by time, then id
+  struct Entry {                               // one (key, name)
+    const std::string* map_key = nullptr;      // its key in `entries`
+    std::set<Expiry> by_expiry;                // its leases; never empty: it goes with its last
+  };
+  struct Held {
+    Entry* entry;  // a node of `entries`: stable, erased only with its last lease
+    int64_t expires_at;
+  };
+
   Options opts;
   const Clock* clock;
   Mutex mu;
-  // key + '\0' + name -> held leases (few per key: a linear scan is fastest).
-  std::unordered_map<std::string, std::vector<Lease>> leases RL_GUARDED_BY(mu);
+  // key + '\0' + name -> its leases.
+  std::unordered_map<std::string, Entry> entries RL_GUARDED_BY(mu);
+  // Every held lease (expired ones until reclaimed): by id, and by expiry,
+  // earliest first. Their size is what max_keys bounds.
+  std::unordered_map<LeaseId, Held, LeaseIdHash> by_id RL_GUARDED_BY(mu);
+  std::set<Expiry> all_by_expiry RL_GUARDED_BY(mu);
 
   static std::string MapKey(std::string_view key, std::string_view name) {
     std::string k;
@@ -90,10 +123,69 @@ struct MemoryConcurrencyStore::Impl {
     k.append(name);
     return k;
   }
-  static size_t DropExpired(std::vector<Lease>& v, int64_t now) {
-    const size_t before = v.size();
-    std::erase_if(v, [now](const Lease& l) { return l.expires_at <= now; });
-    return before - v.size();
+
+  // The 16 bytes of a NewLeaseId (32 lower-case hex digits); nullopt for
+  // anything else, which this store never gave out.
+  static std::optional<LeaseId> ParseLeaseId(std::string_view hex) {
+    if (hex.size() != 32) return std::nullopt;
+    LeaseId id;
+    for (size_t i = 0; i < 32; ++i) {
+      const char c = hex[i];
+      uint64_t digit;
+      if (c >= '0' && c <= '9') {
+        digit = static_cast<uint64_t>(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        digit = static_cast<uint64_t>(c - 'a' + 10);
+      } else {
+        return std::nullopt;
+      }
+      uint64_t& half = i < 16 ? id.hi : id.lo;
+      half = (half << 4) | digit;
+    }
+    return id;
+  }
+
+  Entry& FindOrAdd(std::string map_key) RL_REQUIRES(mu) {
+    auto [it, added] = entries.try_emplace(std::move(map_key));
+    if (added) it->second.map_key = &it->first;
+    return it->second;
+  }
+
+  void Add(Entry& e, LeaseId id, int64_t expires_at) RL_REQUIRES(mu) {
+    e.by_expiry.emplace(expires_at, id);
+    by_id.emplace(id, Held{&e, expires_at});
+    all_by_expiry.emplace(expires_at, id);
+  }
+
+  // Removes one lease of `e`; erases `e` too when it was the last one.
+  void Remove(Entry& e, LeaseId id, int64_t expires_at) RL_REQUIRES(mu) {
+    e.by_expiry.erase({expires_at, id});
+    by_id.erase(id);
+    all_by_expiry.erase({expires_at, id});
+    if (e.by_expiry.empty()) entries.erase(*e.map_key);
+  }
+
+  // Drops the expired leases of `e` (all of them: its count must be exact);
+  // false when that emptied and erased it.
+  bool DropExpired(Entry& e, int64_t now) RL_REQUIRES(mu) {
+    while (!e.by_expiry.empty() && e.by_expiry.begin()->first <= now) {
+      const auto [expires_at, id] = *e.by_expiry.begin();
+      const bool last = e.by_expiry.size() == 1;
+      Remove(e, id, expires_at);
+      if (last) return false;
+    }
+    return true;
+  }
+
+  // Drops up to `max` expired leases of any key, earliest first; how many.
+  size_t Reclaim(int64_t now, size_t max) RL_REQUIRES(mu) {
+    size_t n = 0;
+    while (n < max && !all_by_expiry.empty() && all_by_expiry.begin()->first <= now) {
+      const auto [expires_at, id] = *all_by_expiry.begin();
+      Remove(*by_id.at(id).entry, id, expires_at);
+      ++n;
+    }
+    return n;
   }
 };
 
@@ -109,40 +201,31 @@ MemoryConcurrencyStore::~MemoryConcurrencyStore() = default;
 void MemoryConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallback done) {
   if (Status s = ValidateAcquire(request, impl_->opts.max_key_length); !s.ok()) return done(s);
   const int64_t now = impl_->clock->NowMicros();
+  std::string lease_id = NewLeaseId();
+  const std::optional<Impl::LeaseId> id = Impl::ParseLeaseId(lease_id);
   AcquireResult r;
   r.max_in_flight = request.max_in_flight;
   {
     LockGuard lock(impl_->mu);
+    impl_->Reclaim(now, Impl::kReclaimPerAcquire);
     std::string k = Impl::MapKey(request.key, request.name);
-    auto it = impl_->leases.find(k);
-    if (it == impl_->leases.end()) {
-      if (impl_->leases.size() >= impl_->opts.max_keys) {
-        // Full: make room from expired leases before refusing.
-        for (auto i = impl_->leases.begin(); i != impl_->leases.end();) {
-          Impl::DropExpired(i->second, now);
-          i = i->second.empty() ? impl_->leases.erase(i) : std::next(i);
-        }
-        if (impl_->leases.size() >= impl_->opts.max_keys) {
-          return done(
-              ResourceExhausted("concurrency store full: " + std::to_string(impl_->opts.max_keys) +
-                                " keys hold leases"));
-        }
-      }
-      it = impl_->leases.emplace(std::move(k), std::vector<Impl::Lease>{}).first;
-    }
-    std::vector<Impl::Lease>& v = it->second;
-    Impl::DropExpired(v, now);
-    if (static_cast<int64_t>(v.size()) < request.max_in_flight) {
-      r.acquired = true;
-      r.lease_id = NewLeaseId();
-      v.push_back({r.lease_id, now + request.lease_ttl.count()});
+    auto it = impl_->entries.find(k);
+    Impl::Entry* e = nullptr;
+    if (it != impl_->entries.end() && impl_->DropExpired(it->second, now)) e = &it->second;
+    const int64_t held = e != nullptr ? static_cast<int64_t>(e->by_expiry.size()) : 0;
+    if (held >= request.max_in_flight) {
+      r.in_flight = held;
+      r.retry_after = std::chrono::microseconds(e->by_expiry.begin()->first - now);
+    } else if (impl_->all_by_expiry.size() >= impl_->opts.max_keys) {
+      return done(ResourceExhausted(
+          "concurrency store full: " + std::to_string(impl_->opts.max_keys) + " leases held"));
     } else {
-      int64_t first = v.front().expires_at;
-      for (const Impl::Lease& l : v) first = std::min(first, l.expires_at);
-      r.retry_after = std::chrono::microseconds(first - now);
+      if (e == nullptr) e = &impl_->FindOrAdd(std::move(k));
+      impl_->Add(*e, *id, now + request.lease_ttl.count());
+      r.acquired = true;
+      r.lease_id = std::move(lease_id);
+      r.in_flight = held + 1;
     }
-    r.in_flight = static_cast<int64_t>(v.size());
-    if (v.empty()) impl_->leases.erase(it);
   }
   done(std::move(r));
 }
@@ -150,20 +233,18 @@ void MemoryConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallb
 void MemoryConcurrencyStore::Release(std::string_view key, std::string_view name,
                                      std::string_view lease_id, ReleaseCallback done) {
   if (Status s = ValidateLeaseId(lease_id); !s.ok()) return done(s);
+  const std::optional<Impl::LeaseId> id = Impl::ParseLeaseId(lease_id);
+  if (!id) return done(false);  // not an id this store gives out: never held
   const int64_t now = impl_->clock->NowMicros();
   bool released = false;
   {
     LockGuard lock(impl_->mu);
-    auto it = impl_->leases.find(Impl::MapKey(key, name));
-    if (it != impl_->leases.end()) {
-      std::vector<Impl::Lease>& v = it->second;
-      auto l =
-          std::find_if(v.begin(), v.end(), [&](const Impl::Lease& x) { return x.id == lease_id; });
-      if (l != v.end()) {
-        released = l->expires_at > now;  // an expired lease was no longer held
-        v.erase(l);
-      }
-      if (v.empty()) impl_->leases.erase(it);
+    auto l = impl_->by_id.find(*id);
+    // Only by the key and name it was taken for.
+    if (l != impl_->by_id.end() && *l->second.entry->map_key == Impl::MapKey(key, name)) {
+      const int64_t expires_at = l->second.expires_at;
+      released = expires_at > now;  // an expired lease was no longer held
+      impl_->Remove(*l->second.entry, *id, expires_at);
     }
   }
   done(released);
@@ -172,21 +253,25 @@ void MemoryConcurrencyStore::Release(std::string_view key, std::string_view name
 int64_t MemoryConcurrencyStore::InFlight(std::string_view key, std::string_view name) {
   const int64_t now = impl_->clock->NowMicros();
   LockGuard lock(impl_->mu);
-  auto it = impl_->leases.find(Impl::MapKey(key, name));
-  if (it == impl_->leases.end()) return 0;
-  return std::count_if(it->second.begin(), it->second.end(),
-                       [now](const Impl::Lease& l) { return l.expires_at > now; });
+  auto it = impl_->entries.find(Impl::MapKey(key, name));
+  if (it == impl_->entries.end()) return 0;
+  // Not dropped here (Acquire and Sweep do): counted, the earliest first.
+  const std::set<Impl::Expiry>& leases = it->second.by_expiry;
+  int64_t expired = 0;
+  for (auto l = leases.begin(); l != leases.end() && l->first <= now; ++l) ++expired;
+  return static_cast<int64_t>(leases.size()) - expired;
 }
 
 size_t MemoryConcurrencyStore::Sweep() {
   const int64_t now = impl_->clock->NowMicros();
   size_t dropped = 0;
-  LockGuard lock(impl_->mu);
-  for (auto it = impl_->leases.begin(); it != impl_->leases.end();) {
-    dropped += Impl::DropExpired(it->second, now);
-    it = it->second.empty() ? impl_->leases.erase(it) : std::next(it);
+  for (;;) {
+    // A chunk per lock hold: acquires and releases get in between.
+    LockGuard lock(impl_->mu);
+    const size_t n = impl_->Reclaim(now, Impl::kSweepChunk);
+    dropped += n;
+    if (n < Impl::kSweepChunk) return dropped;
   }
-  return dropped;
 }
 
 }  // namespace ratelimit

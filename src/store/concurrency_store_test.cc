@@ -129,6 +129,94 @@ TEST(MemoryConcurrencyStore, BoundedAndSwept) {
   EXPECT_EQ(s.Sweep(), 1u);  // b's
 }
 
+// max_keys bounds leases, not keys: one key cannot hold max_in_flight
+// leases past it (with max_keys (key, name) pairs, each of up to 1,000,000
+// leases, memory had no bound).
+TEST(MemoryConcurrencyStore, EveryLeaseCountsAgainstMaxKeys) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.max_keys = 5, .clock = &clock});
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(MustAcquire(s, "big", 10).lease_id);
+  EXPECT_EQ(s.AcquireSync({.key = "big", .name = "upload", .max_in_flight = 10}).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.AcquireSync({.key = "other", .name = "upload"}).status().code(),
+            StatusCode::kResourceExhausted);
+  EXPECT_EQ(s.InFlight("big", "upload"), 5);
+  // A key at its own limit is still denied, not failed: that needs no place.
+  AcquireResult denied = MustAcquire(s, "big", 5);
+  EXPECT_FALSE(denied.acquired);
+  EXPECT_EQ(denied.in_flight, 5);
+  EXPECT_TRUE(*s.ReleaseSync("big", "upload", ids[0]));
+  EXPECT_TRUE(MustAcquire(s, "other", 1).acquired);  // the freed place
+}
+
+// A store full of expired leases takes a new key, and reclaims a few
+// leases for it, not the whole table: the sweep still finds most of them.
+TEST(MemoryConcurrencyStore, AFullStoreOfExpiredLeasesIsReclaimedALittleAtATime) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.max_keys = 1000, .clock = &clock});
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(MustAcquire(s, "k" + std::to_string(i), 1).acquired);
+  EXPECT_EQ(s.AcquireSync({.key = "new", .name = "upload"}).status().code(),
+            StatusCode::kResourceExhausted);
+  clock.Advance(seconds(30));  // every lease expired
+  EXPECT_TRUE(MustAcquire(s, "new", 1).acquired);
+  const size_t left = s.Sweep();
+  EXPECT_GE(left, 900u);  // an Acquire reclaims a few dozen at most
+  EXPECT_LT(left, 1000u);
+  EXPECT_EQ(s.InFlight("new", "upload"), 1);
+  EXPECT_EQ(s.Sweep(), 0u);
+}
+
+// Many leases on one key: count, earliest expiry and release by id stay exact.
+TEST(MemoryConcurrencyStore, ManyLeasesOnOneKey) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.clock = &clock});
+  constexpr int kLeases = 20'000;
+  std::vector<std::string> ids;
+  for (int i = 0; i < kLeases; ++i) {
+    AcquireResult r = MustAcquire(s, "k", kLeases, seconds(100));
+    ASSERT_TRUE(r.acquired) << i;
+    ASSERT_EQ(r.in_flight, i + 1);
+    ids.push_back(r.lease_id);
+    clock.Advance(milliseconds(1));  // lease i expires at 100 s + i ms
+  }
+  for (int i = 0; i < kLeases; i += 2) ASSERT_TRUE(*s.ReleaseSync("k", "upload", ids[i])) << i;
+  EXPECT_FALSE(*s.ReleaseSync("k", "upload", ids[0]));
+  EXPECT_FALSE(*s.ReleaseSync("k", "search", ids[1]));  // another name holds none of them
+  EXPECT_EQ(s.InFlight("k", "upload"), kLeases / 2);
+  // Now t = 20 s. At t = 100.5 s the odd leases up to 499 have expired.
+  clock.Advance(milliseconds(80'500));
+  EXPECT_EQ(s.InFlight("k", "upload"), kLeases / 2 - 250);
+  AcquireResult denied = MustAcquire(s, "k", kLeases / 2 - 250, seconds(100));
+  EXPECT_FALSE(denied.acquired);
+  EXPECT_EQ(denied.retry_after, milliseconds(1));         // lease 501 expires at 100.501 s
+  EXPECT_FALSE(*s.ReleaseSync("k", "upload", ids[499]));  // expired
+  EXPECT_TRUE(*s.ReleaseSync("k", "upload", ids[501]));
+  EXPECT_EQ(s.InFlight("k", "upload"), kLeases / 2 - 251);
+}
+
+// Sweep drops every expired lease, a chunk at a time, and frees their places
+// (counted by lease) for anyone; live leases stay.
+TEST(MemoryConcurrencyStore, SweepDropsEveryExpiredLeaseAndFreesTheirPlaces) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.max_keys = 5000, .clock = &clock});
+  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(MustAcquire(s, "big", 3000, seconds(1)).acquired);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(MustAcquire(s, "k" + std::to_string(i), 1, seconds(1)).acquired);
+  }
+  for (int i = 0; i < 500; ++i) {
+    ASSERT_TRUE(MustAcquire(s, "live" + std::to_string(i), 1, seconds(3600)).acquired);
+  }
+  clock.Advance(seconds(1));
+  EXPECT_EQ(s.Sweep(), 4000u);
+  EXPECT_EQ(s.Sweep(), 0u);
+  EXPECT_EQ(s.InFlight("big", "upload"), 0);
+  EXPECT_EQ(s.InFlight("live499", "upload"), 1);
+  for (int i = 0; i < 4500; ++i) ASSERT_TRUE(MustAcquire(s, "next", 5000).acquired) << i;
+  EXPECT_EQ(s.AcquireSync({.key = "next", .name = "upload", .max_in_flight = 5000}).status().code(),
+            StatusCode::kResourceExhausted);
+}
+
 TEST(MemoryConcurrencyStore, NeverMoreThanTheLimitUnderContention) {
   MemoryConcurrencyStore s;
   std::atomic<int> held{0}, peak{0}, acquired{0};
