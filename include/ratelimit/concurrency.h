@@ -44,6 +44,13 @@ struct AcquireRequest {
   int64_t max_in_flight = 1;
   std::chrono::microseconds lease_ttl{30'000'000};
   OnFailure on_failure;  // read by a ResilientConcurrencyStore only
+  // A configured route's `per: route` limit (its key "~all"), the one cap
+  // protecting its upstream: a MemoryConcurrencyStore takes it even when
+  // max_keys leases are held, so that ad-hoc leases filling the store cannot
+  // turn it into "admitted without a lease". Never set for a key a caller
+  // chooses: these leases are bounded only by the config (routes x
+  // max_in_flight).
+  bool route_wide = false;
 };
 
 struct AcquireResult {
@@ -99,14 +106,15 @@ inline constexpr std::chrono::hours kMaxLeaseTtl{24};
 // One process. Bounded by leases: at most `max_keys` leases are held at once,
 // whatever keys they belong to (one key with max_in_flight 1,000,000 takes a
 // million places, not one); beyond it an Acquire fails with
-// kResourceExhausted (the caller's failure mode decides). Expired leases are
+// kResourceExhausted (the caller's failure mode decides), except for a
+// route_wide request, which is admitted over the bound. Expired leases are
 // dropped in expiry order: a few by every Acquire (and the key's own), the
 // rest by Sweep in chunks; no call walks the whole table under the lock, and
 // a key's count, earliest expiry and release by id cost O(log leases).
 class MemoryConcurrencyStore final : public ConcurrencyStore {
  public:
   struct Options {
-    size_t max_keys = 1'000'000;  // leases held at once
+    size_t max_keys = 1'000'000;  // leases held at once (route_wide ones over it)
     size_t max_key_length = kDefaultMaxKeyLength;
     const Clock* clock = nullptr;  // nullptr: Clock::System()
   };

@@ -112,6 +112,9 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
     p.request.name = r->name;
     c.max_in_flight = r->concurrency->max_in_flight;
     c.lease_ttl = r->concurrency->lease_ttl;
+    // Not its `per`: the lease is the caller's own "d:<key>", whatever the
+    // route's, so it never passes a full store as a route-wide one does
+    // (AcquireRequest::route_wide): callers choose keys without bound.
     if (r->failure_mode) p.request.failure_mode = *r->failure_mode;
   } else {
     if (p.request.name.empty()) return InvalidArgument("field 'name' (or 'route') is required");

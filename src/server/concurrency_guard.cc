@@ -236,7 +236,9 @@ void LeaseGuard::State::Try(std::shared_ptr<Waiter> w) {
       .max_in_flight = w->req.config.max_in_flight,
       .lease_ttl = w->req.config.lease_ttl,
       .on_failure = {.mode = w->req.failure_mode,
-                     .expected_instances = std::max(1, w->req.expected_instances)}};
+                     .expected_instances = std::max(1, w->req.expected_instances)},
+      // The gateway's whole-route key: a full memory store still takes it.
+      .route_wide = w->req.config.per == ConcurrencyConfig::Per::kRoute};
   store->Acquire(r, [st = shared_from_this(), w](StatusOr<AcquireResult> res) mutable {
     st->OnResult(std::move(w), std::move(res));
   });

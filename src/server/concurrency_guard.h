@@ -110,7 +110,8 @@ class ConcurrencyLimiter {
     // store's (StoreKeyLength).
     size_t max_key_length = kDefaultMaxKeyLength;
     // The most leases the local fallback holds (store.local_max_keys, as the
-    // rate limits' fallback); beyond, it admits without a lease.
+    // rate limits' fallback); beyond, it admits without a lease, but for a
+    // per: route limit (AcquireRequest::route_wide).
     size_t local_max_keys = 100'000;
     // A waiter asks again after first_retry, doubling up to max_retry (and
     // at once when a lease of its (key, name) is released here).

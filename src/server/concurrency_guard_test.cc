@@ -179,6 +179,35 @@ TEST_F(LimiterTest, LocalFallbackHonoursLocalMaxKeys) {
   EXPECT_EQ(held[2].lease, nullptr);  // full: no third key
 }
 
+// A route's per: route limit reaches the local fallback as route-wide
+// (through ResilientConcurrencyStore): a full fallback still leases it, and
+// its cap holds, where another new key is let through without a lease.
+TEST_F(LimiterTest, ARouteWideLimitHoldsInAFullLocalFallback) {
+  FailingConcurrencyStore down;
+  ConcurrencyLimiter l(ioc_.get_executor(), down, {.local_max_keys = 2});
+  auto acquire = [&](const char* key, policy::ConcurrencyConfig::Per per) {
+    std::promise<ConcurrencyOutcome> p;
+    l.Acquire({.key = key,
+               .name = "export",
+               .route = "export",
+               .config = {.max_in_flight = 1, .per = per},
+               .failure_mode = policy::FailureMode::kLocal},
+              [&p](ConcurrencyOutcome o) { p.set_value(std::move(o)); });
+    return p.get_future().get();
+  };
+  using Per = policy::ConcurrencyConfig::Per;
+  ConcurrencyOutcome a = acquire("d:a", Per::kClient), b = acquire("d:b", Per::kClient);
+  ASSERT_NE(a.lease, nullptr);
+  ASSERT_NE(b.lease, nullptr);
+  ConcurrencyOutcome c = acquire("d:c", Per::kClient);
+  EXPECT_EQ(c.status, 200u);
+  EXPECT_EQ(c.lease, nullptr);  // full: let through
+  ConcurrencyOutcome whole = acquire("~all", Per::kRoute);
+  EXPECT_EQ(whole.status, 200u);
+  EXPECT_NE(whole.lease, nullptr);
+  EXPECT_EQ(acquire("~all", Per::kRoute).status, 429u);  // the route's cap of 1
+}
+
 // A release the store failed is retried once it answers again, not left
 // to hold the place for all of lease_ttl (here 30 s).
 TEST_F(LimiterTest, AFailedReleaseIsRetriedWhenTheStoreReturns) {

@@ -216,7 +216,7 @@ void MemoryConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallb
     if (held >= request.max_in_flight) {
       r.in_flight = held;
       r.retry_after = std::chrono::microseconds(e->by_expiry.begin()->first - now);
-    } else if (impl_->all_by_expiry.size() >= impl_->opts.max_keys) {
+    } else if (impl_->all_by_expiry.size() >= impl_->opts.max_keys && !request.route_wide) {
       return done(ResourceExhausted(
           "concurrency store full: " + std::to_string(impl_->opts.max_keys) + " leases held"));
     } else {

@@ -167,6 +167,32 @@ TEST(MemoryConcurrencyStore, AFullStoreOfExpiredLeasesIsReclaimedALittleAtATime)
   EXPECT_EQ(s.Sweep(), 0u);
 }
 
+// A configured route's per: route limit (route_wide) is taken even when other
+// keys' live leases fill the store: ad-hoc leases cannot turn the route's cap
+// into "admitted without a lease". Its own limit still holds.
+TEST(MemoryConcurrencyStore, ARouteWideLimitIsTakenInAFullStore) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.max_keys = 3, .clock = &clock});
+  for (const char* key : {"d:a", "d:b", "d:c"}) ASSERT_TRUE(MustAcquire(s, key, 1).acquired);
+  const AcquireRequest whole{
+      .key = "~all", .name = "export", .max_in_flight = 2, .route_wide = true};
+  EXPECT_EQ(s.AcquireSync({.key = "~all", .name = "export", .max_in_flight = 2}).status().code(),
+            StatusCode::kResourceExhausted);  // without the flag: full
+  StatusOr<AcquireResult> first = s.AcquireSync(whole);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_TRUE(first->acquired);
+  EXPECT_TRUE(s.AcquireSync(whole)->acquired);
+  StatusOr<AcquireResult> third = s.AcquireSync(whole);
+  ASSERT_TRUE(third.ok());
+  EXPECT_FALSE(third->acquired);
+  EXPECT_EQ(third->in_flight, 2);
+  // Its leases are held leases too: with one given back, 4 are held, and a
+  // key of anyone else's is still refused.
+  EXPECT_TRUE(*s.ReleaseSync("~all", "export", first->lease_id));
+  EXPECT_EQ(s.AcquireSync({.key = "d:d", .name = "upload"}).status().code(),
+            StatusCode::kResourceExhausted);
+}
+
 // Many leases on one key: count, earliest expiry and release by id stay exact.
 TEST(MemoryConcurrencyStore, ManyLeasesOnOneKey) {
   ManualClock clock;

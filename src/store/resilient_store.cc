@@ -271,7 +271,8 @@ void ResilientConcurrencyStore::OnResult(const AcquireRequest& request, StatusOr
       StatusOr<AcquireResult> l = local_.AcquireSync({.key = request.key,
                                                       .name = request.name,
                                                       .max_in_flight = max,
-                                                      .lease_ttl = request.lease_ttl});
+                                                      .lease_ttl = request.lease_ttl,
+                                                      .route_wide = request.route_wide});
       if (!l.ok()) {  // the local store is full too: let it through
         out.acquired = true;
         out.max_in_flight = max;

@@ -34,8 +34,9 @@
 //
 // Concurrency: open admits without a lease, closed refuses (failed_closed),
 // local takes a lease from a process-local MemoryConcurrencyStore with
-// max_in_flight divided likewise (bounded by local_max_keys leases); its
-// lease ids start with kLocalLeasePrefix and Release sends them back there.
+// max_in_flight divided likewise (bounded by local_max_keys leases; a
+// route_wide request keeps its flag and passes that bound); its lease ids
+// start with kLocalLeasePrefix and Release sends them back there.
 //
 // Thread-safety: as the stores it wraps: every method from any thread.
 // Callbacks run where the inner store completes (possibly inside the call).

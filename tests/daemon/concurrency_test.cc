@@ -369,5 +369,40 @@ TEST(ConcurrencyDaemon, DecisionApiLeasesStayApartFromTheRoutes) {
   AcquiredLeasesStayApartFromTheRoutes(d, &redis);
 }
 
+// The memory store bounds leases (store.max_keys), and a flood of ad-hoc
+// decision-API leases that fills it makes new ones go by the failure mode
+// (open: admitted without a lease). A route's per: route limit, the one cap
+// in front of its upstream, is still taken and still holds.
+TEST(ConcurrencyDaemon, AFullStoreKeepsAPerRouteCap) {
+  CountingUpstream upstream(milliseconds(500));
+  const std::string config =
+      WriteConfig(Config(upstream.port(), "{max_in_flight: 1, per: route, lease_ttl: 1h}") +
+                  "store:\n  max_keys: 4\n");
+  Daemon d({"--config", config});
+  ASSERT_TRUE(d.started()) << d.Log();
+  for (int i = 0; i < 4; ++i) {
+    const HttpResponse r =
+        Http(d.port(), "POST", "/v1/acquire", {},
+             R"({"key": "flood)" + std::to_string(i) +
+                 R"(", "name": "x", "max_in_flight": 1000000, "lease_ttl": "24h"})");
+    ASSERT_EQ(r.status, 200) << r.body;
+    ASSERT_NE(r.body.find("\"degraded\":false"), std::string::npos) << r.body;
+  }
+  // Full: an ad-hoc lease, one by the route's name too (the caller's own
+  // key, not the route's), is admitted without a lease.
+  for (const char* body : {R"({"key": "flood0", "name": "x", "max_in_flight": 1000000})",
+                           R"({"key": "caller", "route": "work"})"}) {
+    const HttpResponse r = Http(d.port(), "POST", "/v1/acquire", {}, body);
+    EXPECT_EQ(r.status, 200) << r.body;
+    EXPECT_NE(r.body.find("\"lease_id\":null"), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("\"degraded\":true"), std::string::npos) << r.body;
+  }
+  const std::vector<HttpResponse> rs = Burst({d.port()}, 6, "/work");
+  EXPECT_EQ(Count(rs, 200), 1);
+  EXPECT_EQ(Count(rs, 429), 5);
+  EXPECT_EQ(upstream.peak(), 1);
+  EXPECT_EQ(Http(d.port(), "GET", "/work").status, 200);  // its lease was given back
+}
+
 }  // namespace
 }  // namespace rltest
