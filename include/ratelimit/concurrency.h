@@ -6,6 +6,9 @@
 // Release gives it back. Every lease expires `lease_ttl` after it was taken,
 // so an instance that crashes while holding leases cannot leak capacity
 // forever: its leases are dropped by the next Acquire after they expire.
+// A holder whose request runs longer Renews its lease (moves its expiry)
+// while it runs: lease_ttl then bounds how long a crashed holder's leases
+// outlive it, not how long a request may take.
 // Implementations: MemoryConcurrencyStore (one process, a manual clock for
 // tests) and RedisConcurrencyStore (shared by every instance: a sorted set per
 // key scored by expiry, one Lua script call per acquire, Redis TIME).
@@ -72,6 +75,10 @@ using AcquireCallback = std::function<void(StatusOr<AcquireResult>)>;
 // true: the lease was held and is now freed; false: it was not held (already
 // released, expired, or never existed).
 using ReleaseCallback = std::function<void(StatusOr<bool>)>;
+// true: the lease is held and now expires `ttl` after the store's now;
+// false: it is not held any more (released, expired, or never existed) and
+// was not taken again.
+using RenewCallback = std::function<void(StatusOr<bool>)>;
 
 class ConcurrencyStore {
  public:
@@ -80,6 +87,11 @@ class ConcurrencyStore {
   virtual void Acquire(const AcquireRequest& request, AcquireCallback done) = 0;
   virtual void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                        ReleaseCallback done) = 0;
+  // Keeps a held lease: its expiry moves to now + `ttl` (1 ms..kMaxLeaseTtl).
+  // A lease already expired is not revived, even before an acquire dropped
+  // it: its place may have been counted free.
+  virtual void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
+                     std::chrono::microseconds ttl, RenewCallback done) = 0;
   // Drops expired leases; returns how many. The daemon calls it periodically.
   virtual size_t Sweep() { return 0; }
   // True when the store applies the request's on_failure itself.
@@ -90,6 +102,8 @@ class ConcurrencyStore {
   StatusOr<AcquireResult> AcquireSync(const AcquireRequest& request);
   StatusOr<bool> ReleaseSync(std::string_view key, std::string_view name,
                              std::string_view lease_id);
+  StatusOr<bool> RenewSync(std::string_view key, std::string_view name, std::string_view lease_id,
+                           std::chrono::microseconds ttl);
 };
 
 // Checks a request before it reaches a store: key length, a valid limit name,
@@ -125,6 +139,8 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
   void Acquire(const AcquireRequest& request, AcquireCallback done) override;
   void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                ReleaseCallback done) override;
+  void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
+             std::chrono::microseconds ttl, RenewCallback done) override;
 
   // Unexpired leases of (key, name) now.
   int64_t InFlight(std::string_view key, std::string_view name);
@@ -141,7 +157,9 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
 // KeyFor(key, name) = `<prefix>{<client>}~c:<name>`, member = lease id, score
 // = expiry (microseconds of Redis time). Acquire is one script call:
 // ZREMRANGEBYSCORE the expired, ZCARD < max then ZADD, PEXPIRE the key until
-// its last lease expires. Release is ZREM. The client part is escaped like
+// its last lease expires. Release and Renew are the script's other modes
+// (ZREM; ZADD XX of the new expiry and PEXPIRE, only while the lease's score
+// is after now). The client part is escaped like
 // RedisStore's keys (EncodeClientKey), and the braces make it the hash tag,
 // so a client's rate limit and concurrency keys share a Redis Cluster slot.
 // A call that fails is never replayed (a timed-out acquire may have taken a
@@ -159,6 +177,8 @@ class RedisConcurrencyStore final : public ConcurrencyStore {
   void Acquire(const AcquireRequest& request, AcquireCallback done) override;
   void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                ReleaseCallback done) override;
+  void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
+             std::chrono::microseconds ttl, RenewCallback done) override;
 
   std::string KeyFor(std::string_view key, std::string_view name) const;
   CircuitBreaker::State breaker_state() const;

@@ -38,6 +38,10 @@ class FailingConcurrencyStore final : public ConcurrencyStore {
                ReleaseCallback done) override {
     done(Unavailable("redis down"));
   }
+  void Renew(std::string_view, std::string_view, std::string_view, std::chrono::microseconds,
+             RenewCallback done) override {
+    done(Unavailable("redis down"));
+  }
 };
 
 // Its first `failures` releases fail as in a Redis blip; then `inner` answers.
@@ -52,6 +56,10 @@ class FlakyReleaseStore final : public ConcurrencyStore {
     ++releases;
     if (failures_.fetch_sub(1) > 0) return done(Unavailable("redis blip"));
     inner_.Release(key, name, id, std::move(done));
+  }
+  void Renew(std::string_view key, std::string_view name, std::string_view id,
+             std::chrono::microseconds ttl, RenewCallback done) override {
+    inner_.Renew(key, name, id, ttl, std::move(done));
   }
   std::atomic<int> releases{0};
 

@@ -33,6 +33,15 @@ StatusOr<bool> ConcurrencyStore::ReleaseSync(std::string_view key, std::string_v
   return f.get();
 }
 
+StatusOr<bool> ConcurrencyStore::RenewSync(std::string_view key, std::string_view name,
+                                           std::string_view lease_id,
+                                           std::chrono::microseconds ttl) {
+  std::promise<StatusOr<bool>> p;
+  auto f = p.get_future();
+  Renew(key, name, lease_id, ttl, [&p](StatusOr<bool> r) { p.set_value(std::move(r)); });
+  return f.get();
+}
+
 Status ValidateAcquire(const AcquireRequest& request, size_t max_key_length) {
   if (Status s = ValidateKey(request.key, max_key_length); !s.ok()) return s;
   if (Status s = ValidateLimitName(request.name); !s.ok()) return s;
@@ -165,6 +174,16 @@ struct MemoryConcurrencyStore::Impl {
     if (e.by_expiry.empty()) entries.erase(*e.map_key);
   }
 
+  // Moves one held lease's expiry in both expiry indexes (not Remove + Add:
+  // Remove erases the entry with its last lease).
+  void MoveExpiry(Held& h, LeaseId id, int64_t expires_at) RL_REQUIRES(mu) {
+    h.entry->by_expiry.erase({h.expires_at, id});
+    all_by_expiry.erase({h.expires_at, id});
+    h.expires_at = expires_at;
+    h.entry->by_expiry.emplace(expires_at, id);
+    all_by_expiry.emplace(expires_at, id);
+  }
+
   // Drops the expired leases of `e` (all of them: its count must be exact);
   // false when that emptied and erased it.
   bool DropExpired(Entry& e, int64_t now) RL_REQUIRES(mu) {
@@ -248,6 +267,30 @@ void MemoryConcurrencyStore::Release(std::string_view key, std::string_view name
     }
   }
   done(released);
+}
+
+void MemoryConcurrencyStore::Renew(std::string_view key, std::string_view name,
+                                   std::string_view lease_id, std::chrono::microseconds ttl,
+                                   RenewCallback done) {
+  if (Status s = ValidateLeaseId(lease_id); !s.ok()) return done(s);
+  const AcquireRequest as_acquire{.key = key, .name = name, .lease_ttl = ttl};
+  if (Status s = ValidateAcquire(as_acquire, impl_->opts.max_key_length); !s.ok()) return done(s);
+  const std::optional<Impl::LeaseId> id = Impl::ParseLeaseId(lease_id);
+  if (!id) return done(false);  // not an id this store gives out: never held
+  const int64_t now = impl_->clock->NowMicros();
+  bool renewed = false;
+  {
+    LockGuard lock(impl_->mu);
+    auto l = impl_->by_id.find(*id);
+    // Only by the key and name it was taken for; an expired lease stays
+    // expired (its place may have been given out already).
+    if (l != impl_->by_id.end() && *l->second.entry->map_key == Impl::MapKey(key, name) &&
+        l->second.expires_at > now) {
+      impl_->MoveExpiry(l->second, *id, now + ttl.count());
+      renewed = true;
+    }
+  }
+  done(renewed);
 }
 
 int64_t MemoryConcurrencyStore::InFlight(std::string_view key, std::string_view name) {

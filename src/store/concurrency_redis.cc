@@ -85,27 +85,47 @@ void RedisConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallba
       undo);
 }
 
-void RedisConcurrencyStore::Release(std::string_view key, std::string_view name,
-                                    std::string_view lease_id, ReleaseCallback done) {
+namespace {
+
+// The script's release or renew mode (`mode`) on one lease: `done` gets
+// whether it was held. The time is Redis's, or ours with TimeSource::kLocal,
+// as for an acquire.
+void LeaseCall(RedisConcurrencyStore::Impl& impl, std::string_view key, std::string_view name,
+               std::string_view lease_id, std::string_view mode, std::string_view ttl,
+               ReleaseCallback done) {
   if (Status s = ValidateLeaseId(lease_id); !s.ok()) return done(s);
-  if (Status s = ValidateKey(key, impl_->opts.max_key_length); !s.ok()) return done(s);
-  if (Status s = ValidateLimitName(name); !s.ok()) return done(s);
-  const std::string k = impl_->keys.Concurrency(key, name);
-  // The script removes the lease and says whether it was still held: an
-  // expired lease no acquire has swept yet is in the set but not held (the
-  // time is Redis's, or ours with TimeSource::kLocal, as for an acquire).
-  const std::string now = impl_->opts.time_source == TimeSource::kLocal
-                              ? std::to_string(impl_->clock->NowMicros())
+  const std::string k = impl.keys.Concurrency(key, name);
+  const std::string now = impl.opts.time_source == RedisConcurrencyStore::TimeSource::kLocal
+                              ? std::to_string(impl.clock->NowMicros())
                               : std::string();
   const std::string_view keys[] = {k};
-  const std::string_view args[] = {now, "release", "", lease_id};
-  impl_->backend->GuardedEval(keys, args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+  const std::string_view args[] = {now, mode, ttl, lease_id};
+  impl.backend->GuardedEval(keys, args, [done = std::move(done)](StatusOr<redis::Reply> r) {
     if (!r.ok()) return done(r.status());
     if (r->type == redis::Reply::Type::kError) {
       return done(Internal("redis concurrency script error: " + r->str));
     }
     done(r->type == redis::Reply::Type::kInteger && r->integer == 1);
   });
+}
+
+}  // namespace
+
+void RedisConcurrencyStore::Release(std::string_view key, std::string_view name,
+                                    std::string_view lease_id, ReleaseCallback done) {
+  if (Status s = ValidateKey(key, impl_->opts.max_key_length); !s.ok()) return done(s);
+  if (Status s = ValidateLimitName(name); !s.ok()) return done(s);
+  // The script removes the lease and says whether it was still held: an
+  // expired lease no acquire has swept yet is in the set but not held.
+  LeaseCall(*impl_, key, name, lease_id, "release", "", std::move(done));
+}
+
+void RedisConcurrencyStore::Renew(std::string_view key, std::string_view name,
+                                  std::string_view lease_id, std::chrono::microseconds ttl,
+                                  RenewCallback done) {
+  const AcquireRequest as_acquire{.key = key, .name = name, .lease_ttl = ttl};
+  if (Status s = ValidateAcquire(as_acquire, impl_->opts.max_key_length); !s.ok()) return done(s);
+  LeaseCall(*impl_, key, name, lease_id, "renew", std::to_string(ttl.count()), std::move(done));
 }
 
 }  // namespace ratelimit

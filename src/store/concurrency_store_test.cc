@@ -82,6 +82,38 @@ void ReleasingAnExpiredLeaseSaysNotHeld(ConcurrencyStore& s, ManualClock& clock)
   EXPECT_FALSE(*s.ReleaseSync("user:eve", "upload", c));
 }
 
+// A renewed lease expires `ttl` after the renewal, in its one place; an
+// expired, released or unknown lease is not held, and a renewal does not
+// take it again.
+void RenewingMovesTheExpiry(ConcurrencyStore& s, ManualClock& clock) {
+  const std::string a = MustAcquire(s, "user:kim", 1, seconds(10)).lease_id;
+  ASSERT_FALSE(a.empty());
+  clock.Advance(seconds(8));
+  EXPECT_TRUE(*s.RenewSync("user:kim", "upload", a, seconds(10)));  // until t=18
+  clock.Advance(seconds(9));  // t=17: past the first expiry, still held
+  AcquireResult denied = MustAcquire(s, "user:kim", 1, seconds(10));
+  EXPECT_FALSE(denied.acquired);
+  EXPECT_EQ(denied.in_flight, 1);
+  EXPECT_EQ(denied.retry_after, seconds(1));
+  clock.Advance(seconds(1));  // t=18: expired, not swept yet
+  EXPECT_FALSE(*s.RenewSync("user:kim", "upload", a, seconds(10)));
+  EXPECT_FALSE(*s.ReleaseSync("user:kim", "upload", a));  // not revived by the renewal
+  const std::string b = MustAcquire(s, "user:kim", 1, seconds(10)).lease_id;
+  ASSERT_FALSE(b.empty());
+  EXPECT_FALSE(*s.RenewSync("user:kim", "search", b, seconds(10)));  // not held there
+  EXPECT_TRUE(*s.ReleaseSync("user:kim", "upload", b));
+  EXPECT_FALSE(*s.RenewSync("user:kim", "upload", b, seconds(10)));  // released
+  EXPECT_TRUE(MustAcquire(s, "user:kim", 1, seconds(10)).acquired);
+  EXPECT_FALSE(*s.RenewSync("user:kim", "upload", "0123456789abcdef0123456789abcdef", seconds(10)));
+  EXPECT_FALSE(*s.RenewSync("user:nobody", "upload", b, seconds(10)));
+  EXPECT_EQ(s.RenewSync("user:kim", "upload", "a}b", seconds(10)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.RenewSync("user:kim", "upload", b, std::chrono::microseconds(10)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.RenewSync("", "upload", b, seconds(10)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 void RejectsBadInput(ConcurrencyStore& s) {
   auto code = [&](AcquireRequest r) { return s.AcquireSync(r).status().code(); };
   EXPECT_EQ(code({.key = "", .name = "n"}), StatusCode::kInvalidArgument);
@@ -107,6 +139,12 @@ TEST(MemoryConcurrencyStore, ReleasingAnExpiredLeaseSaysNotHeld) {
   ManualClock clock;
   MemoryConcurrencyStore s({.clock = &clock});
   ReleasingAnExpiredLeaseSaysNotHeld(s, clock);
+}
+
+TEST(MemoryConcurrencyStore, RenewingMovesTheExpiry) {
+  ManualClock clock;
+  MemoryConcurrencyStore s({.clock = &clock});
+  RenewingMovesTheExpiry(s, clock);
 }
 
 TEST(MemoryConcurrencyStore, RejectsBadInput) {
@@ -296,6 +334,28 @@ TEST_F(RedisConcurrencyTest, ReleasingAnExpiredLeaseSaysNotHeld) {
   EXPECT_FALSE(*store_->ReleaseSync("k", "upload", id));
   const std::string held = MustAcquire(*store_, "k", 2, seconds(30)).lease_id;
   EXPECT_TRUE(*store_->ReleaseSync("k", "upload", held));
+}
+
+TEST_F(RedisConcurrencyTest, RenewingMovesTheExpiry) {
+  RenewingMovesTheExpiry(*local_, clock_);
+  // By Redis's own clock: a lease of 200 ms renewed every 50 ms is held
+  // after 300 ms; not renewed any more, it expires.
+  const std::string id = MustAcquire(*store_, "k", 1, milliseconds(200)).lease_id;
+  ASSERT_FALSE(id.empty());
+  for (int i = 0; i < 6; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    EXPECT_TRUE(*store_->RenewSync("k", "upload", id, milliseconds(200))) << i;
+  }
+  EXPECT_FALSE(MustAcquire(*store_, "k", 1, milliseconds(200)).acquired);
+  std::this_thread::sleep_for(milliseconds(250));
+  EXPECT_FALSE(*store_->RenewSync("k", "upload", id, milliseconds(200)));
+  EXPECT_TRUE(MustAcquire(*store_, "k", 1, milliseconds(200)).acquired);
+  // The key lives as long as its renewed lease (plus a second).
+  const std::string held = MustAcquire(*store_, "r", 1, milliseconds(500)).lease_id;
+  ASSERT_TRUE(*store_->RenewSync("r", "upload", held, seconds(20)));
+  const int64_t pttl = std::stoll(server_.Cli("PTTL", store_->KeyFor("r", "upload")));
+  EXPECT_GT(pttl, 20'000);
+  EXPECT_LE(pttl, 21'000);
 }
 
 TEST_F(RedisConcurrencyTest, RejectsBadInput) { RejectsBadInput(*store_); }

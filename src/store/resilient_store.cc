@@ -286,14 +286,27 @@ void ResilientConcurrencyStore::OnResult(const AcquireRequest& request, StatusOr
   }
 }
 
+ConcurrencyStore* ResilientConcurrencyStore::StoreOf(std::string_view& lease_id) {
+  if (lease_id.starts_with(kLocalLeasePrefix)) {
+    lease_id.remove_prefix(kLocalLeasePrefix.size());
+    return &local_;
+  }
+  return inner_.load();
+}
+
 void ResilientConcurrencyStore::Release(std::string_view key, std::string_view name,
                                         std::string_view lease_id, ReleaseCallback done) {
-  if (lease_id.starts_with(kLocalLeasePrefix)) {
-    return local_.Release(key, name, lease_id.substr(kLocalLeasePrefix.size()), std::move(done));
-  }
-  ConcurrencyStore* inner = inner_.load();
-  if (inner == nullptr) return done(Unavailable("shutting down"));
-  inner->Release(key, name, lease_id, std::move(done));
+  ConcurrencyStore* store = StoreOf(lease_id);
+  if (store == nullptr) return done(Unavailable("shutting down"));
+  store->Release(key, name, lease_id, std::move(done));
+}
+
+void ResilientConcurrencyStore::Renew(std::string_view key, std::string_view name,
+                                      std::string_view lease_id, std::chrono::microseconds ttl,
+                                      RenewCallback done) {
+  ConcurrencyStore* store = StoreOf(lease_id);
+  if (store == nullptr) return done(Unavailable("shutting down"));
+  store->Renew(key, name, lease_id, ttl, std::move(done));
 }
 
 }  // namespace ratelimit

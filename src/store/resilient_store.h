@@ -36,7 +36,7 @@
 // local takes a lease from a process-local MemoryConcurrencyStore with
 // max_in_flight divided likewise (bounded by local_max_keys leases; a
 // route_wide request keeps its flag and passes that bound); its lease ids
-// start with kLocalLeasePrefix and Release sends them back there.
+// start with kLocalLeasePrefix and Release and Renew send them back there.
 //
 // Thread-safety: as the stores it wraps: every method from any thread.
 // Callbacks run where the inner store completes (possibly inside the call).
@@ -138,6 +138,10 @@ class ResilientConcurrencyStore final : public ConcurrencyStore {
   // A kLocalLeasePrefix id goes to the local fallback, any other to `inner`.
   void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                ReleaseCallback done) override;
+  // Likewise; a failure is the caller's (no failure mode: the lease stands
+  // until it expires, and the caller may ask again).
+  void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
+             std::chrono::microseconds ttl, RenewCallback done) override;
   size_t Sweep() override;  // the local fallback's (the inner store is its owner's)
   bool decides_failures() const override { return true; }
 
@@ -149,6 +153,9 @@ class ResilientConcurrencyStore final : public ConcurrencyStore {
 
  private:
   void OnResult(const AcquireRequest& request, StatusOr<AcquireResult> r, AcquireCallback& done);
+  // The store holding a lease: the local fallback for a kLocalLeasePrefix id
+  // (the prefix dropped from `lease_id`), else `inner` (nullptr once detached).
+  ConcurrencyStore* StoreOf(std::string_view& lease_id);
 
   std::atomic<ConcurrencyStore*> inner_;
   MemoryConcurrencyStore local_;

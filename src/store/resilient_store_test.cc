@@ -51,6 +51,10 @@ class FlakyConcurrencyStore final : public ConcurrencyStore {
                ReleaseCallback done) override {
     done(status);
   }
+  void Renew(std::string_view, std::string_view, std::string_view, std::chrono::microseconds,
+             RenewCallback done) override {
+    done(status);
+  }
 };
 
 class ResilientStoreTest : public testing::Test {
@@ -268,10 +272,23 @@ TEST(ResilientConcurrencyStore, FailureModes) {
   EXPECT_TRUE(*s.ReleaseSync("user:ada", "upload", a->lease_id));
   EXPECT_TRUE(acquire(FailureMode::kLocal)->acquired);
   EXPECT_EQ(seen.size(), 7u);
+  // A local lease is renewed there too: b, taken at t=0 for 30 s and renewed
+  // at t=20, is still held at t=40, when the one taken after a's release
+  // (at t=0 as well) has expired.
+  clock.Advance(seconds(20));
+  EXPECT_TRUE(*s.RenewSync("user:ada", "upload", b->lease_id, seconds(30)));
+  clock.Advance(seconds(20));
+  EXPECT_EQ(acquire(FailureMode::kLocal)->in_flight, 2);
+  // Another lease's renewal is the store's, and its failure the caller's:
+  // no failure mode, nothing reported.
+  EXPECT_EQ(s.RenewSync("user:ada", "upload", "abcdef", seconds(30)).status().code(),
+            StatusCode::kUnavailable);
+  EXPECT_EQ(seen.size(), 8u);
   // Detached (shutdown): acquires fail by the mode, releases are refused.
   s.Detach();
   EXPECT_TRUE(acquire(FailureMode::kOpen)->acquired);
   EXPECT_FALSE(s.ReleaseSync("user:ada", "upload", "abcdef").ok());
+  EXPECT_FALSE(s.RenewSync("user:ada", "upload", "abcdef", seconds(30)).ok());
 }
 
 // A settlement decides nothing: on a failure, mode local puts the difference
