@@ -66,6 +66,7 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   // server's store are then left to expire.
   std::unique_ptr<ResilientConcurrencyStore> store;
   LogSampler error_log{10, "concurrency store errors suppressed"};
+  LogSampler lost_log{10, "concurrency lease lost warnings suppressed"};
   Mutex mu;
   bool stopped RL_GUARDED_BY(mu) = false;
   size_t release_retries RL_GUARDED_BY(mu) = 0;  // failed releases waiting to be retried
@@ -118,22 +119,130 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   }
 };
 
+milliseconds RenewInterval(milliseconds lease_ttl) {
+  return std::max({milliseconds(1), lease_ttl / 3, std::min(milliseconds(10), lease_ttl / 2)});
+}
+
+// A held lease: renewed every RenewInterval(ttl) until Stop() or until it is
+// lost. The timer and the flags are under `mu` (the store answers on its own
+// threads, the guard is released on any); a store call is never made under it
+// (the memory store answers inside the call).
+struct LeaseGuard::Held : std::enable_shared_from_this<LeaseGuard::Held> {
+  Held(std::shared_ptr<State> st, std::string key, std::string name, std::string id,
+       std::string route, milliseconds ttl)
+      : st(std::move(st)),
+        key(std::move(key)),
+        name(std::move(name)),
+        id(std::move(id)),
+        route(std::move(route)),
+        cells(Metrics::Global().Concurrency(this->route)),
+        ttl(ttl),
+        every(RenewInterval(ttl)),
+        timer(this->st->executor),
+        expires(core::SteadyClock::now() + ttl) {}
+
+  const std::shared_ptr<State> st;
+  const std::string key, name, id, route;
+  ConcurrencyCells& cells;
+  const milliseconds ttl, every;
+
+  void Start() {
+    cells.in_flight.Add(1);
+    LockGuard lock(mu);
+    Arm();
+  }
+
+  // No renewal after this one (an answer already on its way is ignored).
+  // Returns about when the store drops the lease by itself.
+  std::chrono::steady_clock::time_point Stop() {
+    LockGuard lock(mu);
+    stopped = true;
+    timer.cancel();
+    return expires;
+  }
+
+ private:
+  void Arm() RL_REQUIRES(mu) {
+    timer.expires_after(every);
+    timer.async_wait([self = shared_from_this()](const boost::system::error_code&) {
+      self->Tick();  // cancelled only by Stop(): Tick sees `stopped`
+    });
+  }
+
+  void Tick() {
+    const auto now = core::SteadyClock::now();
+    bool expired = false;
+    {
+      LockGuard lock(mu);
+      if (stopped) return;
+      expired = stopped = now >= expires;  // the renewals failed until it expired
+    }
+    if (expired) return Lost("renewals failed until it expired");
+    {
+      LockGuard lock(st->mu);
+      if (st->stopped) return;  // the executor is going away
+    }
+    if (!id.starts_with(kLocalLeasePrefix) && st->store->detached()) return;  // shutting down
+    st->store->Renew(key, name, id, ttl, [self = shared_from_this(), now](StatusOr<bool> r) {
+      self->OnRenewed(now, std::move(r));
+    });
+  }
+
+  void OnRenewed(std::chrono::steady_clock::time_point sent, StatusOr<bool> r) {
+    {
+      LockGuard lock(mu);
+      if (stopped) return;  // released meanwhile: the answer says nothing
+      if (r.ok() && *r) {
+        expires = sent + ttl;  // the store's clock started no sooner
+        return Arm();
+      }
+      if (IsStoreFailure(r.status())) {
+        Arm();  // once more at the next tick, while it may still be held
+      } else {
+        stopped = true;
+      }
+    }
+    if (!r.ok() && IsStoreFailure(r.status())) {
+      return st->LogError("concurrency lease renewal failed: retrying", r.status());
+    }
+    Lost(r.ok() ? "the store no longer holds it" : r.status().ToString());
+  }
+
+  void Lost(std::string_view why) {
+    cells.lease_lost.Inc();
+    int64_t suppressed = 0;
+    if (!st->lost_log.Admit(suppressed)) return;
+    if (suppressed > 0)
+      Log(Level::kWarn, st->lost_log.suppressed_message(), {{"count", suppressed}});
+    Log(Level::kWarn, "concurrency lease lost while its request runs: the place may be taken",
+        {{"route", route}, {"name", name}, {"reason", why}});
+  }
+
+  Mutex mu;
+  net::steady_timer timer RL_GUARDED_BY(mu);
+  bool stopped RL_GUARDED_BY(mu) = false;
+  // When the store drops the lease unless renewed: lease_ttl after the last
+  // renewal that held it was sent (the guard's making, at first).
+  std::chrono::steady_clock::time_point expires RL_GUARDED_BY(mu);
+};
+
 LeaseGuard::LeaseGuard(std::shared_ptr<State> state, std::string key, std::string name,
                        std::string id, std::string route, milliseconds lease_ttl)
-    : state_(std::move(state)),
-      key_(std::move(key)),
-      name_(std::move(name)),
-      id_(std::move(id)),
-      route_(std::move(route)),
-      expires_(core::SteadyClock::now() + lease_ttl) {
-  Metrics::Global().Concurrency(route_).in_flight.Add(1);
+    : held_(std::make_shared<Held>(std::move(state), std::move(key), std::move(name), std::move(id),
+                                   std::move(route), lease_ttl)) {
+  held_->Start();
 }
 
 LeaseGuard::~LeaseGuard() { Release(); }
 
+const std::string& LeaseGuard::id() const { return held_->id; }
+
 std::string LeaseGuard::Detach() {
-  if (!std::exchange(released_, true)) Metrics::Global().Concurrency(route_).in_flight.Add(-1);
-  return id_;
+  if (!std::exchange(released_, true)) {
+    held_->Stop();  // the caller renews it, or lets it expire
+    held_->cells.in_flight.Add(-1);
+  }
+  return held_->id;
 }
 
 void LeaseGuard::Release(std::function<void()> then) {
@@ -141,21 +250,23 @@ void LeaseGuard::Release(std::function<void()> then) {
     if (then) then();
     return;
   }
-  Metrics::Global().Concurrency(route_).in_flight.Add(-1);
-  std::shared_ptr<State> st = state_;
-  if (!id_.starts_with(kLocalLeasePrefix) && st->store->detached()) {
+  const std::chrono::steady_clock::time_point expires = held_->Stop();
+  held_->cells.in_flight.Add(-1);
+  const Held& h = *held_;
+  std::shared_ptr<State> st = h.st;
+  if (!h.id.starts_with(kLocalLeasePrefix) && st->store->detached()) {
     // Shutting down: the lease expires after its lease_ttl.
     if (then) then();
     return;
   }
-  st->store->Release(key_, name_, id_,
-                     [st, key = key_, name = name_, id = id_, expires = expires_,
-                      then = std::move(then)](StatusOr<bool> r) mutable {
+  st->store->Release(h.key, h.name, h.id,
+                     [st, held = held_, expires, then = std::move(then)](StatusOr<bool> r) mutable {
                        if (!r.ok() && r.status().code() != StatusCode::kInvalidArgument) {
                          st->LogError("concurrency lease release failed: retrying", r.status());
-                         st->RetryRelease(key, name, id, expires, st->release_retry);
+                         st->RetryRelease(held->key, held->name, held->id, expires,
+                                          st->release_retry);
                        }
-                       st->Wake(key, name);
+                       st->Wake(held->key, held->name);
                        if (then) then();
                      });
 }

@@ -46,6 +46,16 @@ class ConcurrencyLimiter;
 // later, doubling up to 2 s, until the store takes it or the lease would have
 // expired anyway; at most Options::max_release_retries wait at once (beyond,
 // the lease is left to expire: logged).
+//
+// While it is held, the guard renews the lease (ConcurrencyStore::Renew, a
+// timer on the limiter's executor) every RenewInterval(lease_ttl), so that a
+// request that runs longer than lease_ttl (a streamed answer) keeps its
+// place: lease_ttl bounds how long the leases of a crashed instance outlive
+// it, not a request's length. A renewal the store fails is tried again at the
+// next tick, until the lease would have expired; a lease the store says is
+// no longer held (or that expired meanwhile) is lost: the guard stops
+// renewing, counts ratelimit_concurrency_lease_lost_total{route} and logs
+// (sampled). Release, Detach and destruction stop the renewals.
 class LeaseGuard {
  public:
   ~LeaseGuard();
@@ -61,18 +71,25 @@ class LeaseGuard {
   // Hands the lease to someone else (the decision API's caller, who releases
   // it with POST /v1/release): the guard forgets it without releasing.
   std::string Detach();
-  const std::string& id() const { return id_; }  // "l-..." for a local-fallback lease
+  const std::string& id() const;  // "l-..." for a local-fallback lease
 
   struct State;  // the limiter's, shared with its leases
   LeaseGuard(std::shared_ptr<State> state, std::string key, std::string name, std::string id,
              std::string route, std::chrono::milliseconds lease_ttl);
 
  private:
-  std::shared_ptr<State> state_;
-  std::string key_, name_, id_, route_;
-  std::chrono::steady_clock::time_point expires_;  // about when the store drops it
+  // The lease and its renewal timer, shared with the timer's wait and the
+  // renewal's store call.
+  struct Held;
+
+  std::shared_ptr<Held> held_;
   bool released_ = false;
 };
+
+// How often a lease of `lease_ttl` is renewed: every third of it (two
+// renewals in a row may fail before it expires), but no more often than
+// every 10 ms unless lease_ttl is under 20 ms (then every half of it).
+std::chrono::milliseconds RenewInterval(std::chrono::milliseconds lease_ttl);
 
 struct ConcurrencyOutcome {
   enum class Denial { kNone, kLimit, kWaitTimeout, kQueueFull };

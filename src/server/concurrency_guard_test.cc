@@ -44,10 +44,12 @@ class FailingConcurrencyStore final : public ConcurrencyStore {
   }
 };
 
-// Its first `failures` releases fail as in a Redis blip; then `inner` answers.
-class FlakyReleaseStore final : public ConcurrencyStore {
+// Its first `failures` releases and first `renew_failures` renewals fail as
+// in a Redis blip; then `inner` answers. Counts the calls.
+class FlakyStore final : public ConcurrencyStore {
  public:
-  FlakyReleaseStore(ConcurrencyStore& inner, int failures) : inner_(inner), failures_(failures) {}
+  FlakyStore(ConcurrencyStore& inner, int failures, int renew_failures = 0)
+      : inner_(inner), failures_(failures), renew_failures_(renew_failures) {}
   void Acquire(const AcquireRequest& r, AcquireCallback done) override {
     inner_.Acquire(r, std::move(done));
   }
@@ -59,14 +61,26 @@ class FlakyReleaseStore final : public ConcurrencyStore {
   }
   void Renew(std::string_view key, std::string_view name, std::string_view id,
              std::chrono::microseconds ttl, RenewCallback done) override {
+    ++renewals;
+    if (renew_failures_.fetch_sub(1) > 0) return done(Unavailable("redis blip"));
     inner_.Renew(key, name, id, ttl, std::move(done));
   }
-  std::atomic<int> releases{0};
+  std::atomic<int> releases{0}, renewals{0};
 
  private:
   ConcurrencyStore& inner_;
-  std::atomic<int> failures_;
+  std::atomic<int> failures_, renew_failures_;
 };
+
+// Waits up to 2 s for `done()`.
+template <typename F>
+bool Eventually(F done) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!done() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(milliseconds(2));
+  }
+  return done();
+}
 
 class LimiterTest : public testing::Test {
  protected:
@@ -219,7 +233,7 @@ TEST_F(LimiterTest, ARouteWideLimitHoldsInAFullLocalFallback) {
 // A release the store failed is retried once it answers again, not left
 // to hold the place for all of lease_ttl (here 30 s).
 TEST_F(LimiterTest, AFailedReleaseIsRetriedWhenTheStoreReturns) {
-  FlakyReleaseStore flaky(memory_, 2);
+  FlakyStore flaky(memory_, 2);
   ConcurrencyLimiter l(ioc_.get_executor(), flaky, {.release_retry = milliseconds(5)});
   ConcurrencyOutcome held = Acquire(l, {.max_in_flight = 1, .lease_ttl = milliseconds(30'000)});
   ASSERT_NE(held.lease, nullptr);
@@ -230,6 +244,89 @@ TEST_F(LimiterTest, AFailedReleaseIsRetriedWhenTheStoreReturns) {
   EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
   EXPECT_EQ(flaky.releases.load(), 3);  // failed, failed, released
   EXPECT_EQ(Acquire(l, {.max_in_flight = 1}).status, 200u);
+}
+
+TEST(RenewInterval, AThirdOfTheTtlNotUnder10MsUnlessTheTtlIsShort) {
+  EXPECT_EQ(RenewInterval(milliseconds(30'000)), milliseconds(10'000));
+  EXPECT_EQ(RenewInterval(milliseconds(90)), milliseconds(30));
+  EXPECT_EQ(RenewInterval(milliseconds(21)), milliseconds(10));
+  EXPECT_EQ(RenewInterval(milliseconds(10)), milliseconds(5));
+  EXPECT_EQ(RenewInterval(milliseconds(1)), milliseconds(1));
+}
+
+// A request that runs longer than its lease_ttl (a streamed answer) keeps
+// its place: the guard renews the lease every 30 ms, so that after more than
+// 3 x lease_ttl a second request is still refused; the release frees it.
+TEST_F(LimiterTest, AHeldLeaseIsRenewedPastItsTtl) {
+  ConcurrencyLimiter l(ioc_.get_executor(), memory_);
+  const policy::ConcurrencyConfig c{.max_in_flight = 1, .lease_ttl = milliseconds(90)};
+  auto& lost = Metrics::Global().Concurrency("upload").lease_lost;
+  const uint64_t lost_before = lost.value();
+  ConcurrencyOutcome held = Acquire(l, c);
+  ASSERT_NE(held.lease, nullptr);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 1);
+  ConcurrencyOutcome second = Acquire(l, c);
+  EXPECT_EQ(second.status, 429u);
+  EXPECT_EQ(second.denial, ConcurrencyOutcome::Denial::kLimit);
+  held.lease.reset();
+  EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
+  EXPECT_EQ(Acquire(l, c).status, 200u);
+  EXPECT_EQ(lost.value(), lost_before);
+}
+
+// A lease the store no longer holds (here released behind the guard's back)
+// is lost: counted once, and the guard stops renewing it.
+TEST_F(LimiterTest, ALostLeaseStopsRenewingAndIsCounted) {
+  FlakyStore counting(memory_, 0);
+  ConcurrencyLimiter l(ioc_.get_executor(), counting);
+  auto& lost = Metrics::Global().Concurrency("upload").lease_lost;
+  const uint64_t before = lost.value();
+  ConcurrencyOutcome held = Acquire(l, {.max_in_flight = 1, .lease_ttl = milliseconds(60)});
+  ASSERT_NE(held.lease, nullptr);
+  ASSERT_TRUE(Eventually([&] { return counting.renewals.load() >= 2; }));
+  EXPECT_EQ(lost.value(), before);
+  ASSERT_TRUE(*memory_.ReleaseSync("user:ada", "upload", held.lease->id()));
+  ASSERT_TRUE(Eventually([&] { return lost.value() == before + 1; }));
+  const int renewals = counting.renewals.load();
+  std::this_thread::sleep_for(milliseconds(100));  // five renewal intervals
+  EXPECT_EQ(counting.renewals.load(), renewals);
+  held.lease.reset();
+  EXPECT_EQ(lost.value(), before + 1);
+}
+
+// A renewal the store fails is tried again at the next tick: one blip does
+// not lose the lease.
+TEST_F(LimiterTest, AFailedRenewalIsRetriedAtTheNextTick) {
+  FlakyStore flaky(memory_, 0, /*renew_failures=*/1);
+  ConcurrencyLimiter l(ioc_.get_executor(), flaky);
+  auto& lost = Metrics::Global().Concurrency("upload").lease_lost;
+  const uint64_t before = lost.value();
+  const policy::ConcurrencyConfig c{.max_in_flight = 1, .lease_ttl = milliseconds(90)};
+  ConcurrencyOutcome held = Acquire(l, c);
+  ASSERT_NE(held.lease, nullptr);
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_GE(flaky.renewals.load(), 3);
+  EXPECT_EQ(Acquire(l, c).status, 429u);
+  EXPECT_EQ(lost.value(), before);
+}
+
+// Renewals that keep failing stop when the lease has expired: lost.
+TEST_F(LimiterTest, RenewalsThatKeepFailingStopAtTheLeasesExpiry) {
+  FlakyStore down(memory_, 0, /*renew_failures=*/1'000'000);
+  ConcurrencyLimiter l(ioc_.get_executor(), down);
+  auto& lost = Metrics::Global().Concurrency("upload").lease_lost;
+  const uint64_t before = lost.value();
+  ConcurrencyOutcome held = Acquire(l, {.max_in_flight = 1, .lease_ttl = milliseconds(60)});
+  ASSERT_NE(held.lease, nullptr);
+  ASSERT_TRUE(Eventually([&] { return lost.value() == before + 1; }));
+  // Every 20 ms: at 20 and 40 ms (failed), at 60 ms it had expired.
+  const int renewals = down.renewals.load();
+  EXPECT_GE(renewals, 1);
+  EXPECT_LE(renewals, 3);
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(down.renewals.load(), renewals);
+  EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
 }
 
 TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {

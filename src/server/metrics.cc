@@ -253,6 +253,13 @@ std::string Metrics::Render(const Store* store) const {
       row("ratelimit_concurrency_denied_total", *route, ",reason=\"shadow\"",
           static_cast<int64_t>(c->denied_shadow.value()));
     }
+    Header(out, "ratelimit_concurrency_lease_lost_total", "counter",
+           "Concurrency leases lost while their request still ran (not held any more at a "
+           "renewal, or renewals failed until they expired), by route class.");
+    for (const auto& [route, c] : rows) {
+      row("ratelimit_concurrency_lease_lost_total", *route, "",
+          static_cast<int64_t>(c->lease_lost.value()));
+    }
   }
 
   Header(out, "ratelimit_degraded_decisions_total", "counter",

@@ -136,6 +136,10 @@ struct ConcurrencyCells {
   Counter denied_timeout;  // {reason="wait_timeout"}: waited max_wait in vain
   Counter denied_full;     // {reason="queue_full"}: max_waiting already waiting
   Counter denied_shadow;   // {reason="shadow"}: a shadow route's limit; the request passed
+  // ratelimit_concurrency_lease_lost_total: leases lost while their request
+  // ran (the store no longer held one at a renewal, or renewals failed until
+  // it expired)
+  Counter lease_lost;
 };
 
 class Metrics {

@@ -16,6 +16,7 @@
 
 #include "harness.h"
 #include "support/redis_server.h"
+#include "support/sse_upstream.h"
 
 namespace rltest {
 namespace {
@@ -218,6 +219,44 @@ TEST(ConcurrencyDaemon, LeasesOfAKilledInstanceExpire) {
   std::vector<HttpResponse> rs = Burst({b.port()}, 3, "/work");
   EXPECT_EQ(Count(rs, 200), 3);
   for (auto& t : hung) t.join();
+}
+
+// A streamed answer (an SSE or LLM token stream) that outlives lease_ttl
+// keeps its place: the instance serving it renews its lease in Redis, so
+// after 5 x lease_ttl the other instance still refuses a second request;
+// once the stream has ended, the place is free.
+TEST(ConcurrencyDaemon, AStreamLongerThanItsLeaseTtlKeepsItsPlace) {
+  ratelimit::testing::RedisServer redis;
+  ratelimit::testing::SseUpstream upstream;
+  const std::string config =
+      WriteConfig("server:\n  upstream: \"" + upstream.url() +
+                  "\"\n  threads: 2\nroutes:\n  - name: chat\n    path: /sse\n"
+                  "    concurrency: {max_in_flight: 1, lease_ttl: 100ms}\n");
+  Daemon a({"--config", config, "--redis", redis.url()});
+  Daemon b({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(a.started() && b.started()) << a.Log() << b.Log();
+  const int stream = Connect(a.port());
+  ASSERT_GE(stream, 0);
+  ASSERT_TRUE(SendAll(stream,
+                      "GET /sse HTTP/1.1\r\nHost: t\r\nX-Usage: 10\r\nX-Hold: 1\r\n"
+                      "Connection: close\r\n\r\n"));
+  std::string got;
+  ASSERT_TRUE(ratelimit::testing::ReadFirstEvent(stream, got)) << got;
+  std::this_thread::sleep_for(milliseconds(500));  // 5 x lease_ttl, streaming
+  HttpResponse refused = Http(b.port(), "GET", "/sse", {{"X-Usage", "10"}});
+  EXPECT_EQ(refused.status, 429) << refused.body;
+  EXPECT_EQ(redis.Cli("ZCARD", "rl:{ip:127.0.0.1}~c:chat"), "1");
+  upstream.Release();
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(stream, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+  ::close(stream);
+  EXPECT_NE(got.find("data: [DONE]"), std::string::npos) << got;
+  HttpResponse next = Http(b.port(), "GET", "/sse", {{"X-Usage", "10"}});
+  EXPECT_EQ(next.status, 200) << next.body;
+  HttpResponse m = Http(a.admin_port(), "GET", "/metrics");
+  EXPECT_NE(m.body.find("ratelimit_concurrency_lease_lost_total{route=\"chat\"} 0"),
+            std::string::npos)
+      << m.body;
 }
 
 TEST(ConcurrencyDaemon, SequentialRequestsNeverFindTheirOwnLease) {
