@@ -15,7 +15,8 @@
 // channel `<prefix>overrides`. Every change is one script call that writes,
 // increments the version and PUBLISHes it; Watch hears it through a
 // redis::Subscriber (a new subscription, after a lost connection, reports -1:
-// some may have been missed). The `%` cannot occur unescaped in a client's
+// some may have been missed). The same channel carries "reset <client>"
+// (AnnounceReset, heard by WatchResets). The `%` cannot occur unescaped in a client's
 // encoded key, so no client's limit state can share these keys.
 //
 // Thread-safety: every method may be called from any thread; callbacks run
@@ -27,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ratelimit/redis_store.h"
@@ -66,6 +68,16 @@ class OverrideStore {
   // and `changed(-1)` each time the notifications (re)start: what happened
   // meanwhile is unknown, read again. Set once, before the first change.
   virtual void Watch(std::function<void(int64_t version)> changed) = 0;
+  // Tells every other instance that `client`'s limit state was reset (the
+  // admin API's reset: their cached denials of it are stale). Redis: a
+  // message "reset <client>" on the same channel; `done` once it is
+  // published. Memory: nothing to tell (one process).
+  virtual void AnnounceReset(std::string client, std::function<void(Status)> done) = 0;
+  // `reset(client)` when an instance announced a reset, and `reset("")` each
+  // time the notifications (re)start (one may have been missed): forget
+  // what is cached of the state. Heard on Watch's subscription: set it
+  // before Watch.
+  virtual void WatchResets(std::function<void(std::string_view client)> reset) = 0;
   // Ends the notifications; later calls fail with kUnavailable. Idempotent.
   virtual void Close() = 0;
 };

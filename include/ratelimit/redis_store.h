@@ -163,6 +163,8 @@ class RedisStore final : public Store {
               BlocksCallback done) override;
   void Unblock(std::string_view key, std::span<const Limit* const> limits,
                ResetCallback done) override;
+  // Clears the over-limit cache and the prefetched tokens.
+  void ForgetCached() override;
   // Kept in Redis under <prefix>reservation-secret, made by the first instance
   // to ask. Each instance keeps the one it got, and offers it again (SET NX
   // GET) when it signs at least kSecretRecheck after it last asked, taking

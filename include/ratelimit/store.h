@@ -186,6 +186,13 @@ class Store {
   virtual void SecretAccepting(std::function<bool(std::string_view secret)> accepts,
                                std::function<void(StatusOr<std::string>)> done);
 
+  // Forgets what this instance keeps of the state besides the store itself
+  // (RedisStore: its cached denials and prefetched tokens), so that the next
+  // check of every key asks the store: another instance reset a client's
+  // state (the admin API's reset, announced through the override store's
+  // channel, src/server/overrides.h). The default: nothing is kept.
+  virtual void ForgetCached() {}
+
   // True when the state lives in another process (Redis): readiness probes it.
   virtual bool remote() const { return false; }
   // The worst state of the store's circuit breakers (kClosed: none).

@@ -19,6 +19,7 @@
 #include "server/explain.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
+#include "server/overrides.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
@@ -669,7 +670,23 @@ void AdminApi::Reset(std::shared_ptr<const policy::Policy> policy, Client who, s
 void AdminApi::ResetNext(std::shared_ptr<ResetOp> op) {
   if (op->next == op->groups.size()) {
     Log(Level::kInfo, "admin: client reset", {{"key", op->client}});
-    return op->done(AdminJsonReply(200, {{"client", op->client}, {"reset", op->names}}));
+    // The other instances on this Redis may hold cached denials of the state
+    // just removed (a calendar quota's for weeks): they forget them on
+    // hearing this. Should it not get through, they ask Redis again within
+    // OverLimitCache::kMaxAge.
+    Overrides* overrides = enforcer_.overrides();
+    if (overrides == nullptr || !overrides->shared()) {
+      return op->done(AdminJsonReply(200, {{"client", op->client}, {"reset", op->names}}));
+    }
+    return overrides->AnnounceReset(op->client, [op](const Status& s) {
+      if (!s.ok()) {
+        Log(Level::kWarn,
+            "admin: the reset was not announced to the other instances: they may answer cached "
+            "denials for up to 5 s",
+            {{"key", op->client}, {"error", s.message()}});
+      }
+      op->done(AdminJsonReply(200, {{"client", op->client}, {"reset", op->names}}));
+    });
   }
   const size_t i = op->next++;
   store().Reset(op->groups[i].key, op->limits[i], [this, op](const Status& s) {

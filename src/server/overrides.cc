@@ -210,11 +210,16 @@ Overrides::~Overrides() {
 
 void Overrides::Start(boost::asio::any_io_executor executor) {
   timer_ = std::make_unique<boost::asio::steady_timer>(executor);
+  if (on_reset_) store_->WatchResets(on_reset_);
   store_->Watch([this](int64_t version) {
     if (version < 0 || version > table()->version()) Refresh();
   });
   Refresh();
   Tick();
+}
+
+void Overrides::AnnounceReset(std::string client, std::function<void(Status)> done) {
+  store_->AnnounceReset(std::move(client), std::move(done));
 }
 
 void Overrides::Stop() {

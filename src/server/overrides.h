@@ -23,7 +23,8 @@
 // swapped whole (RCU style) when the store says something changed: a change
 // made on this instance is in effect here when Put/Remove answer, and on the
 // others as soon as they hear of it (Redis pub/sub, a full re-read on every
-// (re)subscription, and every refresh_interval as a backstop).
+// (re)subscription, and every refresh_interval as a backstop). The same channel carries the admin
+// API's resets (AnnounceReset, OnReset).
 //
 // Every change is logged ("override changed": op, client, by, reason, what)
 // and counted (ratelimit_overrides_changes_total{op}); the gauge
@@ -144,6 +145,18 @@ class Overrides {
   const Clock& clock() const { return clock_; }
   int64_t NowMillis() const { return clock_.NowMicros() / 1000; }
 
+  // What to do when another instance announces that it reset a client's
+  // limit state (AnnounceReset), and each time the store's notifications
+  // (re)start, with "" (an announcement may have been missed): the daemon
+  // forgets what its store of limit state cached (Store::ForgetCached). Set
+  // before Start.
+  void OnReset(std::function<void(std::string_view client)> forget) {
+    on_reset_ = std::move(forget);
+  }
+  // Tells the other instances on the store that `client`'s limit state was
+  // reset here (Redis: on the overrides' channel; memory: nobody to tell).
+  void AnnounceReset(std::string client, std::function<void(Status)> done);
+
   // Watches the store, reads it and starts the periodic timer on `executor`.
   void Start(boost::asio::any_io_executor executor);
   // Stops the timer and the store's notifications. Idempotent.
@@ -170,7 +183,8 @@ class Overrides {
   void Install(const OverrideSet& set);
   void Tick();
 
-  std::unique_ptr<OverrideStore> store_;  // reset first in the destructor
+  std::unique_ptr<OverrideStore> store_;            // reset first in the destructor
+  std::function<void(std::string_view)> on_reset_;  // set before Start
   const Clock& clock_;
   const Options options_;
   std::atomic<std::shared_ptr<const OverrideTable>> table_;

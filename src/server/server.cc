@@ -142,6 +142,10 @@ Status Server::Start(std::shared_ptr<Store> store) {
   StatusOr<std::unique_ptr<OverrideStore>> os = MakeOverrideStore(s.start_config.store, shared);
   if (!os.ok()) return os.status();
   s.overrides = std::make_unique<Overrides>(*std::move(os), Clock::System());
+  // Another instance reset a client (or one may have while we did not
+  // listen): our cached denials may be of the state it removed. (~Impl
+  // destroys the overrides before the store.)
+  s.overrides->OnReset([store = s.store.get()](std::string_view) { store->ForgetCached(); });
   s.overrides->Start(s.ioc.get_executor());
   s.enforcer->SetOverrides(s.overrides.get());
   s.admin = std::make_unique<AdminApi>(*s.enforcer, std::move(token));

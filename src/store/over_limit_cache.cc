@@ -83,7 +83,8 @@ void OverLimitCache::Remember(uint64_t fp, const CheckResult& result, int64_t su
     std::erase_if(s.entries, [now](const auto& kv) { return kv.second.until <= now; });
     if (s.entries.size() >= opts_.max_entries / kShards) return;
   }
-  s.entries[fp] = Entry{result, replied, submitted + result.overall.retry_after.count()};
+  const int64_t lasts = std::min(result.overall.retry_after, opts_.max_age).count();
+  s.entries[fp] = Entry{result, replied, submitted + lasts};
 }
 
 void OverLimitCache::Forget(uint64_t fp) {

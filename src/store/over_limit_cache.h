@@ -13,10 +13,15 @@
 // costs one script call per unit that comes free and none for its denials.
 //
 // Exactness: on this instance a cached denial is exactly what the store would
-// answer. What it cannot see is a reset of the key made elsewhere (admin API
-// on another instance): such a client stays denied here for at most the
-// cached retry time; nor (time_source local) a step forward of the wall clock
-// Redis then decides by: the same bound.
+// answer. What it cannot see is a change of the state made elsewhere: a
+// reset of the key through the admin API of another instance (announced to
+// every instance, which then clears its cache: Store::ForgetCached), a reset
+// whose announcement was lost, a FLUSHALL, or (time_source local) a step
+// forward of the wall clock Redis then decides by. So no entry is kept
+// longer than `max_age` (5 s) whatever its retry time (a calendar quota's
+// denial may wait weeks): at worst a client stays denied here that long
+// after such a change, and a flood of one key costs one store call per
+// `max_age` once its denial is longer.
 //
 // Times (`now`, `submitted`, `replied`) are microseconds of a monotonic clock
 // (RedisStore's steady_clock): a step back of the wall clock must not keep a
@@ -41,7 +46,10 @@ class OverLimitCache {
   struct Options {
     size_t max_entries = 100'000;
     std::chrono::microseconds min_retry{0};
+    // The longest an entry answers without asking the store (see Exactness).
+    std::chrono::microseconds max_age{kMaxAge};
   };
+  static constexpr std::chrono::seconds kMaxAge{5};
 
   explicit OverLimitCache(Options options);
 

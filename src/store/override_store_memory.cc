@@ -59,6 +59,11 @@ class MemoryOverrideStore final : public OverrideStore {
     changed_ = std::make_shared<const std::function<void(int64_t)>>(std::move(changed));
   }
 
+  void AnnounceReset(std::string /*client*/, std::function<void(Status)> done) override {
+    done(Status::Ok());
+  }
+  void WatchResets(std::function<void(std::string_view)> /*reset*/) override {}
+
   void Close() override {
     LockGuard lock(mu_);
     closed_ = true;

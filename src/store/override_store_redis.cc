@@ -72,13 +72,32 @@ class RedisOverrideStore final : public OverrideStore {
     });
   }
 
+  void AnnounceReset(std::string client, std::function<void(Status)> done) override {
+    const std::string message = std::string(kResetPrefix) + client;
+    const std::string_view args[] = {"announce", channel_, message};
+    Call(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+      auto p = Parse(r);
+      done(p.status());
+    });
+  }
+
+  void WatchResets(std::function<void(std::string_view)> reset) override {
+    reset_ = std::move(reset);
+  }
+
   void Watch(std::function<void(int64_t)> changed) override {
-    backend_->Subscribe(channel_, [changed = std::move(changed)](redis::Subscriber::Event e,
-                                                                 std::string_view payload) {
+    backend_->Subscribe(channel_, [changed = std::move(changed), reset = reset_](
+                                      redis::Subscriber::Event e, std::string_view payload) {
       switch (e) {
-        case redis::Subscriber::Event::kSubscribed: return changed(-1);
+        case redis::Subscriber::Event::kSubscribed:
+          if (reset) reset("");  // a reset may have been announced meanwhile
+          return changed(-1);
         case redis::Subscriber::Event::kLost: return;  // kSubscribed follows the next subscription
         case redis::Subscriber::Event::kMessage: {
+          if (payload.starts_with(kResetPrefix)) {
+            if (reset) reset(payload.substr(kResetPrefix.size()));
+            return;
+          }
           int64_t v = 0;
           for (char c : payload) {
             if (c < '0' || c > '9' || v > (INT64_MAX - 9) / 10) return changed(-1);
@@ -99,8 +118,11 @@ class RedisOverrideStore final : public OverrideStore {
     backend_->GuardedEval(keys, args, std::move(done));
   }
 
+  static constexpr std::string_view kResetPrefix = "reset ";
+
   std::unique_ptr<store::RedisBackend> backend_;
   const std::string hash_, version_, channel_;
+  std::function<void(std::string_view)> reset_;  // set before Watch
 };
 
 }  // namespace

@@ -338,6 +338,8 @@ void RedisStore::Reset(std::string_view key, std::span<const Limit* const> limit
                           });
 }
 
+void RedisStore::ForgetCached() { impl_->admission.Clear(); }
+
 // Blocks are read with one MGET (the keys share the client's slot) and
 // measured against this instance's clock: with time_source redis, as close
 // as the clocks agree (an admin's view, not a decision).

@@ -1289,11 +1289,32 @@ TEST(RedisStoreClocks, ACachedDenialCountsDownOnTheSteadyClock) {
   ASSERT_GT(first.retry_after, seconds(90));
   const uint64_t calls = store->stats().script_calls;
   wall.Advance(-std::chrono::hours(1));
-  steady.Advance(seconds(10));
+  steady.Advance(seconds(3));
   const Decision later = Check(*store, "k", l);
   EXPECT_EQ(store->stats().script_calls, calls) << "answered by the cache";
   EXPECT_FALSE(later.allowed);
-  EXPECT_EQ(later.retry_after, first.retry_after - seconds(10));
+  EXPECT_EQ(later.retry_after, first.retry_after - seconds(3));
+}
+
+// A denial whose retry time is far off (a calendar quota's: weeks) answers
+// from the cache for at most OverLimitCache::kMaxAge, then the store is asked
+// again: a change this instance did not hear of (a reset elsewhere whose
+// announcement was lost, a FLUSHALL) is seen within that bound.
+TEST(RedisStoreClocks, ACachedDenialIsAskedAgainAfterTheCachesMaxAge) {
+  RedisServer server;
+  ManualClock steady;
+  auto store = MustCreate({.url = server.url(), .steady_clock = &steady});
+  Limit l = *Limit::TokenBucket("b", 1, 0.001);  // one token per 1000 s
+  ASSERT_TRUE(Check(*store, "k", l).allowed);
+  ASSERT_FALSE(Check(*store, "k", l).allowed);
+  const uint64_t calls = store->stats().script_calls;
+  server.Cli("FLUSHALL");  // the state is gone: Redis would allow
+  steady.Advance(seconds(4));
+  EXPECT_FALSE(Check(*store, "k", l).allowed);
+  EXPECT_EQ(store->stats().script_calls, calls) << "answered by the cache";
+  steady.Advance(seconds(1));
+  EXPECT_TRUE(Check(*store, "k", l).allowed) << "still answered by the cache after 5 s";
+  EXPECT_EQ(store->stats().script_calls, calls + 1);
 }
 
 // A store's breakers run on its monotonic clock: one opened before the wall

@@ -96,6 +96,7 @@ class ResilientStore final : public Store {
     inner_->SecretAccepting(std::move(accepts), std::move(done));
   }
 
+  void ForgetCached() override { inner_->ForgetCached(); }
   bool remote() const override { return inner_->remote(); }
   CircuitBreaker::State breaker_state() const override { return inner_->breaker_state(); }
   size_t pending() const override { return inner_->pending(); }

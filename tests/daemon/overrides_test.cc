@@ -1,7 +1,8 @@
 // Overrides shared by every instance (issue 20): two ratelimitd on one real
 // Redis. A PUT on one is in effect on the other within 1 s (20 tries, the
 // worst printed); the override survives a restart of both; DELETE restores
-// the plan's limits; an expired override stops applying at its time.
+// the plan's limits; an expired override stops applying at its time; a reset
+// through one clears the other's cached denials.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -188,6 +189,43 @@ TEST(OverridesDaemon, SurvivesARestartDeleteRestoresThePlanAndExpiryEndsIt) {
   const std::string metrics =
       Admin(*p.a, "GET", "/metrics").body + Admin(*p.b, "GET", "/metrics").body;
   EXPECT_NE(metrics.find("ratelimit_overrides_changes_total{op=\"expire\"} 1"), std::string::npos);
+}
+
+// The denials B answers from its over-limit cache (ratelimit_over_limit_cache_hits_total).
+int64_t CacheHits(const Daemon& d) {
+  const std::string m = Admin(d, "GET", "/metrics").body;
+  const std::string name = "\nratelimit_over_limit_cache_hits_total ";
+  const size_t at = m.find(name);
+  return at == std::string::npos ? -1 : std::stoll(m.substr(at + name.size()));
+}
+
+// A reset through one instance reaches the other's cached denials. A
+// calendar quota's denial waits until the month ends, and B answers it from
+// its over-limit cache without asking Redis; the reset through A is
+// announced on the overrides' channel and B forgets its cached denials: the
+// next request through B is allowed at once (well within the cache's 5 s
+// bound on an entry's age, which alone would let it through later).
+TEST(OverridesDaemon, AResetOnOneClearsTheOthersCachedDenialsOfACalendarQuota) {
+  ratelimit::testing::RedisServer redis;
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/c.yaml", "store: {type: redis, url: \"" + redis.url() + R"("}
+plans:
+  free: {limits: [{name: monthly, algorithm: fixed_window, limit: 2, window: 1mo,
+                   align: calendar, timezone: UTC}]}
+api_keys: {acme-key: free}
+)");
+  Daemon a({"--config", dir + "/c.yaml"});
+  Daemon b({"--config", dir + "/c.yaml"});
+  ASSERT_TRUE(a.started() && b.started());
+  ASSERT_EQ(Auth(b), 204);
+  ASSERT_EQ(Auth(b), 204);  // the month's last: its denial is cached at once
+  const int64_t hits = CacheHits(b);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Auth(b), 429);
+  ASSERT_EQ(CacheHits(b), hits + 3) << "B answers the denials from its cache";
+
+  HttpResponse reset = Admin(a, "POST", "/v1/clients/k:acme-key/reset");
+  ASSERT_EQ(reset.status, 200) << reset.body;
+  EXPECT_LT(Until([&] { return Auth(b) == 204; }, 4s), 1s) << "B still answers its cached denial";
 }
 
 }  // namespace

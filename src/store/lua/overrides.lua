@@ -5,12 +5,18 @@
 --   put <client> <record>     -> {version, 1}
 --   remove <client> [record]  -> {version, removed (0|1)}; with a record, only
 --                                while the client's record is still that one
+--   announce <message>        -> {version, 0}: PUBLISHes the message (an admin
+--                                reset of a client's state: "reset <client>")
 -- A change increments the version and PUBLISHes it on the channel, in the
 -- same call: an instance that hears version v and reads gets v or later.
 local op = ARGV[1]
 local version = tonumber(redis.call('GET', KEYS[2]) or '0')
 if op == 'read' then
   return {version, redis.call('HGETALL', KEYS[1])}
+end
+if op == 'announce' then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return {version, 0}
 end
 local changed = 0
 if op == 'put' then
