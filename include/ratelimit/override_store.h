@@ -80,6 +80,10 @@ class OverrideStore {
   virtual void WatchResets(std::function<void(std::string_view client)> reset) = 0;
   // Ends the notifications; later calls fail with kUnavailable. Idempotent.
   virtual void Close() = 0;
+  // How the store may drop records by itself: Redis' maxmemory-policy
+  // (CONFIG GET, asked of one node), or "" when it cannot be read (no
+  // permission, the command renamed: not an error) or there is none (memory).
+  virtual void EvictionPolicy(std::function<void(std::string)> done) { done(""); }
 };
 
 std::unique_ptr<OverrideStore> MakeMemoryOverrideStore();

@@ -211,8 +211,20 @@ Overrides::~Overrides() {
 void Overrides::Start(boost::asio::any_io_executor executor) {
   timer_ = std::make_unique<boost::asio::steady_timer>(executor);
   if (on_reset_) store_->WatchResets(on_reset_);
-  store_->Watch([this](int64_t version) {
-    if (version < 0 || version > table()->version()) Refresh();
+  // Every change heard is read, whatever its version: the version restarts
+  // at 1 when Redis lost its key (FLUSHALL, a restart without persistence,
+  // an eviction), so a lower or equal one may be news. A change made here is
+  // read twice (Put's read, then the message's): changes are rare.
+  store_->Watch([this](int64_t /*version*/) { Refresh(); });
+  // An evicted hash loses every override, and an evicted version makes the
+  // next change's version one the instances may have seen: only a read
+  // after it tells (docs/admin.md, "Where they live").
+  store_->EvictionPolicy([](const std::string& policy) {
+    if (!policy.starts_with("allkeys-")) return;
+    Log(Level::kWarn, "overrides: Redis may evict the overrides (maxmemory-policy " + policy + ")",
+        {{"maxmemory_policy", policy},
+         {"hint",
+          "set maxmemory-policy noeviction or a volatile-* one: the overrides have no TTL"}});
   });
   Refresh();
   Tick();

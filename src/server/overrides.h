@@ -22,8 +22,9 @@
 // override pays for a copy of its plan's groups. The table is immutable and
 // swapped whole (RCU style) when the store says something changed: a change
 // made on this instance is in effect here when Put/Remove answer, and on the
-// others as soon as they hear of it (Redis pub/sub, a full re-read on every
-// (re)subscription, and every refresh_interval as a backstop). The same channel carries the admin
+// others as soon as they hear of it (Redis pub/sub: any change heard is
+// read, whatever its version; a full re-read on every (re)subscription, and
+// every refresh_interval as a backstop). The same channel carries the admin
 // API's resets (AnnounceReset, OnReset).
 //
 // Every change is logged ("override changed": op, client, by, reason, what)

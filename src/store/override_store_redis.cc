@@ -111,6 +111,14 @@ class RedisOverrideStore final : public OverrideStore {
 
   void Close() override { backend_->Close(); }
 
+  void EvictionPolicy(std::function<void(std::string)> done) override {
+    const std::string_view args[] = {"CONFIG", "GET", "maxmemory-policy"};
+    backend_->GuardedExecute(args, [done = std::move(done)](StatusOr<redis::Reply> r) {
+      const bool pair = r.ok() && r->IsArray() && r->elements.size() == 2;
+      done(pair && r->elements[1].type == redis::Reply::Type::kString ? r->elements[1].str : "");
+    });
+  }
+
  private:
   // The script on the hash's node, with the breaker of that node.
   void Call(std::span<const std::string_view> args, redis::Callback done) {

@@ -228,5 +228,24 @@ api_keys: {acme-key: free}
   EXPECT_LT(Until([&] { return Auth(b) == 204; }, 4s), 1s) << "B still answers its cached denial";
 }
 
+// The overrides have no TTL: a Redis that may evict any key may drop them
+// (and their version), so the daemon warns at start; under the default
+// noeviction it says nothing.
+TEST(OverridesDaemon, WarnsAtStartWhenRedisMayEvictTheOverrides) {
+  ratelimit::testing::RedisServer lru{{.args = {"--maxmemory-policy", "allkeys-lru"}}};
+  const std::string dir = MakeTempDir();
+  WriteFile(dir + "/lru.yaml", Config(lru.url()));
+  Daemon d({"--config", dir + "/lru.yaml"});
+  ASSERT_TRUE(d.started());
+  EXPECT_TRUE(
+      d.WaitForLog("overrides: Redis may evict the overrides (maxmemory-policy allkeys-lru)",
+                   std::chrono::milliseconds(3000)))
+      << d.Log();
+  Pair p;
+  ASSERT_TRUE(p.a->started());
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(p.a->Log().find("may evict"), std::string::npos) << p.a->Log();
+}
+
 }  // namespace
 }  // namespace rltest
