@@ -56,7 +56,7 @@ struct Rig {
       o.client = std::move(client);
       o.plan = std::move(plan);
       o.limits = std::move(ls);
-      overrides->Put(std::move(o), [](StatusOr<int64_t>) {});
+      overrides->Put(std::move(o), [](StatusOr<Overrides::Stored>) {});
     };
     for (int i = 0; i < 1000; ++i) put("k:other-" + std::to_string(i), "pro", {});
     put("k:with", "pro", {*Limit::TokenBucket("burst", 1'999'999'999, 1e6)});

@@ -938,12 +938,8 @@ Status Loader::Metered(const YAML::Node& n, const std::string& what, RouteClass*
   if (json_field) m.field_path = SplitJsonPath(m.field);
   r->cost = m.reserve.value_or(1);
   for (const RuleLimit& rl : r->limits) {
-    if (rl.limit.algorithm() == Algorithm::kSlidingLog || rl.limit.calendar() != nullptr) {
-      return Error(n, where + ": limit " + Quote(rl.limit.name()) + " is a " +
-                          (rl.limit.calendar() != nullptr ? "calendar quota" : "sliding_log") +
-                          ", which cannot be settled; use a token_bucket, fixed_window or "
-                          "sliding_window for a metered cost");
-    }
+    if (Status s = CheckMeteredLimit(rl.limit); !s.ok())
+      return Error(n, where + ": " + s.message());
     for (std::optional<int64_t> c : {m.reserve, m.max}) {
       if (!c) continue;
       if (Status s = rl.limit.ValidateCost(*c); !s.ok()) {
@@ -1137,6 +1133,16 @@ std::string_view SettleFromName(MeteredCost::SettleFrom s) {
     case MeteredCost::SettleFrom::kSseLastEvent: return "sse_last_event";
   }
   return "response_header";
+}
+
+Status CheckMeteredLimit(const Limit& limit) {
+  if (limit.algorithm() != Algorithm::kSlidingLog && limit.calendar() == nullptr) {
+    return Status::Ok();
+  }
+  return InvalidArgument("limit " + Quote(limit.name()) + " is a " +
+                         (limit.calendar() != nullptr ? "calendar quota" : "sliding_log") +
+                         ", which cannot be settled; use a token_bucket, fixed_window or "
+                         "sliding_window for a metered cost");
 }
 
 std::vector<std::string> SplitJsonPath(std::string_view path) {

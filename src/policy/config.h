@@ -142,6 +142,12 @@ std::string_view SettleFromName(MeteredCost::SettleFrom s);  // "response_header
 // empty segment).
 std::vector<std::string> SplitJsonPath(std::string_view path);
 
+// Whether `limit` may be a metered route's (its cost is settled afterwards,
+// Store::Settle): kInvalidArgument naming why not for a sliding log or a
+// calendar quota, else Ok. The config's rule, and the admin API's for an
+// override of such a limit.
+Status CheckMeteredLimit(const Limit& limit);
+
 struct RouteClass {
   enum class Match { kExact, kPrefix, kTemplate };
   enum class KeyBy { kClient, kIp };  // kIp: per client IP even if authenticated (login)

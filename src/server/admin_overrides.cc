@@ -79,13 +79,19 @@ StatusOr<Limit> OverrideLimit(const policy::Policy& policy, const std::string& n
   spec["name"] = name;
   StatusOr<Limit> limit = ParseLimitObject(spec, where);
   if (!limit.ok()) return limit.status();
-  // A route's cost must stay possible under the new count.
+  // A route's cost must stay possible under the new count, and a metered
+  // route's limit settleable (the config's rules: every settlement of the
+  // client's would be refused).
   for (const policy::RouteClass& r : policy.config().routes) {
     for (const policy::RuleLimit& rl : r.limits) {
       if (rl.limit.name() != name) continue;
       if (Status s = limit->ValidateCost(r.cost); !s.ok()) {
         return InvalidArgument(where + ": route '" + r.name + "' costs " + std::to_string(r.cost) +
                                ": " + s.message());
+      }
+      if (!r.metered) continue;
+      if (Status s = policy::CheckMeteredLimit(*limit); !s.ok()) {
+        return InvalidArgument(where + ": cost of route '" + r.name + "': " + s.message());
       }
     }
   }
@@ -159,6 +165,15 @@ StatusOr<ClientOverride> ParseOverride(const json& body, const policy::Policy& p
 
 std::string_view Scope(bool shared) {
   return shared ? "every instance on this Redis" : "this instance only (memory store)";
+}
+
+// A change the store took whose read afterwards failed: it stands (every
+// instance applies it once it reads the store), but not yet here.
+void NotAppliedHere(json& answer) {
+  answer["applied"] = false;
+  answer["note"] =
+      "stored, but not yet in effect on this instance: reading the override store after the "
+      "change failed; it applies on the next read (within 5 s)";
 }
 
 Reply StoreFailed(const Status& s, std::string_view path) {
@@ -255,13 +270,15 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
   }
   if (req.method() == http::verb::delete_) {
     return overrides->Remove(
-        client, by, [client, instance, done = std::move(done)](StatusOr<bool> removed) {
-          if (!removed.ok()) return done(StoreFailed(removed.status(), instance));
-          if (!*removed) {
+        client, by, [client, instance, done = std::move(done)](StatusOr<Overrides::Stored> r) {
+          if (!r.ok()) return done(StoreFailed(r.status(), instance));
+          if (!r->changed) {
             return done(
                 ProblemReply(404, "no override for client '" + RedactKey(client) + "'", instance));
           }
-          done(AdminJsonReply(200, {{"client", RedactKey(client)}, {"deleted", true}}));
+          json answer = {{"client", RedactKey(client)}, {"deleted", true}};
+          if (!r->applied) NotAppliedHere(answer);
+          done(AdminJsonReply(200, answer));
         });
   }
   if (req.method() != http::verb::put) {
@@ -274,12 +291,13 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
   o->by = by;
   const bool shared = overrides->shared();
   overrides->Put(*std::move(o), [overrides, client, instance, shared,
-                                 done = std::move(done)](StatusOr<int64_t> version) {
-    if (!version.ok()) return done(StoreFailed(version.status(), instance));
+                                 done = std::move(done)](StatusOr<Overrides::Stored> r) {
+    if (!r.ok()) return done(StoreFailed(r.status(), instance));
     const std::shared_ptr<const OverrideTable> now = overrides->table();
-    const ClientOverride* in_effect = now->Find(client, 0);
-    json answer = in_effect != nullptr ? in_effect->ToJson() : json::object();
-    answer["version"] = *version;
+    const ClientOverride* in_effect = r->applied ? now->Find(client, 0) : nullptr;
+    json answer = in_effect != nullptr ? in_effect->ToJson() : json{{"client", RedactKey(client)}};
+    if (!r->applied) NotAppliedHere(answer);
+    answer["version"] = r->version;
     answer["shared"] = shared;
     answer["scope"] = Scope(shared);
     done(AdminJsonReply(200, answer));

@@ -464,6 +464,25 @@ StatusOr<json> ParseBody(std::string_view body) {
 
 namespace {
 
+// A reservation that can never be settled would leave its cost charged,
+// whatever the work cost: refused before anything is taken, not at
+// /v1/settle. `by` says who made the limit so ("" or "the key's override
+// makes it ").
+Status CheckReservable(std::span<const LimitCheck> checks, std::string_view by) {
+  for (const LimitCheck& c : checks) {
+    const bool log = c.limit->algorithm() == Algorithm::kSlidingLog;
+    if (log || c.limit->calendar() != nullptr) {
+      return InvalidArgument("limit '" + c.limit->name() +
+                             "' cannot be reserved: " + std::string(by) +
+                             (log ? "a sliding log" : "a calendar quota (align: calendar)") +
+                             (by.empty() ? "" : ", which") +
+                             " cannot be settled; reserve on token buckets, leaky buckets, "
+                             "fixed windows aligned to the epoch or sliding windows");
+    }
+  }
+  return Status::Ok();
+}
+
 // "reserve": true and "reserve_ttl": "<duration>" (issue 21).
 Status ParseReserve(const json* reserve, const json* ttl, const json& limits, ParsedCheck& out) {
   if (reserve != nullptr && !reserve->is_boolean())
@@ -472,17 +491,7 @@ Status ParseReserve(const json* reserve, const json* ttl, const json& limits, Pa
   if (ttl != nullptr && !out.reserve)
     return InvalidArgument("field 'reserve_ttl' needs \"reserve\": true");
   if (!out.reserve) return Status::Ok();
-  // A reservation that can never be settled would leave its cost charged,
-  // whatever the work cost: refused here, not at /v1/settle.
-  for (const LimitCheck& c : out.checks) {
-    const bool log = c.limit->algorithm() == Algorithm::kSlidingLog;
-    if (log || c.limit->calendar() != nullptr) {
-      return InvalidArgument("limit '" + c.limit->name() + "' cannot be reserved: " +
-                             (log ? "a sliding log" : "a calendar quota (align: calendar)") +
-                             " cannot be settled; reserve on token buckets, leaky buckets, "
-                             "fixed windows aligned to the epoch or sliding windows");
-    }
-  }
+  if (Status s = CheckReservable(out.checks, ""); !s.ok()) return s;
   out.reserve_ttl_ms = kDefaultReservationTtlMs;
   if (ttl != nullptr) {
     if (!ttl->is_string())
@@ -631,6 +640,18 @@ void DecisionApi::Check(std::shared_ptr<const policy::Policy> policy, std::strin
     parsed = std::move(*full);
   }
   if (parsed->reserve) {
+    // The key's override applies in Enforcer::Check: the limits it makes of
+    // the request's must be settleable too. (An override changed between
+    // here and there is the admin's race: at worst this one reservation
+    // cannot be settled.)
+    std::vector<LimitCheck> overridden(parsed->checks.begin(), parsed->checks.end());
+    const std::shared_ptr<const OverrideTable> held =  // `overridden`'s limits live here
+        enforcer_.ApplyDecisionOverride(parsed->store_key, overridden);
+    if (held != nullptr) {
+      if (Status s = CheckReservable(overridden, "the key's override makes it "); !s.ok()) {
+        return done(ProblemReply(400, s.message(), path));
+      }
+    }
     // Its id must fit in a settle body, or the reservation could never be
     // settled: refused before anything is taken.
     const size_t max_id = MaxReservationIdLength(policy->config().server.max_body_bytes);

@@ -322,7 +322,7 @@ void Overrides::Install(const OverrideSet& set) {
   Metrics::Global().overrides_in_effect.Set(live);
 }
 
-void Overrides::Put(ClientOverride o, std::function<void(StatusOr<int64_t>)> done) {
+void Overrides::Put(ClientOverride o, std::function<void(StatusOr<Stored>)> done) {
   o.set_unix_ms = NowMillis();
   o.record = ToRecord(o);
   std::string client = o.client;
@@ -336,26 +336,25 @@ void Overrides::Put(ClientOverride o, std::function<void(StatusOr<int64_t>)> don
                 what.erase("reason");
                 Record("put", o.client, o.by, o.reason,
                        what.dump(-1, ' ', false, json::error_handler_t::replace));
-                const int64_t version = *v;
-                Refresh([version, done = std::move(done)](const Status& s) {
-                  if (!s.ok()) return done(s);
-                  done(version);
+                // Stored whatever the read after it says: a failure to
+                // read is not one to write (Refresh logged it).
+                Refresh([version = *v, done = std::move(done)](const Status& s) {
+                  done(Stored{.changed = true, .applied = s.ok(), .version = version});
                 });
               });
 }
 
 void Overrides::Remove(std::string client, std::string by,
-                       std::function<void(StatusOr<bool>)> done) {
+                       std::function<void(StatusOr<Stored>)> done) {
   std::string key = client;
   store_->Remove(std::move(key), std::nullopt,
                  [this, client = std::move(client), by = std::move(by),
                   done = std::move(done)](StatusOr<bool> removed) mutable {
                    if (!removed.ok()) return done(removed.status());
-                   if (!*removed) return done(false);
+                   if (!*removed) return done(Stored{.changed = false});
                    Record("delete", client, by, "", "");
                    Refresh([done = std::move(done)](const Status& s) {
-                     if (!s.ok()) return done(s);
-                     done(true);
+                     done(Stored{.changed = true, .applied = s.ok()});
                    });
                  });
 }

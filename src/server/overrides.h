@@ -168,12 +168,22 @@ class Overrides {
   // The table in effect (never null).
   std::shared_ptr<const OverrideTable> table() const { return table_.load(); }
 
+  // What Put and Remove answer once the store took the change (a failure:
+  // the store did not, or may not have).
+  struct Stored {
+    bool changed = true;  // Remove: false when there was no override
+    // False when the read after the change failed: it is in the store
+    // (every instance applies it once it reads), not yet in effect here (the
+    // next read, at most refresh_interval later, applies it).
+    bool applied = true;
+    int64_t version = 0;  // Put: the store's version after it
+  };
   // Stores `o` (its record is made here), then re-reads: `done` runs once it
-  // is in effect on this instance, with the new version. Logged and counted
-  // as op "put" ("by" is who asked).
-  void Put(ClientOverride o, std::function<void(StatusOr<int64_t>)> done);
+  // is in effect on this instance (or the read failed: Stored::applied),
+  // with the new version. Logged and counted as op "put" ("by" is who asked).
+  void Put(ClientOverride o, std::function<void(StatusOr<Stored>)> done);
   // Removes `client`'s override; `done` gets whether there was one. op "delete".
-  void Remove(std::string client, std::string by, std::function<void(StatusOr<bool>)> done);
+  void Remove(std::string client, std::string by, std::function<void(StatusOr<Stored>)> done);
   // Reads the store again now (a missed message, a test).
   void Refresh(std::function<void(Status)> done = nullptr);
   // Removes the overrides that expired (op "expire", counted by the instance

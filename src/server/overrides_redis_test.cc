@@ -51,11 +51,11 @@ struct Instances {
     ClientOverride c;
     c.client = client;
     c.plan = "pro";
-    std::promise<StatusOr<int64_t>> done;
-    o.Put(std::move(c), [&done](StatusOr<int64_t> r) { done.set_value(std::move(r)); });
-    StatusOr<int64_t> r = done.get_future().get();
+    std::promise<StatusOr<Overrides::Stored>> done;
+    o.Put(std::move(c), [&done](StatusOr<Overrides::Stored> r) { done.set_value(std::move(r)); });
+    StatusOr<Overrides::Stored> r = done.get_future().get();
     if (!r.ok()) throw std::runtime_error(r.status().ToString());
-    return *r;
+    return r->version;
   }
   // How long until `o` applies an override for `client`, up to `patience`.
   static std::chrono::steady_clock::duration Until(const Overrides& o, const std::string& client,

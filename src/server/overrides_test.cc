@@ -187,8 +187,8 @@ struct Rig {
     return r;
   }
   void Put(ClientOverride o) {
-    StatusOr<int64_t> v = Internal("no answer");
-    overrides.Put(std::move(o), [&v](StatusOr<int64_t> r) { v = r; });
+    StatusOr<Overrides::Stored> v = Internal("no answer");
+    overrides.Put(std::move(o), [&v](StatusOr<Overrides::Stored> r) { v = r; });
     ASSERT_TRUE(v.ok()) << v.status().ToString();
   }
 };
@@ -239,9 +239,10 @@ TEST(Overrides, AChangedLimitKeepsTheClientsState) {
   rig.Remaining("key-a", &allowed);
   EXPECT_FALSE(allowed);
   // Deleted: the configured limits on the same state.
-  StatusOr<bool> removed = false;
-  rig.overrides.Remove("k:key-a", "test", [&removed](StatusOr<bool> r) { removed = r; });
-  ASSERT_TRUE(removed.ok() && *removed);
+  StatusOr<Overrides::Stored> removed = Internal("no answer");
+  rig.overrides.Remove("k:key-a", "test",
+                       [&removed](StatusOr<Overrides::Stored> r) { removed = r; });
+  ASSERT_TRUE(removed.ok() && removed->changed);
   // (Denied by search, 5 a minute again, 5 used: all or nothing, so the
   // others show their state as it stands.)
   r = rig.Remaining("key-a", &allowed);
@@ -309,12 +310,13 @@ TEST(Overrides, ChangesAreCountedAndInEffectWhenPutAnswers) {
   EXPECT_EQ(Metrics::Global().overrides_put.value(), puts + 1);
   EXPECT_EQ(Metrics::Global().overrides_in_effect.value(), 1);
   EXPECT_EQ(rig.Remaining().count("daily_pro"), 1u);
-  StatusOr<bool> removed = false;
-  rig.overrides.Remove("k:key-a", "test", [&removed](StatusOr<bool> r) { removed = r; });
-  ASSERT_TRUE(removed.ok() && *removed);
-  rig.overrides.Remove("k:key-a", "test", [&removed](StatusOr<bool> r) { removed = r; });
+  StatusOr<Overrides::Stored> removed = Internal("no answer");
+  auto got = [&removed](StatusOr<Overrides::Stored> r) { removed = r; };
+  rig.overrides.Remove("k:key-a", "test", got);
+  ASSERT_TRUE(removed.ok() && removed->changed && removed->applied);
+  rig.overrides.Remove("k:key-a", "test", got);
   ASSERT_TRUE(removed.ok());
-  EXPECT_FALSE(*removed);
+  EXPECT_FALSE(removed->changed);
   EXPECT_EQ(Metrics::Global().overrides_delete.value(), deletes + 1);
   EXPECT_EQ(rig.Remaining().count("daily"), 1u);
 }
@@ -357,6 +359,43 @@ TEST(Overrides, ADecisionApiSettlementUsesTheKeysOverride) {
   Reply r = run(&DecisionApi::Check, check, "/v1/check");
   ASSERT_EQ(r.status, 200u);
   EXPECT_EQ(nlohmann::json::parse(r.body)["remaining"], 86);
+}
+
+// A reservation is refused when the key's override makes one of its limits a
+// calendar quota (or a sliding log): the request's own limit was
+// settleable, but Enforcer::Check applies the override, and every
+// settlement of the reservation would be refused. Nothing is taken; a check
+// without a reservation is still decided under the override.
+TEST(Overrides, ADecisionApiReservationUnderACalendarOverrideIsRefused) {
+  Rig rig;
+  StatusOr<Limit> monthly = ParseLimitObject({{"name", "calls"},
+                                              {"algorithm", "fixed_window"},
+                                              {"limit", 100},
+                                              {"window", "1mo"},
+                                              {"align", "calendar"},
+                                              {"timezone", "UTC"}},
+                                             "calls");
+  ASSERT_TRUE(monthly.ok()) << monthly.status().ToString();
+  rig.Put(Override("d:job-9", std::nullopt, {*monthly}));
+  DecisionApi api(rig.enforcer);
+  auto check = [&](bool reserve) {
+    Reply r;
+    api.Check(
+        rig.policy,
+        std::string(R"({"key":"job-9",)") + (reserve ? R"("reserve":true,)" : "") +
+            R"("limit":{"name":"calls","algorithm":"fixed_window","limit":100,"window":"1d"}})",
+        "/v1/check", [&r](Reply x) { r = std::move(x); });
+    return r;
+  };
+  Reply refused = check(true);
+  EXPECT_EQ(refused.status, 400u) << refused.body;
+  EXPECT_NE(refused.body.find("limit 'calls' cannot be reserved: the key's override makes it a "
+                              "calendar quota (align: calendar), which cannot be settled"),
+            std::string::npos)
+      << refused.body;
+  Reply plain = check(false);
+  ASSERT_EQ(plain.status, 200u) << plain.body;
+  EXPECT_EQ(nlohmann::json::parse(plain.body)["remaining"], 99) << "the refusal took nothing";
 }
 
 // A metered route checks a request at its own reservation (SetRouteCost);

@@ -1,12 +1,15 @@
 // Router and admin routing without sockets: requests go straight into
 // Router::Handle against a MemoryStore on a manual clock, and the tests read
 // the Reply it hands back. Which face answers which path, the methods each
-// one takes, and that admin paths never reach the public listener.
+// one takes, and that admin paths never reach the public listener; the
+// admin API's overrides (what a PUT refuses, what it answers when the store
+// took the change but could not be read back).
 #include "server/router.h"
 
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,9 +18,11 @@
 #include "policy/policy.h"
 #include "ratelimit/clock.h"
 #include "ratelimit/memory_store.h"
+#include "ratelimit/override_store.h"
 #include "server/admin.h"
 #include "server/enforcer.h"
 #include "server/http.h"
+#include "server/overrides.h"
 #include "server/policy_holder.h"
 #include "server/reply.h"
 
@@ -41,38 +46,48 @@ std::shared_ptr<const policy::Policy> Compile(std::string_view yaml) {
   return *p;
 }
 
-class RouterTest : public ::testing::Test {
+// The Reply of one request; a memory store answers before Handle returns.
+Reply Send(Router& router, http::verb method, std::string_view target, std::string body = "",
+           std::string_view authorization = "") {
+  Request req{method, target, 11};
+  req.set(http::field::host, "localhost");
+  if (!authorization.empty()) req.set(http::field::authorization, authorization);
+  req.body() = std::move(body);
+  req.prepare_payload();
+  const policy::IpAddress peer = *policy::IpAddress::Parse("192.0.2.7");
+  std::optional<Reply> out;
+  router.Handle(req, peer, "192.0.2.7", [&](Reply r) { out = std::move(r); });
+  EXPECT_TRUE(out.has_value()) << target << ": no answer before Handle returned";
+  return out.value_or(Reply{.status = 0});
+}
+
+// A config served from a MemoryStore on a manual clock (from `start`): the
+// enforcer, the admin API (token "secret") and the admin listener's router.
+class Served : public ::testing::Test {
  protected:
-  RouterTest()
-      : holder_(Compile(kConfig)),
+  explicit Served(std::string_view yaml, int64_t start = 1'700'000'000'000'000)
+      : clock_(start),
+        holder_(Compile(yaml)),
         store_(std::make_shared<MemoryStore>(MemoryStore::Options{.shards = 4, .clock = &clock_})),
         enforcer_(store_, 1000),
         admin_(enforcer_, "secret"),
-        public_(holder_, enforcer_, /*gateway=*/nullptr, /*demo=*/false, &admin_),
         admin_router_(Router::Admin(holder_, enforcer_, admin_)) {}
-
-  // The Reply of one request; the memory store answers before Handle returns.
-  static Reply Send(Router& router, http::verb method, std::string_view target,
-                    std::string body = "", std::string_view authorization = "") {
-    Request req{method, target, 11};
-    req.set(http::field::host, "localhost");
-    if (!authorization.empty()) req.set(http::field::authorization, authorization);
-    req.body() = std::move(body);
-    req.prepare_payload();
-    const policy::IpAddress peer = *policy::IpAddress::Parse("192.0.2.7");
-    std::optional<Reply> out;
-    router.Handle(req, peer, "192.0.2.7", [&](Reply r) { out = std::move(r); });
-    EXPECT_TRUE(out.has_value()) << target << ": no answer before Handle returned";
-    return out.value_or(Reply{.status = 0});
-  }
 
   ManualClock clock_;
   PolicyHolder holder_;
   std::shared_ptr<MemoryStore> store_;
   Enforcer enforcer_;
   AdminApi admin_;
-  Router public_;
   std::unique_ptr<Router> admin_router_;
+};
+
+class RouterTest : public Served {
+ protected:
+  RouterTest()
+      : Served(kConfig),
+        public_(holder_, enforcer_, /*gateway=*/nullptr, /*demo=*/false, &admin_) {}
+
+  Router public_;
 };
 
 // A proxy may add its own Forwarded line rather than append to the
@@ -149,6 +164,118 @@ TEST_F(RouterTest, TheAdminListenerSendsEverythingToTheAdminApi) {
   Reply metrics = Send(*admin_router_, http::verb::get, "/metrics", "", "Bearer secret");
   EXPECT_EQ(metrics.status, 200u);
   EXPECT_NE(metrics.body.find("ratelimit_decisions_total"), std::string::npos);
+}
+
+// ---- the admin API's overrides ----
+
+// The memory override store, whose reads fail while `fail_reads` is set:
+// a change is stored, the read after it is not.
+class ReadFailsOverrideStore final : public OverrideStore {
+ public:
+  explicit ReadFailsOverrideStore(const bool* fail_reads) : fail_reads_(fail_reads) {}
+  bool shared() const override { return true; }
+  void Put(std::string client, std::string value,
+           std::function<void(StatusOr<int64_t>)> done) override {
+    inner_->Put(std::move(client), std::move(value), std::move(done));
+  }
+  void Remove(std::string client, std::optional<std::string> if_value,
+              std::function<void(StatusOr<bool>)> done) override {
+    inner_->Remove(std::move(client), std::move(if_value), std::move(done));
+  }
+  void ReadAll(std::function<void(StatusOr<OverrideSet>)> done) override {
+    if (*fail_reads_) return done(Unavailable("redis: connection refused (test)"));
+    inner_->ReadAll(std::move(done));
+  }
+  void Watch(std::function<void(int64_t)> changed) override { inner_->Watch(std::move(changed)); }
+  void AnnounceReset(std::string client, std::function<void(Status)> done) override {
+    inner_->AnnounceReset(std::move(client), std::move(done));
+  }
+  void WatchResets(std::function<void(std::string_view)> reset) override {
+    inner_->WatchResets(std::move(reset));
+  }
+  void Close() override { inner_->Close(); }
+
+ private:
+  const bool* fail_reads_;
+  std::unique_ptr<OverrideStore> inner_ = MakeMemoryOverrideStore();
+};
+
+// A metered route (its `tokens` are settled afterwards) and a plan's
+// calendar quota, served by the admin router with overrides on a
+// ReadFailsOverrideStore.
+constexpr std::string_view kOverridesConfig = R"(
+limits:
+  tokens: {algorithm: fixed_window, limit: 1000, window: 1d}
+  monthly: {algorithm: fixed_window, limit: 100, window: 1mo, align: calendar, timezone: UTC}
+plans:
+  free: {limits: [monthly]}
+default_plan: free
+api_keys: {acme-key: free}
+routes:
+  - name: chat
+    path: /chat
+    limits: [tokens]
+    cost: {reserve: 10, settle_from: response_header, field: X-Usage}
+)";
+
+class AdminOverrides : public Served {
+ protected:
+  AdminOverrides()
+      : Served(kOverridesConfig, 1'767'225'600'000'000),  // 2026-01-01T00:00:00Z
+        overrides_(std::make_unique<ReadFailsOverrideStore>(&fail_reads_), clock_) {
+    enforcer_.SetOverrides(&overrides_);
+  }
+
+  Reply Call(http::verb method, std::string_view client, std::string body = "") {
+    return Send(*admin_router_, method, "/v1/overrides/" + std::string(client), std::move(body),
+                "Bearer secret");
+  }
+
+  bool fail_reads_ = false;
+  Overrides overrides_;
+};
+
+// An override may not make a metered route's limit a calendar quota (nor,
+// for a decision-API key's, a sliding log): every settlement of the
+// client's requests on that route would be refused. The config's rule, in
+// its words; the same limit on no metered route may be made one.
+TEST_F(AdminOverrides, CalendarOverrideOnAMeteredRouteIs400) {
+  Reply r = Call(http::verb::put, "k:acme-key",
+                 R"({"limits": {"tokens": {"window": "1mo", "align": "calendar"}}})");
+  EXPECT_EQ(r.status, 400u) << r.body;
+  EXPECT_NE(r.body.find("limits.tokens: cost of route 'chat': limit 'tokens' is a calendar quota, "
+                        "which cannot be settled; use a token_bucket, fixed_window or "
+                        "sliding_window for a metered cost"),
+            std::string::npos)
+      << r.body;
+  EXPECT_EQ(overrides_.table()->size(), 0u);
+  Reply epoch = Call(http::verb::put, "k:acme-key", R"({"limits": {"tokens": {"window": "2d"}}})");
+  EXPECT_EQ(epoch.status, 200u) << epoch.body;
+  Reply quota = Call(http::verb::put, "k:acme-key", R"({"limits": {"monthly": {"limit": 5}}})");
+  EXPECT_EQ(quota.status, 200u) << quota.body;
+}
+
+// A change the store took answers 200 with its version even when the read
+// after it failed, saying it is not yet in effect here: a 503 would have the
+// admin retry a change that every other instance already applies.
+TEST_F(AdminOverrides, AChangeStoredButNotReadBackAnswersItsVersion) {
+  fail_reads_ = true;
+  Reply put = Call(http::verb::put, "k:acme-key", R"({"limits": {"monthly": {"limit": 5}}})");
+  ASSERT_EQ(put.status, 200u) << put.body;
+  nlohmann::json j = nlohmann::json::parse(put.body);
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["applied"], false);
+  EXPECT_EQ(overrides_.table()->size(), 0u) << "not read back: not in effect here";
+  fail_reads_ = false;
+  Status read = Internal("no answer");
+  overrides_.Refresh([&read](Status s) { read = s; });
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(overrides_.table()->size(), 1u);
+  fail_reads_ = true;
+  Reply del = Call(http::verb::delete_, "k:acme-key");
+  ASSERT_EQ(del.status, 200u) << del.body;
+  EXPECT_EQ(nlohmann::json::parse(del.body)["applied"], false);
+  EXPECT_EQ(nlohmann::json::parse(del.body)["deleted"], true);
 }
 
 }  // namespace
