@@ -48,6 +48,14 @@ StatusOr<int64_t> ParseUtc(const std::string& text) {
       tm.tm_mday > 31 || tm.tm_hour > 23 || tm.tm_min > 59 || tm.tm_sec > 60) {
     return InvalidArgument("field 'expires_at' must be a UTC time like \"2026-12-02T03:00:00Z\"");
   }
+  // timegm would take "02-31" for 3 March: a day the month lacks is a typo.
+  const bool leap = tm.tm_year % 4 == 0 && (tm.tm_year % 100 != 0 || tm.tm_year % 400 == 0);
+  constexpr int kDays[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const int days = kDays[tm.tm_mon - 1] + (tm.tm_mon == 2 && leap ? 1 : 0);
+  if (tm.tm_mday > days) {
+    return InvalidArgument("field 'expires_at': " + text.substr(0, 10) + " is no date (month " +
+                           std::to_string(tm.tm_mon) + " has " + std::to_string(days) + " days)");
+  }
   tm.tm_year -= 1900;
   tm.tm_mon -= 1;
   return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;

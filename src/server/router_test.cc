@@ -278,5 +278,19 @@ TEST_F(AdminOverrides, AChangeStoredButNotReadBackAnswersItsVersion) {
   EXPECT_EQ(nlohmann::json::parse(del.body)["deleted"], true);
 }
 
+// expires_at names a real day: 31 February is not 3 March.
+TEST_F(AdminOverrides, AnImpossibleExpiryDateIs400) {
+  Reply r = Call(http::verb::put, "k:acme-key",
+                 R"({"limits": {"monthly": {"limit": 5}}, "expires_at": "2026-02-31T00:00:00Z"})");
+  EXPECT_EQ(r.status, 400u) << r.body;
+  EXPECT_NE(r.body.find("2026-02-31 is no date (month 2 has 28 days)"), std::string::npos)
+      << r.body;
+  EXPECT_EQ(Call(http::verb::put, "k:acme-key",
+                 R"({"limits": {"monthly": {"limit": 5}}, "expires_at": "2028-02-29T00:00:00Z"})")
+                .status,
+            200u)
+      << "a leap day";
+}
+
 }  // namespace
 }  // namespace ratelimit::server
