@@ -293,6 +293,15 @@ StatusOr<std::shared_ptr<const TimeZone>> TimeZone::Find(std::string_view name) 
     // A TZif file is a few KB; reading stops at 256 KB (a name is a
     // client's choice in the decision API, and the directory holds other files).
     std::ifstream in(Directory() + "/" + std::string(name), std::ios::binary);
+    if (!in) {
+      // No such zone, or no tzdata at all (a slim container image): then
+      // every name fails, and the fix is not another name.
+      if (!std::ifstream(Directory() + "/Etc/UTC")) {
+        return InvalidArgument("unknown time zone '" + std::string(name) + "': no tzdata in " +
+                               Directory() + ": install the tzdata package or set TZDIR");
+      }
+      return InvalidArgument("unknown time zone '" + std::string(name) + "'" + hint);
+    }
     std::string data(256 * 1024, '\0');
     in.read(data.data(), static_cast<std::streamsize>(data.size()));
     data.resize(static_cast<size_t>(in.gcount()));

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <ctime>
 #include <random>
@@ -303,6 +305,33 @@ TEST(TimeZoneReader, AgreesWithTheCLibraryOnEveryZoneItReads) {
     unsetenv("TZ");  // NOLINT(concurrency-mt-unsafe)
   }
   tzset();
+}
+
+// Without tzdata (a slim container image) every zone name fails: the error
+// says so, and how to fix it, rather than asking for a name like the one
+// given. A directory with tzdata keeps the usual hint for a name it lacks.
+TEST(TimeZoneReader, NoTzdataSaysSoAndHowToFixIt) {
+  char dir[] = "/tmp/calendar_test_tzdir_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const char* old = std::getenv("TZDIR");  // NOLINT(concurrency-mt-unsafe)
+  const std::string saved = old != nullptr ? old : "";
+  setenv("TZDIR", dir, 1);  // NOLINT(concurrency-mt-unsafe)
+  StatusOr<std::shared_ptr<const TimeZone>> none = TimeZone::Find("Antarctica/Troll");
+  if (old != nullptr) {
+    setenv("TZDIR", saved.c_str(), 1);  // NOLINT(concurrency-mt-unsafe)
+  } else {
+    unsetenv("TZDIR");  // NOLINT(concurrency-mt-unsafe)
+  }
+  rmdir(dir);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().message(), "unknown time zone 'Antarctica/Troll': no tzdata in " +
+                                         std::string(dir) +
+                                         ": install the tzdata package or set TZDIR");
+  StatusOr<std::shared_ptr<const TimeZone>> unknown = TimeZone::Find("Mars/Olympus");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("an IANA time zone name such as Europe/Berlin"),
+            std::string::npos)
+      << unknown.status().message();
 }
 
 }  // namespace
