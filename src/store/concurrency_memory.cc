@@ -174,6 +174,14 @@ struct MemoryConcurrencyStore::Impl {
     if (e.by_expiry.empty()) entries.erase(*e.map_key);
   }
 
+  // The lease `id` if it was taken for (key, name), else nullptr: a lease
+  // is released or renewed only by the key and name it was taken for.
+  Held* Find(LeaseId id, std::string_view key, std::string_view name) RL_REQUIRES(mu) {
+    auto l = by_id.find(id);
+    if (l == by_id.end() || *l->second.entry->map_key != MapKey(key, name)) return nullptr;
+    return &l->second;
+  }
+
   // Moves one held lease's expiry in both expiry indexes (not Remove + Add:
   // Remove erases the entry with its last lease).
   void MoveExpiry(Held& h, LeaseId id, int64_t expires_at) RL_REQUIRES(mu) {
@@ -258,12 +266,10 @@ void MemoryConcurrencyStore::Release(std::string_view key, std::string_view name
   bool released = false;
   {
     LockGuard lock(impl_->mu);
-    auto l = impl_->by_id.find(*id);
-    // Only by the key and name it was taken for.
-    if (l != impl_->by_id.end() && *l->second.entry->map_key == Impl::MapKey(key, name)) {
-      const int64_t expires_at = l->second.expires_at;
+    if (Impl::Held* h = impl_->Find(*id, key, name); h != nullptr) {
+      const int64_t expires_at = h->expires_at;
       released = expires_at > now;  // an expired lease was no longer held
-      impl_->Remove(*l->second.entry, *id, expires_at);
+      impl_->Remove(*h->entry, *id, expires_at);
     }
   }
   done(released);
@@ -281,12 +287,9 @@ void MemoryConcurrencyStore::Renew(std::string_view key, std::string_view name,
   bool renewed = false;
   {
     LockGuard lock(impl_->mu);
-    auto l = impl_->by_id.find(*id);
-    // Only by the key and name it was taken for; an expired lease stays
-    // expired (its place may have been given out already).
-    if (l != impl_->by_id.end() && *l->second.entry->map_key == Impl::MapKey(key, name) &&
-        l->second.expires_at > now) {
-      impl_->MoveExpiry(l->second, *id, now + ttl.count());
+    // An expired lease stays expired (its place may have been given out).
+    if (Impl::Held* h = impl_->Find(*id, key, name); h != nullptr && h->expires_at > now) {
+      impl_->MoveExpiry(*h, *id, now + ttl.count());
       renewed = true;
     }
   }
