@@ -99,7 +99,11 @@ struct MemoryConcurrencyStore::Impl {
 
   struct LeaseId {
     uint64_t hi = 0, lo = 0;
-    auto operator<=>(const LeaseId&) const = default;
+    // (Not a defaulted <=>: clang-tidy's modernize-use-nullptr misreads it.)
+    friend bool operator==(const LeaseId&, const LeaseId&) = default;
+    friend bool operator<(const LeaseId& a, const LeaseId& b) {
+      return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
+    }
   };
   struct LeaseIdHash {
     size_t operator()(const LeaseId& id) const { return id.hi ^ (id.lo * 0x9e3779b97f4a7c15ULL); }
@@ -144,7 +148,7 @@ struct MemoryConcurrencyStore::Impl {
       if (c >= '0' && c <= '9') {
         digit = static_cast<uint64_t>(c - '0');
       } else if (c >= 'a' && c <= 'f') {
-        digit = static_cast<uint64_t>(c - 'a' + 10);
+        digit = static_cast<uint64_t>(c - 'a') + 10;
       } else {
         return std::nullopt;
       }
