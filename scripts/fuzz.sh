@@ -27,7 +27,7 @@
 # RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake), FUZZ_SEED
 # (libFuzzer's -seed: the same seed and corpus explore the same inputs in the
 # same order, so a run is reproducible; unset, every run draws its own seed).
-# Called by `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (30 s per
+# Called by `make fuzz` (FUZZ_SECONDS) and by scripts/run-tests.sh (20 s per
 # target, FUZZ_SEED=1).
 # docs/fuzzing.md is the manual.
 set -euo pipefail
