@@ -111,10 +111,7 @@ struct LeaseGuard::State : std::enable_shared_from_this<LeaseGuard::State> {
   void Finish(std::shared_ptr<Waiter> w, ConcurrencyOutcome o);
 
   void LogError(std::string_view what, const Status& s) {
-    int64_t suppressed = 0;
-    if (!error_log.Admit(suppressed)) return;
-    if (suppressed > 0)
-      Log(Level::kWarn, "concurrency store errors suppressed", {{"count", suppressed}});
+    if (!error_log.AdmitAndReport()) return;
     Log(Level::kWarn, what, {{"error", s.ToString()}});
   }
 };
@@ -210,10 +207,7 @@ struct LeaseGuard::Held : std::enable_shared_from_this<LeaseGuard::Held> {
 
   void Lost(std::string_view why) {
     cells.lease_lost.Inc();
-    int64_t suppressed = 0;
-    if (!st->lost_log.Admit(suppressed)) return;
-    if (suppressed > 0)
-      Log(Level::kWarn, st->lost_log.suppressed_message(), {{"count", suppressed}});
+    if (!st->lost_log.AdmitAndReport()) return;
     Log(Level::kWarn, "concurrency lease lost while its request runs: the place may be taken",
         {{"route", route}, {"name", name}, {"reason", why}});
   }

@@ -147,12 +147,10 @@ void Enforcer::RecordDenial(std::string_view key, std::string_view limit, std::s
                                     .limit = std::string(limit),
                                     .path = std::string(path),
                                     .shadow = shadow});
-  int64_t suppressed = 0;
-  if (!denial_log_.Admit(suppressed)) {
+  if (!denial_log_.AdmitAndReport()) {
     Metrics::Global().denial_log_suppressed.Inc();
     return;
   }
-  if (suppressed > 0) Log(Level::kWarn, "denials suppressed", {{"count", suppressed}});
   const std::string shown_limit = shadow ? "shadow:" + std::string(limit) : std::string(limit);
   Log(Level::kInfo, "denied", {{"key", RedactKey(key)}, {"limit", shown_limit}, {"path", path}});
 }

@@ -161,6 +161,13 @@ LogSampler::~LogSampler() {
   if (suppressed_ > 0) r.dropping.fetch_sub(1, std::memory_order_relaxed);
 }
 
+bool LogSampler::AdmitAndReport() {
+  int64_t suppressed = 0;
+  if (!Admit(suppressed)) return false;
+  if (suppressed > 0) Log(Level::kWarn, message_, {{"count", suppressed}});
+  return true;
+}
+
 bool LogSampler::Admit(int64_t& suppressed) {
   const int64_t second = clock_->NowMicros() / 1'000'000;
   LockGuard lock(mu_);
@@ -210,9 +217,7 @@ std::string RedactKey(std::string_view key) {
 DenialLog::DenialLog(int per_second) : sampler_(per_second, "denials suppressed") {}
 
 void DenialLog::Record(std::string_view key, std::string_view limit, std::string_view path) {
-  int64_t suppressed = 0;
-  if (!sampler_.Admit(suppressed)) return;
-  if (suppressed > 0) Log(Level::kWarn, "denials suppressed", {{"count", suppressed}});
+  if (!sampler_.AdmitAndReport()) return;
   Log(Level::kInfo, "denied", {{"key", RedactKey(key)}, {"limit", limit}, {"path", path}});
 }
 

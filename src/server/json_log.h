@@ -65,6 +65,9 @@ class LogSampler {
   // True when the line may be written; then `suppressed` is the number of
   // lines dropped since the last admitted one or report (log it first).
   bool Admit(int64_t& suppressed);
+  // Admit, and when lines were dropped before this one, first logs
+  // suppressed_message() with their count ({"count":n}, a warning).
+  bool AdmitAndReport();
   // The lines dropped in seconds that have ended and not reported yet (0
   // while the second they were dropped in lasts); they count as reported.
   int64_t TakeDue();

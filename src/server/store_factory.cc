@@ -47,19 +47,16 @@ void FillRedisOptions(const policy::StoreConfig& config, Options& o) {
 FailureObserver Reporter(std::string_view message, std::string_view suppressed_message,
                          bool with_mode) {
   auto sampler = std::make_shared<LogSampler>(10, std::string(suppressed_message));
-  return
-      [sampler, message, suppressed_message, with_mode](const Status& failure, FailureMode mode) {
-        Metrics::Global().Degraded(CauseOf(failure)).Inc();
-        int64_t suppressed = 0;
-        if (!sampler->Admit(suppressed)) return;
-        if (suppressed > 0) Log(Level::kWarn, suppressed_message, {{"count", suppressed}});
-        if (with_mode) {
-          Log(Level::kWarn, message,
-              {{"error", failure.ToString()}, {"failure_mode", FailureModeName(mode)}});
-        } else {
-          Log(Level::kWarn, message, {{"error", failure.ToString()}});
-        }
-      };
+  return [sampler, message, with_mode](const Status& failure, FailureMode mode) {
+    Metrics::Global().Degraded(CauseOf(failure)).Inc();
+    if (!sampler->AdmitAndReport()) return;
+    if (with_mode) {
+      Log(Level::kWarn, message,
+          {{"error", failure.ToString()}, {"failure_mode", FailureModeName(mode)}});
+    } else {
+      Log(Level::kWarn, message, {{"error", failure.ToString()}});
+    }
+  };
 }
 
 }  // namespace
