@@ -142,6 +142,9 @@ class Limit {
   // A calendar quota's windows (shared and interned: equal limits share
   // one), else null.
   const Calendar* calendar() const { return calendar_.get(); }
+  // Whether Store::Settle can change what a check took: not for a sliding
+  // log (it keeps one timestamp per unit) nor a calendar quota.
+  bool settleable() const { return algorithm_ != Algorithm::kSlidingLog && calendar_ == nullptr; }
 
   // Token bucket only: token prefetch. With n >= 2, a RedisStore that sees
   // the limit's key hot takes up to n tokens from Redis in one call and

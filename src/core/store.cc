@@ -65,15 +65,15 @@ Status ValidateSettle(const SettleRequest& request, size_t max_key_length) {
   for (size_t i = 0; i < list.size(); ++i) {
     if (list[i].limit == nullptr)
       return InvalidArgument("limit " + std::to_string(i) + " is missing");
-    if (list[i].limit->algorithm() == Algorithm::kSlidingLog) {
+    if (!list[i].limit->settleable()) {
+      if (list[i].limit->calendar() != nullptr) {
+        return InvalidArgument("limit '" + list[i].limit->name() +
+                               "' is a calendar quota, which cannot be settled (settle on a "
+                               "bucket or a window aligned to the epoch)");
+      }
       return InvalidArgument("limit '" + list[i].limit->name() +
                              "' is a sliding log, which cannot be settled (use a bucket or a "
                              "window for costs known afterwards)");
-    }
-    if (list[i].limit->calendar() != nullptr) {
-      return InvalidArgument("limit '" + list[i].limit->name() +
-                             "' is a calendar quota, which cannot be settled (settle on a "
-                             "bucket or a window aligned to the epoch)");
     }
     if (list[i].delta < -kMaxSettleDelta || list[i].delta > kMaxSettleDelta) {
       return InvalidArgument("a settlement's difference must be within +-" +

@@ -1136,9 +1136,7 @@ std::string_view SettleFromName(MeteredCost::SettleFrom s) {
 }
 
 Status CheckMeteredLimit(const Limit& limit) {
-  if (limit.algorithm() != Algorithm::kSlidingLog && limit.calendar() == nullptr) {
-    return Status::Ok();
-  }
+  if (limit.settleable()) return Status::Ok();
   return InvalidArgument("limit " + Quote(limit.name()) + " is a " +
                          (limit.calendar() != nullptr ? "calendar quota" : "sliding_log") +
                          ", which cannot be settled; use a token_bucket, fixed_window or "

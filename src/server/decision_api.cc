@@ -470,8 +470,8 @@ namespace {
 // makes it ").
 Status CheckReservable(std::span<const LimitCheck> checks, std::string_view by) {
   for (const LimitCheck& c : checks) {
-    const bool log = c.limit->algorithm() == Algorithm::kSlidingLog;
-    if (log || c.limit->calendar() != nullptr) {
+    if (!c.limit->settleable()) {
+      const bool log = c.limit->algorithm() == Algorithm::kSlidingLog;
       return InvalidArgument("limit '" + c.limit->name() +
                              "' cannot be reserved: " + std::string(by) +
                              (log ? "a sliding log" : "a calendar quota (align: calendar)") +

@@ -111,15 +111,9 @@ std::span<const LimitCheck> AskedFor(std::span<const LimitCheck> checks,
   return probe;
 }
 
-// Whether the store can give back what `limit` took (Store::Settle): a
-// sliding log and a calendar quota cannot be settled.
-bool Refundable(const Limit& limit) {
-  return limit.algorithm() != Algorithm::kSlidingLog && limit.calendar() == nullptr;
-}
-
 bool AllRefundable(const policy::CheckGroup& g) {
   return std::all_of(g.checks.begin(), g.checks.end(),
-                     [](const LimitCheck& c) { return Refundable(*c.limit); });
+                     [](const LimitCheck& c) { return c.limit->settleable(); });
 }
 
 }  // namespace
@@ -404,7 +398,7 @@ void Enforcer::Refuse(std::shared_ptr<Op> op, Verdict verdict, std::string error
     if (!op->taken[i]) continue;
     std::vector<LimitSettle> settlements;
     for (const LimitCheck& c : op->plan.groups[i].checks) {
-      if (c.cost > 0 && Refundable(*c.limit)) settlements.push_back({c.limit, -c.cost});
+      if (c.cost > 0 && c.limit->settleable()) settlements.push_back({c.limit, -c.cost});
     }
     if (settlements.empty()) continue;
     refunds->groups.push_back(std::move(settlements));
