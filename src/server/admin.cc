@@ -16,6 +16,7 @@
 
 #include "core/percent.h"
 #include "policy/config.h"
+#include "policy/ip.h"
 #include "server/explain.h"
 #include "server/json_log.h"
 #include "server/metrics.h"
@@ -139,6 +140,39 @@ StatusOr<std::string> Unredact(const policy::Policy& policy, const AdminDenials&
                            "' stands for more than one API key: name it in full");
   }
   return std::move(found.front());
+}
+
+// A Host (RFC 9110 7.2: host [":" port]) that DNS cannot point elsewhere:
+// an IP literal (IPv6 in brackets), "localhost" or a name under
+// ".localhost" (RFC 6761: never delegated, browsers keep it on loopback).
+// A web page that rebinds its own name to 127.0.0.1 sends that name.
+bool IsRebindSafeHost(std::string_view host) {
+  std::string_view name = host;
+  std::string_view port;
+  if (host.starts_with('[')) {
+    const size_t close = host.find(']');
+    if (close == std::string_view::npos) return false;
+    name = host.substr(1, close - 1);
+    const std::string_view rest = host.substr(close + 1);
+    if (!rest.empty() && rest.front() != ':') return false;
+    port = rest.empty() ? rest : rest.substr(1);
+    if (name.find(':') == std::string_view::npos || !policy::IpAddress::Parse(name).ok()) {
+      return false;
+    }
+  } else {
+    const size_t colon = host.find(':');
+    if (colon != std::string_view::npos) {
+      name = host.substr(0, colon);
+      port = host.substr(colon + 1);
+    }
+    constexpr std::string_view kLocalhost = "localhost";
+    const bool local =
+        EqualsIgnoreCase(name, kLocalhost) ||
+        (name.size() > kLocalhost.size() + 1 &&
+         EqualsIgnoreCase(name.substr(name.size() - kLocalhost.size() - 1), ".localhost"));
+    if (!local && !policy::IpAddress::Parse(name).ok()) return false;
+  }
+  return port.size() <= 5 && port.find_first_not_of("0123456789") == std::string_view::npos;
 }
 
 int64_t Ms(std::chrono::microseconds d) { return (d.count() + 999) / 1000; }
@@ -343,7 +377,24 @@ void AdminApi::Handle(const Request& req, std::shared_ptr<const policy::Policy> 
     }
     return Ready(std::move(policy), std::move(done));
   }
-  if (!Authorized(req)) {
+  // Without a token, a page in a browser on this host could reach us by DNS
+  // rebinding (its own name re-resolved to 127.0.0.1): it cannot choose the
+  // Host its requests carry. Requests without a Host (HTTP/1.0) come from
+  // no browser. With a token, the token is what a page cannot know.
+  if (token_.empty()) {
+    if (auto host = req.find(http::field::host);
+        host != req.end() && !IsRebindSafeHost(host->value())) {
+      return done(ProblemReply(
+          403,
+          "this admin API has no token, so it answers only requests addressed to an IP "
+          "address or localhost (a web page could reach it through a DNS name of its own); "
+          "got Host '" +
+              std::string(host->value().substr(0, 100)) +
+              "': call it as 127.0.0.1:<port>, [::1]:<port> or localhost:<port>, or set "
+              "server.admin_token_file (docs/admin.md#access)",
+          path));
+    }
+  } else if (!Authorized(req)) {
     Reply r = ProblemReply(401, "this admin API requires Authorization: Bearer <token>", path);
     r.Add("WWW-Authenticate", "Bearer realm=\"ratelimitd-admin\"");
     return done(std::move(r));

@@ -28,7 +28,10 @@
 //
 // With server.admin_token_file set, every path but /healthz and /readyz
 // requires `Authorization: Bearer <token>` (compared in constant time; 401
-// otherwise). The token is never logged or shown.
+// otherwise). The token is never logged or shown. Without one, those paths
+// answer only a Host that is an IP literal, localhost or *.localhost (403
+// otherwise): a browser page rebinding its own name to 127.0.0.1 sends that
+// name, and would otherwise drive the API as a same-origin client.
 //
 // DemoState serves the public /demo/state (server.demo): the same view for
 // the CALLER's own identity only.

@@ -204,6 +204,47 @@ TEST_F(AdminApi, DemoStateShowsOnlyTheCallersOwnBucket) {
   EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:hal/state").status, 404);  // created nothing
 }
 
+// One admin request carrying `host` as its Host (Http sends 127.0.0.1:<port>).
+HttpResponse AdminWithHost(const Daemon& d, const std::string& method, const std::string& target,
+                           const std::string& host, const std::string& extra_headers = "") {
+  return RawHttp(d.admin_port(), method + " " + target + " HTTP/1.1\r\nHost: " + host +
+                                     "\r\nConnection: close\r\nContent-Length: 0\r\n" +
+                                     extra_headers + "\r\n");
+}
+
+// DNS rebinding: without a token, a page in a browser on this host whose own
+// name re-resolves to 127.0.0.1 sends its name as the Host. Only an IP
+// literal, localhost or *.localhost is answered; the probes stay open.
+TEST_F(AdminApi, WithoutATokenOnlyIpAndLocalhostHostsAreAnswered) {
+  ASSERT_EQ(Ping(d_, "rita").status, 200);
+  const std::string port = std::to_string(d_.admin_port());
+  for (const std::string& host :
+       std::vector<std::string>{"127.0.0.1:" + port, "127.0.0.1", "localhost", "LocalHost:" + port,
+                                "app.localhost:" + port, "[::1]", "[::1]:" + port,
+                                "10.1.2.3:" + port, "[::ffff:127.0.0.1]"}) {
+    HttpResponse r = AdminWithHost(d_, "GET", "/v1/clients/k:rita/state", host);
+    EXPECT_EQ(r.status, 200) << host << " " << r.body;
+  }
+  for (const std::string& host : std::vector<std::string>{
+           "evil.example", "evil.example:" + port, "localhost.evil.example",
+           "127.0.0.1.nip.io:" + port, "evillocalhost", ".localhost", "[::1]x", "[evil.example]",
+           "localhost:http", "::1", "127.0.0.1:" + port + ":1"}) {
+    HttpResponse r = AdminWithHost(d_, "GET", "/v1/config", host);
+    EXPECT_EQ(r.status, 403) << host << " " << r.body;
+    EXPECT_EQ(r.Header("Content-Type"), "application/problem+json") << host;
+  }
+  HttpResponse refused = AdminWithHost(d_, "POST", "/v1/clients/k:rita/reset", "evil.example");
+  ASSERT_EQ(refused.status, 403) << refused.body;
+  const std::string detail = Body(refused)["detail"];
+  EXPECT_NE(detail.find("Host 'evil.example'"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("server.admin_token_file"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("localhost"), std::string::npos) << detail;
+  EXPECT_EQ(Ping(d_, "rita").Header("RateLimit-Remaining"), "3");  // nothing was reset
+  EXPECT_EQ(AdminWithHost(d_, "GET", "/healthz", "evil.example").status, 200);
+  EXPECT_EQ(AdminWithHost(d_, "GET", "/readyz", "evil.example").status, 200);
+  EXPECT_EQ(AdminWithHost(d_, "GET", "/v1/config", "localhost").status, 200);  // still serving
+}
+
 // A decision-API caller's key is named d:<key> everywhere in the admin API:
 // /v1/top-denied lists it so, and state, denials and reset take it (the
 // config's named limits: a request's inline limits are its own).
@@ -592,6 +633,12 @@ TEST(AdminToken, Enforced) {
   EXPECT_EQ(config.body.find(secret), std::string::npos);
   EXPECT_EQ(Admin(d, "GET", "/v1/clients/k:a/state", auth).status, 404);
   EXPECT_EQ(Admin(d, "POST", "/v1/clients/k:a/reset").status, 401);
+  // With a token, the Host is not checked: a rebinding page cannot know the token.
+  EXPECT_EQ(AdminWithHost(d, "GET", "/v1/config", "evil.example").status, 401);
+  EXPECT_EQ(AdminWithHost(d, "GET", "/v1/config", "ratelimitd.internal:9090",
+                          "Authorization: Bearer " + secret + "\r\n")
+                .status,
+            200);
   // Probes need no token.
   EXPECT_EQ(Admin(d, "GET", "/healthz").status, 200);
   EXPECT_EQ(Admin(d, "GET", "/readyz").status, 200);
