@@ -97,7 +97,7 @@ policy::RequestView MakeView(const Request& req, std::string_view method, std::s
 }
 
 Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
-               AdminApi* admin, ConcurrencyLimiter* limiter)
+               AdminApi* admin, ConcurrencyLimiter* limiter, DemoStateLimit* demo_limit)
     : policies_(policies),
       enforcer_(enforcer),
       decision_api_(enforcer),
@@ -106,7 +106,8 @@ Router::Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, boo
       concurrency_api_(limiter != nullptr ? std::make_unique<ConcurrencyApi>(*limiter, enforcer)
                                           : nullptr),
       demo_(demo),
-      admin_(admin) {}
+      admin_(admin),
+      demo_limit_(demo_limit) {}
 
 std::unique_ptr<Router> Router::Admin(PolicyHolder& policies, Enforcer& enforcer, AdminApi& admin) {
   auto r = std::make_unique<Router>(policies, enforcer, nullptr, false, &admin);
@@ -168,6 +169,11 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
     JoinedFields joined;
     const policy::Identity who =
         policy->Identify(MakeView(req, req.method_string(), req.target(), peer, joined));
+    if (demo_limit_ != nullptr) {
+      if (std::optional<Reply> refused = demo_limit_->Admit(who.ip_key)) {
+        return done(*std::move(refused));
+      }
+    }
     return admin_->DemoState(std::move(policy), who, std::move(done));
   }
   Rules(req, peer, peer_text, std::move(policy), false, std::move(done), holder);

@@ -5,7 +5,8 @@
 //   POST /v1/acquire, /v1/release      concurrency leases (with a limiter)
 //   /v1/auth (any method)              nginx auth_request
 //   GET / (server.demo)                the demo page (not limited)
-//   GET /demo/state (server.demo)      the CALLER's own bucket state (not limited)
+//   GET /demo/state (server.demo)      the CALLER's own bucket state (its own limit
+//                                      per client address: DemoStateLimit)
 //   other spellings of the paths above /v1/ (/V1/CHECK, /v1/check/, /v1/auth/x):
 //                                      404, never forwarded nor limited
 //   anything else                      the configured rules (Policy::Resolve ->
@@ -48,6 +49,7 @@
 namespace ratelimit::server {
 
 class AdminApi;
+class DemoStateLimit;
 class Gateway;
 
 // The public listener's own paths, in canonical form (policy::CanonicalPath:
@@ -77,9 +79,11 @@ class Router final : public RequestHandler {
   // The public listener's router. `gateway` may be null (no upstream).
   // `demo`: serve the demo page, /api/ping and (with `admin`) /demo/state.
   // `limiter` (may be null) serves /v1/acquire, /v1/release and the routes'
-  // concurrency limits in the gateway.
+  // concurrency limits in the gateway. `demo_limit` (may be null: not
+  // limited) bounds each client address's /demo/state calls.
   Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
-         AdminApi* admin = nullptr, ConcurrencyLimiter* limiter = nullptr);
+         AdminApi* admin = nullptr, ConcurrencyLimiter* limiter = nullptr,
+         DemoStateLimit* demo_limit = nullptr);
   // The admin listener's router: everything goes to `admin`.
   static std::unique_ptr<Router> Admin(PolicyHolder& policies, Enforcer& enforcer, AdminApi& admin);
 
@@ -110,6 +114,7 @@ class Router final : public RequestHandler {
   std::unique_ptr<ConcurrencyApi> concurrency_api_;  // with limiter_
   bool demo_;
   AdminApi* admin_;              // may be null
+  DemoStateLimit* demo_limit_;   // may be null
   bool admin_listener_ = false;  // this router serves the admin listener
   std::atomic<size_t> held_{0};  // requests held for their delay now
 };

@@ -7,6 +7,7 @@
 
 #include "server/admin.h"
 #include "server/concurrency_guard.h"
+#include "server/demo.h"
 #include "server/enforcer.h"
 #include "server/gateway.h"
 #include "server/http.h"
@@ -74,8 +75,9 @@ struct Server::Impl {
   SessionRegistry admin_registry;
   PolicyHolder policies;
   std::shared_ptr<Store> store;
-  std::unique_ptr<Enforcer> enforcer;  // made in Start, with the store
-  std::unique_ptr<AdminApi> admin;     // the admin API (and the demo's /demo/state)
+  std::unique_ptr<Enforcer> enforcer;          // made in Start, with the store
+  std::unique_ptr<AdminApi> admin;             // the admin API (and the demo's /demo/state)
+  std::unique_ptr<DemoStateLimit> demo_limit;  // with server.demo
   // Gateway operations still queued at exit refer to it. Its idle pool is
   // emptied (CloseIdle) at the end of Run, while the io_context still exists.
   std::unique_ptr<Gateway> gateway;
@@ -149,8 +151,9 @@ Status Server::Start(std::shared_ptr<Store> store) {
   s.overrides->Start(s.ioc.get_executor());
   s.enforcer->SetOverrides(s.overrides.get());
   s.admin = std::make_unique<AdminApi>(*s.enforcer, std::move(token));
+  if (sc.demo) s.demo_limit = std::make_unique<DemoStateLimit>();
   s.router = std::make_unique<Router>(s.policies, *s.enforcer, s.gateway.get(), sc.demo,
-                                      s.admin.get(), s.limiter.get());
+                                      s.admin.get(), s.limiter.get(), s.demo_limit.get());
   StatusOr<tcp::endpoint> ep = ResolveListenAddress(s.ioc, sc.listen);
   if (!ep.ok()) return ep.status();
   SessionLimits limits{.max_header_bytes = sc.max_header_bytes,
@@ -317,6 +320,7 @@ void Server::Impl::ScheduleSweep() {
     if (ec) return;
     // The store's and its local fallback's.
     enforcer->store().SweepPart(static_cast<size_t>(sweep_part), kSweepParts);
+    if (demo_limit) demo_limit->SweepPart(static_cast<size_t>(sweep_part), kSweepParts);
     if (++sweep_part == kSweepParts) {
       sweep_part = 0;
       if (limiter) limiter->Sweep();

@@ -204,6 +204,44 @@ TEST_F(AdminApi, DemoStateShowsOnlyTheCallersOwnBucket) {
   EXPECT_EQ(Admin(d_, "GET", "/v1/clients/k:hal/state").status, 404);  // created nothing
 }
 
+// /demo/state is public and each call is a store Peek: a client address gets
+// a burst of 20, then 10 a second (DemoStateLimit); beyond, a 429 problem
+// with Retry-After. Other addresses, and the demo's own decisions, go on.
+TEST_F(AdminApi, DemoStateIsLimitedPerClientAddress) {
+  int ok = 0;
+  HttpResponse refused;
+  for (int i = 0; i < 60 && refused.status == 0; ++i) {
+    HttpResponse r = Http(d_.port(), "GET", "/demo/state", {{"X-API-Key", "ivy"}});
+    if (r.status == 200) {
+      ++ok;
+    } else {
+      refused = r;
+    }
+  }
+  ASSERT_EQ(refused.status, 429) << "after " << ok << " answers: " << refused.body;
+  EXPECT_GE(ok, 20);  // the burst
+  EXPECT_EQ(refused.Header("Retry-After"), "1");
+  EXPECT_EQ(refused.Header("Content-Type"), "application/problem+json");
+  const std::string detail = Body(refused)["detail"];
+  EXPECT_NE(detail.find("at most 10 times a second"), std::string::npos) << detail;
+  // Limited by address, not by key: another key from the same address is too
+  // (a few tries: a stall of 100 ms on a busy box refills one call).
+  int jon = 0;
+  for (int i = 0; i < 3 && jon != 429; ++i) {
+    jon = Http(d_.port(), "GET", "/demo/state", {{"X-API-Key", "jon"}}).status;
+  }
+  EXPECT_EQ(jon, 429);
+  HttpResponse other =
+      Http(d_.port(), "GET", "/demo/state", {{"X-API-Key", "ivy"}}, "", "127.0.0.2");
+  EXPECT_EQ(other.status, 200) << other.body;
+  EXPECT_EQ(Body(other)["limits"][0]["remaining"], 5);
+  // The demo's own limit decides as before, for the polling address too.
+  HttpResponse ping = Ping(d_, "ivy");
+  EXPECT_EQ(ping.status, 200);
+  EXPECT_EQ(ping.Header("RateLimit-Remaining"), "4");
+  EXPECT_EQ(Http(d_.port(), "GET", "/").status, 200);
+}
+
 // One admin request carrying `host` as its Host (Http sends 127.0.0.1:<port>).
 HttpResponse AdminWithHost(const Daemon& d, const std::string& method, const std::string& target,
                            const std::string& host, const std::string& extra_headers = "") {
