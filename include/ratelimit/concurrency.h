@@ -92,8 +92,18 @@ class ConcurrencyStore {
   // it: its place may have been counted free.
   virtual void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
                      std::chrono::microseconds ttl, RenewCallback done) = 0;
-  // Drops expired leases; returns how many. The daemon calls it periodically.
+  // Drops expired leases; returns how many.
   virtual size_t Sweep() { return 0; }
+  // What SweepSome did: `more` when expired leases are left (call again).
+  struct SweepProgress {
+    size_t dropped = 0;
+    bool more = false;
+  };
+  // Drops at most `max_leases` (at least 1) expired leases, earliest first.
+  // The daemon calls it periodically, and again at once (after whatever else
+  // its I/O thread has to do) while `more`: a mass expiry is dropped over
+  // many short turns. The default: Sweep().
+  virtual SweepProgress SweepSome(size_t /*max_leases*/) { return {.dropped = Sweep()}; }
   // True when the store applies the request's on_failure itself.
   virtual bool decides_failures() const { return false; }
 
@@ -147,6 +157,9 @@ class MemoryConcurrencyStore final : public ConcurrencyStore {
   // Drops every expired lease (and emptied keys), a chunk at a time with the
   // lock released between chunks; returns how many leases.
   size_t Sweep() override;
+  // One lock hold, O(max_leases log leases): `more` is exact (an expired
+  // lease is left), so N expired leases take ceil(N / max_leases) calls.
+  SweepProgress SweepSome(size_t max_leases) override;
 
  private:
   struct Impl;

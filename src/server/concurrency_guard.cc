@@ -321,7 +321,9 @@ void ConcurrencyLimiter::Stop() {
 
 void ConcurrencyLimiter::DetachStore() { state_->store->Detach(); }
 
-void ConcurrencyLimiter::Sweep() { state_->store->Sweep(); }
+ConcurrencyStore::SweepProgress ConcurrencyLimiter::SweepSome(size_t max_leases) {
+  return state_->store->SweepSome(max_leases);
+}
 
 void ConcurrencyLimiter::Acquire(ConcurrencyRequest request,
                                  std::function<void(ConcurrencyOutcome)> done) {

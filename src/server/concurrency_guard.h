@@ -154,8 +154,9 @@ class ConcurrencyLimiter {
   void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                ReleaseCallback done);
 
-  // Drops the local fallback's expired leases (the server's sweep timer).
-  void Sweep();
+  // Drops at most `max_leases` of the local fallback's expired leases (the
+  // server's sweep timer: ConcurrencyStore::SweepSome).
+  ConcurrencyStore::SweepProgress SweepSome(size_t max_leases);
   // No more wake-ups on the executor (it is about to go away).
   void Stop();
 

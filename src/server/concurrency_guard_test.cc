@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "server/concurrency_api.h"
+#include "server/in_turns.h"
 #include "server/metrics.h"
 #include "server/outcome_reply.h"
 
@@ -244,6 +245,31 @@ TEST_F(LimiterTest, AFailedReleaseIsRetriedWhenTheStoreReturns) {
   EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
   EXPECT_EQ(flaky.releases.load(), 3);  // failed, failed, released
   EXPECT_EQ(Acquire(l, {.max_in_flight = 1}).status, 200u);
+}
+
+// The server sweeps a mass expiry of leases in turns (InTurns +
+// SweepSome): the first step at once, each next one queued behind what
+// arrived meanwhile, so a request waits for one step, not for the whole sweep.
+TEST(InTurns, ALeaseSweepLetsQueuedWorkInBetweenItsSteps) {
+  ManualClock clock;
+  MemoryConcurrencyStore store({.clock = &clock});
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_TRUE(
+        store.AcquireSync({.key = "k" + std::to_string(i), .name = "upload", .max_in_flight = 1})
+            ->acquired);
+  }
+  clock.Advance(std::chrono::hours(1));
+  boost::asio::io_context ioc;
+  int steps = 0, request_served_after = 0;
+  InTurns(ioc.get_executor(), [&] {
+    if (++steps == 1) boost::asio::post(ioc, [&] { request_served_after = steps; });  // a request
+    return store.SweepSome(64).more;
+  });
+  EXPECT_EQ(steps, 1);
+  ioc.run();
+  EXPECT_EQ(steps, 16);  // ceil(1000 / 64)
+  EXPECT_EQ(request_served_after, 1);
+  EXPECT_EQ(store.Sweep(), 0u);
 }
 
 TEST(RenewInterval, AThirdOfTheTtlNotUnder10MsUnlessTheTtlIsShort) {

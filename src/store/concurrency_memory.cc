@@ -1,6 +1,7 @@
 // ConcurrencyStore's shared functions and MemoryConcurrencyStore.
 #include <openssl/rand.h>
 
+#include <algorithm>
 #include <atomic>
 #include <compare>
 #include <future>
@@ -67,8 +68,10 @@ Status ValidateLeaseId(std::string_view lease_id) {
   return Status::Ok();
 }
 
-std::string NewLeaseId() {
-  unsigned char bytes[16];
+namespace {
+
+// The 128 random bits of a lease id.
+void NewLeaseIdBytes(unsigned char (&bytes)[16]) {
   if (RAND_bytes(bytes, sizeof bytes) != 1) {
     // The CSPRNG failed (practically never): fall back to a per-process
     // random seed and a counter, still unique within the process.
@@ -80,6 +83,23 @@ std::string NewLeaseId() {
       bytes[8 + i] = static_cast<unsigned char>(b >> (8 * i));
     }
   }
+}
+
+// The id the next lease admitted on this thread takes. Drawn before the
+// store's lock is taken (RAND_bytes takes about 2 us, longer than the rest
+// of an acquire), and drawn again only once taken: refusals, what a flood of
+// acquires mostly gets, draw none.
+struct NextLeaseId {
+  unsigned char bytes[16];
+  bool drawn = false;
+};
+thread_local NextLeaseId next_lease_id;
+
+}  // namespace
+
+std::string NewLeaseId() {
+  unsigned char bytes[16];
+  NewLeaseIdBytes(bytes);
   return core::Hex(bytes);
 }
 
@@ -105,6 +125,15 @@ struct MemoryConcurrencyStore::Impl {
       return a.hi != b.hi ? a.hi < b.hi : a.lo < b.lo;
     }
   };
+  // The id whose NewLeaseId text is the hex of `bytes` (as ParseLeaseId reads it).
+  static LeaseId IdOf(const unsigned char (&bytes)[16]) {
+    LeaseId id;
+    for (size_t i = 0; i < 8; ++i) {
+      id.hi = (id.hi << 8) | bytes[i];
+      id.lo = (id.lo << 8) | bytes[8 + i];
+    }
+    return id;
+  }
   struct LeaseIdHash {
     size_t operator()(const LeaseId& id) const { return id.hi ^ (id.lo * 0x9e3779b97f4a7c15ULL); }
   };
@@ -208,15 +237,25 @@ struct MemoryConcurrencyStore::Impl {
     return true;
   }
 
+  bool AnyExpired(int64_t now) const RL_REQUIRES(mu) {
+    return !all_by_expiry.empty() && all_by_expiry.begin()->first <= now;
+  }
+
   // Drops up to `max` expired leases of any key, earliest first; how many.
   size_t Reclaim(int64_t now, size_t max) RL_REQUIRES(mu) {
     size_t n = 0;
-    while (n < max && !all_by_expiry.empty() && all_by_expiry.begin()->first <= now) {
+    while (n < max && AnyExpired(now)) {
       const auto [expires_at, id] = *all_by_expiry.begin();
       Remove(*by_id.at(id).entry, id, expires_at);
       ++n;
     }
     return n;
+  }
+
+  SweepProgress SweepSome(int64_t now, size_t max) {
+    LockGuard lock(mu);
+    const size_t dropped = Reclaim(now, std::max<size_t>(max, 1));
+    return {.dropped = dropped, .more = AnyExpired(now)};
   }
 };
 
@@ -232,8 +271,11 @@ MemoryConcurrencyStore::~MemoryConcurrencyStore() = default;
 void MemoryConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallback done) {
   if (Status s = ValidateAcquire(request, impl_->opts.max_key_length); !s.ok()) return done(s);
   const int64_t now = impl_->clock->NowMicros();
-  std::string lease_id = NewLeaseId();
-  const std::optional<Impl::LeaseId> id = Impl::ParseLeaseId(lease_id);
+  NextLeaseId& next = next_lease_id;
+  if (!next.drawn) {
+    NewLeaseIdBytes(next.bytes);
+    next.drawn = true;
+  }
   AcquireResult r;
   r.max_in_flight = request.max_in_flight;
   {
@@ -252,12 +294,13 @@ void MemoryConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallb
           "concurrency store full: " + std::to_string(impl_->opts.max_keys) + " leases held"));
     } else {
       if (e == nullptr) e = &impl_->FindOrAdd(std::move(k));
-      impl_->Add(*e, *id, now + request.lease_ttl.count());
+      impl_->Add(*e, Impl::IdOf(next.bytes), now + request.lease_ttl.count());
+      next.drawn = false;  // taken
       r.acquired = true;
-      r.lease_id = std::move(lease_id);
       r.in_flight = held + 1;
     }
   }
+  if (r.acquired) r.lease_id = core::Hex(next.bytes);
   done(std::move(r));
 }
 
@@ -317,11 +360,14 @@ size_t MemoryConcurrencyStore::Sweep() {
   size_t dropped = 0;
   for (;;) {
     // A chunk per lock hold: acquires and releases get in between.
-    LockGuard lock(impl_->mu);
-    const size_t n = impl_->Reclaim(now, Impl::kSweepChunk);
-    dropped += n;
-    if (n < Impl::kSweepChunk) return dropped;
+    const SweepProgress p = impl_->SweepSome(now, Impl::kSweepChunk);
+    dropped += p.dropped;
+    if (!p.more) return dropped;
   }
+}
+
+ConcurrencyStore::SweepProgress MemoryConcurrencyStore::SweepSome(size_t max_leases) {
+  return impl_->SweepSome(impl_->clock->NowMicros(), max_leases);
 }
 
 }  // namespace ratelimit

@@ -281,6 +281,40 @@ TEST(MemoryConcurrencyStore, SweepDropsEveryExpiredLeaseAndFreesTheirPlaces) {
             StatusCode::kResourceExhausted);
 }
 
+// The daemon's sweep (ConcurrencyStore::SweepSome): a mass expiry is dropped
+// a budget per call, each call saying whether expired leases are left, so
+// its I/O thread serves requests between calls. N expired leases with a
+// budget of B take ceil(N / B) calls, N a multiple of B too (`more` is exact).
+TEST(MemoryConcurrencyStore, SweepSomeDropsABudgetPerCallUntilNoneIsLeft) {
+  for (const int expired : {1000, 1024}) {
+    ManualClock clock;
+    MemoryConcurrencyStore s({.clock = &clock});
+    for (int i = 0; i < expired / 2; ++i) {
+      ASSERT_TRUE(MustAcquire(s, "big", expired, seconds(1)).acquired);
+      ASSERT_TRUE(MustAcquire(s, "k" + std::to_string(i), 1, seconds(1)).acquired);
+    }
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(MustAcquire(s, "live", 10, seconds(3600)).acquired);
+    EXPECT_FALSE(s.SweepSome(64).more);  // nothing expired yet
+    clock.Advance(seconds(1));
+    constexpr size_t kBudget = 64;
+    size_t calls = 0, dropped = 0;
+    for (bool more = true; more && calls < 100;) {
+      const ConcurrencyStore::SweepProgress p = s.SweepSome(kBudget);
+      ++calls;
+      dropped += p.dropped;
+      more = p.more;
+      EXPECT_EQ(p.dropped, more ? kBudget : (expired - 1) % kBudget + 1) << calls;
+    }
+    EXPECT_EQ(calls, (expired + kBudget - 1) / kBudget) << expired;
+    EXPECT_EQ(dropped, static_cast<size_t>(expired));
+    const ConcurrencyStore::SweepProgress after = s.SweepSome(kBudget);
+    EXPECT_EQ(after.dropped, 0u);
+    EXPECT_FALSE(after.more);
+    EXPECT_EQ(s.InFlight("live", "upload"), 10);
+    EXPECT_EQ(s.InFlight("big", "upload"), 0);
+  }
+}
+
 TEST(MemoryConcurrencyStore, NeverMoreThanTheLimitUnderContention) {
   MemoryConcurrencyStore s;
   std::atomic<int> held{0}, peak{0}, acquired{0};

@@ -232,6 +232,10 @@ ResilientConcurrencyStore::~ResilientConcurrencyStore() = default;
 
 size_t ResilientConcurrencyStore::Sweep() { return local_.Sweep(); }
 
+ConcurrencyStore::SweepProgress ResilientConcurrencyStore::SweepSome(size_t max_leases) {
+  return local_.SweepSome(max_leases);
+}
+
 void ResilientConcurrencyStore::Acquire(const AcquireRequest& request, AcquireCallback done) {
   ConcurrencyStore* inner = inner_.load();
   if (inner == nullptr) return OnResult(request, Unavailable("shutting down"), done);

@@ -144,6 +144,7 @@ class ResilientConcurrencyStore final : public ConcurrencyStore {
   void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
              std::chrono::microseconds ttl, RenewCallback done) override;
   size_t Sweep() override;  // the local fallback's (the inner store is its owner's)
+  SweepProgress SweepSome(size_t max_leases) override;  // the same
   bool decides_failures() const override { return true; }
 
   // Shutdown, before `inner` goes: later acquires fail ("shutting down") and
