@@ -19,22 +19,17 @@
 
 #include "envoy/config.h"
 #include "envoy/describe.h"
-#include "envoy/plan.h"
-#include "envoy/service/ratelimit/v3/rls.pb.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "grpc/h2_server.h"
 #include "grpc/health/v1/health.pb.h"
-#include "ratelimit/clock.h"
+#include "grpc/should_rate_limit.h"
 #include "ratelimit/thread_annotations.h"
 #include "server/enforcer.h"
-#include "server/headers.h"
 #include "server/json_log.h"
 #include "server/listen_address.h"
 #include "server/metrics.h"
 
 namespace ratelimit::grpcface {
 
-namespace pb = ::envoy::service::ratelimit::v3;
 namespace hpb = ::grpc::health::v1;
 namespace net = boost::asio;
 using server::Level;
@@ -50,107 +45,6 @@ bool ParseRequest(const GrpcCall& call, Message& m) {
   if (m.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) return true;
   call.Finish(GrpcCode::kInternal, "cannot parse the " + m.GetDescriptor()->name());
   return false;
-}
-
-// How many descriptors (field 2) the bytes of a RateLimitRequest hold,
-// counted up to `stop` without parsing them: a parsed descriptor costs a
-// hundred times its size on the wire or more, an empty one is 2 bytes.
-// Malformed bytes end the count (the parse then refuses them).
-size_t DescriptorsIn(std::string_view bytes, size_t stop) {
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            static_cast<int>(bytes.size()));
-  size_t n = 0;
-  for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
-    switch (tag & 7) {
-      case 0: {  // varint
-        uint64_t v = 0;
-        if (!in.ReadVarint64(&v)) return n;
-        break;
-      }
-      case 1:  // fixed64
-        if (!in.Skip(8)) return n;
-        break;
-      case 5:  // fixed32
-        if (!in.Skip(4)) return n;
-        break;
-      case 2: {  // length-delimited
-        uint32_t len = 0;
-        if (!in.ReadVarint32(&len) || len > bytes.size() || !in.Skip(static_cast<int>(len)))
-          return n;
-        if (tag >> 3 == 2 && ++n > stop) return n;
-        break;
-      }
-      default: return n;  // groups: not in this message
-    }
-  }
-  return n;
-}
-
-envoy::Request FromProto(const pb::RateLimitRequest& in) {
-  envoy::Request r;
-  r.domain = in.domain();
-  r.hits_addend = in.hits_addend();
-  r.descriptors.resize(in.descriptors_size());
-  for (int i = 0; i < in.descriptors_size(); ++i) {
-    const auto& d = in.descriptors(i);
-    envoy::Descriptor& out = r.descriptors[i];
-    out.entries.reserve(d.entries_size());
-    for (const auto& e : d.entries()) out.entries.push_back({e.key(), e.value()});
-    if (d.has_limit()) {
-      const int unit = d.limit().unit();
-      out.limit = envoy::Descriptor::Override{
-          .requests_per_unit = d.limit().requests_per_unit(),
-          .unit = unit >= 1 && unit <= 7 ? static_cast<envoy::Unit>(unit) : envoy::Unit::kUnknown};
-    }
-    if (d.has_hits_addend()) out.hits_addend = d.hits_addend().value();
-  }
-  return r;
-}
-
-void ToProto(const envoy::Response& in, pb::RateLimitResponse* out) {
-  out->set_overall_code(static_cast<pb::RateLimitResponse::Code>(in.overall));
-  for (const envoy::DescriptorStatus& s : in.statuses) {
-    auto* st = out->add_statuses();
-    st->set_code(static_cast<pb::RateLimitResponse::Code>(s.code));
-    if (s.has_limit) {
-      auto* cl = st->mutable_current_limit();
-      cl->set_requests_per_unit(s.requests_per_unit);
-      cl->set_unit(static_cast<pb::RateLimitResponse::RateLimit::Unit>(s.unit));
-      cl->set_name(s.name);
-    }
-    st->set_limit_remaining(s.limit_remaining);
-    if (s.has_limit) {
-      const int64_t us = s.duration_until_reset.count();
-      auto* d = st->mutable_duration_until_reset();
-      d->set_seconds(us / 1'000'000);
-      d->set_nanos(static_cast<int32_t>(us % 1'000'000) * 1000);
-    }
-  }
-}
-
-// Per domain and descriptor: route "envoy:<domain>", limit its config path.
-void Count(const envoy::RequestPlan& plan, const envoy::Response& resp, bool degraded) {
-  server::Metrics& m = server::Metrics::Global();
-  const std::string& route = plan.store_key;  // "envoy:<domain>"
-  for (size_t i = 0; i < plan.descriptors.size(); ++i) {
-    const envoy::DescriptorPlan& p = plan.descriptors[i];
-    if (p.kind != envoy::DescriptorPlan::Kind::kLimited) continue;
-    server::DecisionOutcome o = server::DecisionOutcome::kAllowed;
-    if (degraded) {
-      o = server::DecisionOutcome::kDegraded;
-    } else if (resp.statuses[i].code == envoy::Code::kOverLimit) {
-      o = server::DecisionOutcome::kDenied;
-    } else if (p.shadow && resp.statuses[i].limit_remaining == 0) {
-      o = server::DecisionOutcome::kShadowDenied;
-    } else if (const envoy::DescriptorStatus& st = resp.statuses[i];
-               st.requests_per_unit > 0 &&
-               st.requests_per_unit - std::min(st.limit_remaining, st.requests_per_unit) >
-                   st.requests_per_unit * 4 / 5) {
-      // envoyproxy/ratelimit's near_limit: past 80% of the limit after this hit.
-      o = server::DecisionOutcome::kNearLimit;
-    }
-    m.Decisions(route, p.metric_path).At(server::Face::kEnvoy, o).Inc();
-  }
 }
 
 }  // namespace
@@ -245,49 +139,23 @@ struct GrpcFace::Impl {
   }
 
   void ShouldRateLimit(GrpcCall call) {
-    // Refused before the parse, which would allocate for each descriptor.
-    if (DescriptorsIn(call.request(), envoy::kMaxDescriptorsPerRequest) >
-        envoy::kMaxDescriptorsPerRequest) {
-      return call.Finish(GrpcCode::kInvalidArgument, envoy::TooManyDescriptors().message());
-    }
-    pb::RateLimitRequest request;
-    if (!ParseRequest(call, request)) return;
-    struct Pending {
-      std::shared_ptr<const envoy::Config> config;
-      // The daemon's policy of this call (its store settings), or null.
-      std::shared_ptr<const policy::Policy> policy;
-      envoy::Request request;
-      envoy::RequestPlan plan;
-    };
-    auto p = std::make_shared<Pending>();
-    p->config = Config();
-    if (options.current_policy) p->policy = options.current_policy();
-    p->request = FromProto(request);
-    StatusOr<envoy::RequestPlan> plan = envoy::MakePlan(*p->config, p->request);
-    if (!plan.ok()) return call.Finish(GrpcCode::kInvalidArgument, plan.status().message());
-    p->plan = std::move(*plan);
     // A reload's store.failure_mode and expected_instances apply to the next
     // call, as on the HTTP faces (the rest of the store section is
     // restart-bound: the policy keeps the running values).
-    const policy::StoreConfig& store = p->policy ? p->policy->config().store : options.store;
-    const FailureMode mode =
-        p->policy && !options.own_failure_mode ? store.failure_mode : options.failure_mode;
-    DecideEnvoy(*enforcer, p->plan, mode, store, [this, p, call = std::move(call)](EnvoyDecided d) {
-      if (d.unavailable) {
-        return call.Finish(GrpcCode::kUnavailable,
-                           "the rate limit store cannot decide: " + d.error.message());
-      }
-      if (!d.error.ok()) return call.Finish(GrpcCode::kInvalidArgument, d.error.message());
-      const envoy::Response r =
-          envoy::Respond(p->plan, d.result ? &*d.result : nullptr, d.shadow ? &*d.shadow : nullptr,
-                         Clock::System().NowMicros());
-      pb::RateLimitResponse response;
-      ToProto(r, &response);
-      Count(p->plan, r, d.degraded);
-      if (options.headers != policy::HeaderDialect::kNone && d.result) {
-        AddHeaders(p->plan, *d.result, r, d.degraded, &response);
-      }
-      call.Reply(response.SerializeAsString());
+    RlsContext c{.config = Config(), .enforcer = enforcer.get(), .headers = options.headers};
+    if (std::shared_ptr<const policy::Policy> policy =
+            options.current_policy ? options.current_policy() : nullptr) {
+      c.failure_mode =
+          options.own_failure_mode ? options.failure_mode : policy->config().store.failure_mode;
+      c.store = std::shared_ptr<const policy::StoreConfig>(policy, &policy->config().store);
+    } else {
+      c.failure_mode = options.failure_mode;
+      c.store = std::shared_ptr<const policy::StoreConfig>(std::shared_ptr<void>(), &options.store);
+    }
+    const std::string_view request = call.request();  // before `call` moves into the answer
+    grpcface::ShouldRateLimit(request, std::move(c), [call = std::move(call)](RlsAnswer a) {
+      if (a.code == GrpcCode::kOk) return call.Reply(std::move(a.message));
+      call.Finish(a.code, std::move(a.message));
     });
   }
 
@@ -333,27 +201,6 @@ struct GrpcFace::Impl {
       LockGuard lock(h->mu);
       gone = h->watchers.extract(id);
     });
-  }
-
-  // The headers of the enforcing limit closest to its limit (the Combine),
-  // or of the descriptor the plan found over (envoy::HeaderSourceOf).
-  void AddHeaders(const envoy::RequestPlan& plan, const CheckResult& result,
-                  const envoy::Response& answer, bool degraded,
-                  pb::RateLimitResponse* response) const {
-    const envoy::HeaderSource source = envoy::HeaderSourceOf(plan, result, answer);
-    if (source.limit == nullptr) return;
-    server::HeaderList headers;
-    server::AddRateLimitHeaders(options.headers,
-                                server::RateLimitInfo{.decision = source.decision,
-                                                      .name = "default",
-                                                      .window = source.limit->window(),
-                                                      .degraded = degraded},
-                                headers);
-    for (auto& [k, v] : headers) {
-      auto* h = response->add_response_headers_to_add();
-      h->set_key(k);
-      h->set_value(v);
-    }
   }
 
   // SIGHUP (the owner's drain, not a signal of ours, starts the shutdown).

@@ -798,6 +798,25 @@ void GrpcCall::OnClosed(std::function<void()> fn) const {
   });
 }
 
+namespace {
+
+// A connection on the strand of its socket's executor; closed at once past
+// max_connections.
+void ServeConnection(const std::shared_ptr<H2Server::Shared>& shared, tcp::socket socket) {
+  boost::system::error_code ignored;
+  socket.set_option(tcp::no_delay(true), ignored);
+  socket.non_blocking(true, ignored);  // Flush writes what fits at once
+  auto conn = std::make_shared<GrpcCall::Conn>(std::move(socket), shared);
+  {
+    LockGuard lock(shared->mu);
+    if (shared->conns.size() >= shared->options.max_connections) return;  // closes it
+    shared->conns.emplace(conn.get(), conn);
+  }
+  net::dispatch(conn->socket.get_executor(), [conn] { conn->Start(); });
+}
+
+}  // namespace
+
 // The acceptor, on a strand of its own.
 struct Acceptor : std::enable_shared_from_this<Acceptor> {
   Acceptor(net::io_context& ioc, std::shared_ptr<H2Server::Shared> sh)
@@ -812,7 +831,7 @@ struct Acceptor : std::enable_shared_from_this<Acceptor> {
         [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
           if (ec == net::error::operation_aborted || self->shared->stopping) return;
           if (ec) return self->AcceptLater();  // EMFILE and friends
-          self->Serve(std::move(socket));
+          ServeConnection(self->shared, std::move(socket));
           self->Accept();
         });
   }
@@ -823,19 +842,6 @@ struct Acceptor : std::enable_shared_from_this<Acceptor> {
     timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code&) {
       if (!self->shared->stopping) self->Accept();
     });
-  }
-
-  void Serve(tcp::socket socket) {
-    boost::system::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    socket.non_blocking(true, ignored);  // Flush writes what fits at once
-    auto conn = std::make_shared<GrpcCall::Conn>(std::move(socket), shared);
-    {
-      LockGuard lock(shared->mu);
-      if (shared->conns.size() >= shared->options.max_connections) return;  // closes it
-      shared->conns.emplace(conn.get(), conn);
-    }
-    net::dispatch(conn->socket.get_executor(), [conn] { conn->Start(); });
   }
 };
 
@@ -866,6 +872,8 @@ Status H2Server::Listen(const tcp::endpoint& ep) {
   a->Accept();
   return Status::Ok();
 }
+
+void H2Server::Serve(tcp::socket socket) { ServeConnection(shared_, std::move(socket)); }
 
 uint64_t H2Server::socket_writes() const {
   return shared_->socket_writes.load(std::memory_order_relaxed);

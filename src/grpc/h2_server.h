@@ -169,6 +169,11 @@ class H2Server {
   // daemon resolves its setting with server::ResolveListenAddress.
   Status Listen(const boost::asio::ip::tcp::endpoint& endpoint);
   int port() const { return port_; }
+  // Serves a connection the owner has at hand as Listen's acceptor serves
+  // each one it accepts (max_connections too), on the socket's executor (a
+  // strand, when the io_context runs on several threads): the fuzz target's
+  // in-process connection (fuzz/grpc_fuzzer.cc). Any thread.
+  void Serve(boost::asio::ip::tcp::socket socket);
   // Open connections.
   size_t connections() const;
   // Writes to the connections' sockets so far (each Flush that had bytes).
