@@ -35,6 +35,7 @@ int FuzzDuration(const uint8_t* data, size_t size);     // ParseDuration, Format
 int FuzzDecisionApi(const uint8_t* data, size_t size);  // POST /v1/check(/batch) bodies
 int FuzzHttp(const uint8_t* data, size_t size);         // raw HTTP/1.1 bytes -> Router
 int FuzzGateway(const uint8_t* data, size_t size);      // request -> Gateway -> upstream answer
+int FuzzGrpc(const uint8_t* data, size_t size);         // ShouldRateLimit: protobuf, HTTP/2, gRPC
 
 // Prints "fuzz invariant failed at file:line: what (detail)" and aborts.
 [[noreturn]] inline void InvariantFailed(const char* file, int line, const char* what,

@@ -39,7 +39,7 @@ SECONDS_PER_TARGET=${1:-30}
 JOBS=${JOBS:-$(nproc)}
 BUILD=${FUZZ_BUILD_DIR:-build-fuzz}
 SOURCE=${FUZZ_SOURCE_DIR:-$REPO}
-ALL_TARGETS="config path client_ip duration redis_reply redis_url decision_api http gateway"
+ALL_TARGETS="config path client_ip duration redis_reply redis_url decision_api http gateway grpc"
 TARGETS=${FUZZ_TARGETS:-$ALL_TARGETS}
 
 if ! [[ $SECONDS_PER_TARGET =~ ^[1-9][0-9]*$ ]]; then

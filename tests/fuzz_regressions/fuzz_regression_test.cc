@@ -37,6 +37,7 @@ constexpr Target kTargets[] = {
     {"decision_api", FuzzDecisionApi},
     {"http", FuzzHttp},
     {"gateway", FuzzGateway},
+    {"grpc", FuzzGrpc},
 };
 
 struct Input {
