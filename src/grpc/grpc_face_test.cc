@@ -22,6 +22,7 @@
 #include "envoy/service/ratelimit/v3/rls.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpc/raw_h2_test_util.h"
+#include "grpc/should_rate_limit.h"
 #include "ratelimit/memory_store.h"
 
 namespace ratelimit::grpcface {
@@ -330,6 +331,28 @@ TEST_F(GrpcFaceTest, MoreDescriptorsThanTheMaximumAreRefused) {
   s = Ask(Channel(), too_many, &r);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(s.error_message(), "the request has more than 1024 descriptors");
+}
+
+// The count that keeps more than the maximum from the parse counts what the
+// parse keeps. A group is an unknown field to it, skipped whole: the count
+// stopped at the first one, so a group and then any number of descriptors
+// (2 bytes each when empty) reached the parse, and its memory, unbounded
+// (fuzz/regressions/grpc/group-before-descriptors).
+TEST(DescriptorsIn, CountsWhatTheParseKeepsAcrossGroups) {
+  const std::string empty("\x12\x00", 2);  // a descriptor, field 2, of no bytes
+  // Field 1 as an (empty) group, then three descriptors.
+  std::string request = "\x0b\x0c" + empty + empty + empty;
+  // A group of field 2 holding what looks like a descriptor, nested in a group
+  // of field 7: not a descriptor; and one after it.
+  request += "\x3b\x13" + empty + "\x14\x3c" + empty;
+  rls::RateLimitRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(request));
+  ASSERT_EQ(parsed.descriptors_size(), 4);
+  EXPECT_EQ(DescriptorsIn(request, 1024), 4u);
+  EXPECT_EQ(DescriptorsIn(request, 2), 3u);  // stops past `stop`
+  // An end without its start, or of another group: the parse fails too.
+  EXPECT_FALSE(parsed.ParseFromString("\x0c" + empty));
+  EXPECT_FALSE(parsed.ParseFromString("\x0b\x14" + empty));
 }
 
 // A request's `limit` override of requests_per_unit 0 blocks, as

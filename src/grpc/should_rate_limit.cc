@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "envoy/plan.h"
 #include "envoy/service/ratelimit/v3/rls.pb.h"
@@ -108,10 +109,15 @@ void AddHeaders(policy::HeaderDialect dialect, const envoy::RequestPlan& plan,
 }  // namespace
 
 // Counted before the parse because a parsed descriptor costs a hundred
-// times its size on the wire or more (an empty one is 2 bytes).
+// times its size on the wire or more (an empty one is 2 bytes). The count
+// walks what the parse accepts: a group is an unknown field to it (none of
+// the message's fields is one), skipped whole with what it holds, nested up
+// to its recursion limit.
 size_t DescriptorsIn(std::string_view bytes, size_t stop) {
+  constexpr size_t kMaxGroupDepth = 100;  // CodedInputStream's default recursion limit
   google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                                             static_cast<int>(bytes.size()));
+  std::vector<uint32_t> groups;  // the field numbers of the groups open
   size_t n = 0;
   for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
     switch (tag & 7) {
@@ -130,10 +136,18 @@ size_t DescriptorsIn(std::string_view bytes, size_t stop) {
         uint32_t len = 0;
         if (!in.ReadVarint32(&len) || len > bytes.size() || !in.Skip(static_cast<int>(len)))
           return n;
-        if (tag >> 3 == 2 && ++n > stop) return n;
+        if (tag >> 3 == 2 && groups.empty() && ++n > stop) return n;
         break;
       }
-      default: return n;  // groups: not in this message
+      case 3:  // start group
+        if (groups.size() == kMaxGroupDepth) return n;
+        groups.push_back(tag >> 3);
+        break;
+      case 4:  // end group: of the innermost open one, or the parse fails
+        if (groups.empty() || groups.back() != tag >> 3) return n;
+        groups.pop_back();
+        break;
+      default: return n;
     }
   }
   return n;
