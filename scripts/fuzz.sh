@@ -24,6 +24,7 @@
 # folder, default the repository), FUZZ_WITH_TESTS=ON (the tree builds the
 # test binaries too: scripts/run-tests.sh's ASan + UBSan build is this tree,
 # so the libraries are compiled once for the tests and the fuzz targets),
+# FUZZ_TEST_OPTIMIZE (RL_TEST_OPTIMIZE for those test binaries),
 # RL_UNITY=ON (compile in batches of files: cmake/RlUnity.cmake), FUZZ_SEED
 # (libFuzzer's -seed: the same seed and corpus explore the same inputs in the
 # same order, so a run is reproducible; unset, every run draws its own seed).
@@ -58,7 +59,8 @@ fi
 # with other flags is brought to these.
 CC=clang CXX=clang++ cmake -S "$SOURCE" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" -DRL_FUZZ=ON -DRL_SANITIZE=address \
-  -DRL_BUILD_TESTS="${FUZZ_WITH_TESTS:-OFF}" -DRL_BUILD_BENCH=OFF -DRL_UNITY="${RL_UNITY:-OFF}" \
+  -DRL_BUILD_TESTS="${FUZZ_WITH_TESTS:-OFF}" -DRL_TEST_OPTIMIZE="${FUZZ_TEST_OPTIMIZE:-}" \
+  -DRL_BUILD_BENCH=OFF -DRL_UNITY="${RL_UNITY:-OFF}" \
   "${launcher[@]}" >/dev/null
 targets=()
 for t in $TARGETS; do targets+=("${t}_fuzzer"); done
