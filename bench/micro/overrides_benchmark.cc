@@ -51,11 +51,12 @@ struct Rig {
     enforcer = std::make_unique<Enforcer>(std::move(store), 1000);
     overrides = std::make_unique<Overrides>(MakeMemoryOverrideStore(), Clock::System());
     enforcer->SetOverrides(overrides.get());
+    overrides->SetPolicy(policy);
     auto put = [&](std::string client, std::optional<std::string> plan, std::vector<Limit> ls) {
       ClientOverride o;
       o.client = std::move(client);
       o.plan = std::move(plan);
-      o.limits = std::move(ls);
+      for (const Limit& l : ls) o.given.push_back(EveryField(l));
       overrides->Put(std::move(o), [](StatusOr<Overrides::Stored>) {});
     };
     for (int i = 0; i < 1000; ++i) put("k:other-" + std::to_string(i), "pro", {});

@@ -243,7 +243,9 @@ AdminApi::Client FromIdentity(const policy::Policy& policy, const policy::Identi
   // As the Enforcer applies it (ApplyOverride): a plan the config has
   // replaces the client's; its limits replace those of the client's own key.
   policy::Identity enforced = who;
-  if (o->plan && policy.config().plans.count(*o->plan) != 0) enforced.plan = *o->plan;
+  if (o->plan && o->plan_applies && policy.config().plans.count(*o->plan) != 0) {
+    enforced.plan = *o->plan;
+  }
   c.configured = std::move(c.groups);
   c.plan = enforced.plan;
   c.groups = OwnGroups(policy, enforced, include_ip_key);

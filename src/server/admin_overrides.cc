@@ -6,8 +6,8 @@
 //                                    "reason": "incident 123"}
 //   DELETE /v1/overrides/{client}
 // The body is read like the decision API's (ParseBody: repeated members
-// refused); each limit is the decision API's inline limit (ParseLimitObject,
-// MakeLimit) with the configured limit's fields as defaults.
+// refused); each limit keeps the fields given, which must resolve over the
+// configured limit's (ResolveOverrideLimit) to be taken.
 #include <ctime>
 #include <nlohmann/json.hpp>
 
@@ -61,51 +61,6 @@ StatusOr<int64_t> ParseUtc(const std::string& text) {
   return static_cast<int64_t>(timegm(&tm)) * 1000 + ms;
 }
 
-// The override's limit `name` from the body's fields, over the configured
-// limit's (whose algorithm it keeps).
-StatusOr<Limit> OverrideLimit(const policy::Policy& policy, const std::string& name,
-                              const json& given, bool decision_api) {
-  const std::string where = "limits." + name;
-  if (!given.is_object()) return InvalidArgument(where + " must be an object of fields");
-  const Limit* configured = policy.NamedLimit(name);
-  json spec = json::object();
-  if (configured != nullptr) {
-    spec = LimitFields(*configured);
-    if (auto a = given.find("algorithm"); a != given.end() && *a != spec["algorithm"]) {
-      return InvalidArgument(where + ": '" + name + "' is a " +
-                             spec["algorithm"].get<std::string>() +
-                             "; an override keeps the algorithm (the client's state would mean "
-                             "something else)");
-    }
-  } else if (!decision_api) {
-    return InvalidArgument(where + ": this config has no limit '" + name + "'");
-  }
-  for (auto it = given.begin(); it != given.end(); ++it) {
-    if (it.key() == "name") return InvalidArgument(where + ": the name is the key of 'limits'");
-    spec[it.key()] = it.value();
-  }
-  spec["name"] = name;
-  StatusOr<Limit> limit = ParseLimitObject(spec, where);
-  if (!limit.ok()) return limit.status();
-  // A route's cost must stay possible under the new count, and a metered
-  // route's limit settleable (the config's rules: every settlement of the
-  // client's would be refused).
-  for (const policy::RouteClass& r : policy.config().routes) {
-    for (const policy::RuleLimit& rl : r.limits) {
-      if (rl.limit.name() != name) continue;
-      if (Status s = limit->ValidateCost(r.cost); !s.ok()) {
-        return InvalidArgument(where + ": route '" + r.name + "' costs " + std::to_string(r.cost) +
-                               ": " + s.message());
-      }
-      if (!r.metered) continue;
-      if (Status s = policy::CheckMeteredLimit(*limit); !s.ok()) {
-        return InvalidArgument(where + ": cost of route '" + r.name + "': " + s.message());
-      }
-    }
-  }
-  return limit;
-}
-
 StatusOr<ClientOverride> ParseOverride(const json& body, const policy::Policy& policy,
                                        const std::string& client, int64_t now_ms) {
   if (!body.is_object()) return InvalidArgument("the body must be a JSON object");
@@ -124,21 +79,13 @@ StatusOr<ClientOverride> ParseOverride(const json& body, const policy::Policy& p
         return InvalidArgument("field 'limits' names more than " +
                                std::to_string(kMaxChecksPerRequest) + " limits");
       }
-      for (auto l = v.begin(); l != v.end(); ++l) {
-        StatusOr<Limit> limit = OverrideLimit(policy, l.key(), l.value(), decision_api);
-        if (!limit.ok()) return limit.status();
-        o.limits.push_back(*std::move(limit));
-      }
+      for (auto l = v.begin(); l != v.end(); ++l) o.given.push_back({l.key(), l.value().dump()});
     } else if (k == "plan") {
       if (!v.is_string()) return InvalidArgument("field 'plan' must be a string");
       if (decision_api) {
         return InvalidArgument("a decision-API key has no plan: give 'limits' instead");
       }
-      const std::string plan = v.get<std::string>();
-      if (policy.config().plans.count(plan) == 0) {
-        return InvalidArgument("field 'plan': this config has no plan '" + plan + "'");
-      }
-      o.plan = plan;
+      o.plan = v.get<std::string>();
     } else if (k == "ttl") {
       if (!v.is_string()) return InvalidArgument("field 'ttl' must be a duration like \"1h\"");
       StatusOr<std::chrono::microseconds> d = ParseDuration(v.get<std::string>());
@@ -167,7 +114,12 @@ StatusOr<ClientOverride> ParseOverride(const json& body, const policy::Policy& p
     }
   }
   if (have_ttl && have_expiry) return InvalidArgument("give 'ttl' or 'expires_at', not both");
-  if (o.limits.empty() && !o.plan) return InvalidArgument("give 'limits', 'plan' or both");
+  if (o.given.empty() && !o.plan) return InvalidArgument("give 'limits', 'plan' or both");
+  // Only what was given is kept, resolved over the config now and on every
+  // reload: what could not apply now is refused, with the reason a reload
+  // that made it impossible would give.
+  ResolveOverride(o, policy);
+  if (!o.not_applied.empty()) return InvalidArgument(o.not_applied.front());
   return o;
 }
 
@@ -224,9 +176,7 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
     json list = json::array();
     for (size_t i = static_cast<size_t>(offset);
          i < all.size() && list.size() < static_cast<size_t>(limit); ++i) {
-      json o = all[i]->ToJson();
-      o["in_effect"] = !all[i]->ExpiredAt(now_ms);
-      list.push_back(std::move(o));
+      list.push_back(all[i]->ToJson(now_ms));
     }
     json answer = {{"overrides", list},
                    {"total", all.size()},
@@ -271,8 +221,7 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
     if (o == nullptr) {
       return done(ProblemReply(404, "no override for client '" + RedactKey(client) + "'", path));
     }
-    json j = o->ToJson();
-    j["in_effect"] = !o->ExpiredAt(now_ms);
+    json j = o->ToJson(now_ms);
     j["shared"] = overrides->shared();
     return done(AdminJsonReply(200, j));
   }
@@ -303,7 +252,8 @@ void AdminApi::OverridesPath(const Request& req, const policy::Policy& policy,
     if (!r.ok()) return done(StoreFailed(r.status(), instance));
     const std::shared_ptr<const OverrideTable> now = overrides->table();
     const ClientOverride* in_effect = r->applied ? now->Find(client, 0) : nullptr;
-    json answer = in_effect != nullptr ? in_effect->ToJson() : json{{"client", RedactKey(client)}};
+    json answer = in_effect != nullptr ? in_effect->ToJson(overrides->NowMillis())
+                                       : json{{"client", RedactKey(client)}};
     if (!r->applied) NotAppliedHere(answer);
     answer["version"] = r->version;
     answer["shared"] = shared;

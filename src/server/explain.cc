@@ -220,7 +220,7 @@ StatusOr<json> Explain(const policy::Policy& policy, const ExplainRequest& req,
       overrides != nullptr ? overrides->Find(plan->identity.key, now_ms) : nullptr;
   if (over != nullptr) {
     ApplyOverride(*over, policy, *plan);
-    out["override"] = over->ToJson();
+    out["override"] = over->ToJson(now_ms);
   } else {
     out["override"] = nullptr;
   }
@@ -301,8 +301,7 @@ int ExplainCommand(policy::Config config, std::string_view request_line,
   StatusOr<ExplainRequest> request = ParseExplainCommand(request_line, header_lines, peer);
   // The overrides in effect (Redis: those every instance applies; the memory
   // store's live in a running daemon: ask its POST /v1/explain).
-  StatusOr<std::shared_ptr<const OverrideTable>> overrides =
-      ReadStoredOverrides((*policy)->config().store);
+  StatusOr<std::shared_ptr<const OverrideTable>> overrides = ReadStoredOverrides(**policy);
   if (!overrides.ok()) {
     std::cerr << "ratelimitd: --explain: overrides not shown: " << overrides.status().message()
               << "\n";

@@ -304,8 +304,12 @@ std::string Metrics::Render(const Store* store) const {
   out += "ratelimit_overrides_changes_total{op=\"expire\"} " +
          std::to_string(overrides_expire.value()) + "\n";
   Header(out, "ratelimit_overrides_in_effect", "gauge",
-         "Per-client overrides this instance applies now (expired ones not counted).");
+         "Per-client overrides this instance applies now, wholly (expired ones not counted).");
   out += "ratelimit_overrides_in_effect " + std::to_string(overrides_in_effect.value()) + "\n";
+  Header(out, "ratelimit_overrides_not_applied", "gauge",
+         "Per-client overrides of which a part does not apply under the current config "
+         "(GET /v1/overrides: not_applied).");
+  out += "ratelimit_overrides_not_applied " + std::to_string(overrides_not_applied.value()) + "\n";
 
   Header(out, "ratelimit_http_requests_in_flight", "gauge",
          "HTTP requests being handled now (both listeners).");

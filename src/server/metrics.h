@@ -169,10 +169,11 @@ class Metrics {
   Gauge in_flight;                // ratelimit_http_requests_in_flight
   Counter denial_log_suppressed;  // ratelimit_denial_log_lines_suppressed_total
   // Per-client overrides (server/overrides.h).
-  Counter overrides_put;      // ratelimit_overrides_changes_total{op="put"}
-  Counter overrides_delete;   // ratelimit_overrides_changes_total{op="delete"}
-  Counter overrides_expire;   // ratelimit_overrides_changes_total{op="expire"}
-  Gauge overrides_in_effect;  // ratelimit_overrides_in_effect
+  Counter overrides_put;        // ratelimit_overrides_changes_total{op="put"}
+  Counter overrides_delete;     // ratelimit_overrides_changes_total{op="delete"}
+  Counter overrides_expire;     // ratelimit_overrides_changes_total{op="expire"}
+  Gauge overrides_in_effect;    // ratelimit_overrides_in_effect
+  Gauge overrides_not_applied;  // ratelimit_overrides_not_applied
   // ratelimit_paced_requests_total: requests whose read waited for
   // server.max_requests_per_second_per_connection.
   Counter paced;

@@ -62,10 +62,27 @@ json LimitFields(const Limit& limit) {
   return j;
 }
 
-json ClientOverride::ToJson() const {
+namespace {
+
+// The "limits" member as given: name -> the given fields.
+json GivenJson(const std::vector<GivenLimit>& given) {
+  json ls = json::object();
+  for (const GivenLimit& g : given) ls[g.name] = json::parse(g.fields, nullptr, false);
+  return ls;
+}
+
+}  // namespace
+
+json ClientOverride::ToJson(int64_t now_ms) const {
   json ls = json::object();
   for (const Limit& l : limits) ls[l.name()] = LimitFields(l);
-  json j = {{"client", RedactKey(client)}, {"limits", ls}, {"reason", reason}, {"by", by}};
+  json j = {{"client", RedactKey(client)},
+            {"given", GivenJson(given)},
+            {"limits", ls},
+            {"in_effect", InEffectAt(now_ms)},
+            {"not_applied", not_applied},
+            {"reason", reason},
+            {"by", by}};
   if (plan) j["plan"] = *plan;
   if (expires_unix_ms != 0) {
     j["expires_at"] = UtcText(expires_unix_ms);
@@ -76,9 +93,10 @@ json ClientOverride::ToJson() const {
 }
 
 std::string ToRecord(const ClientOverride& o) {
-  json ls = json::object();
-  for (const Limit& l : o.limits) ls[l.name()] = LimitFields(l);
-  json j = {{"limits", ls}, {"reason", o.reason}, {"by", o.by}, {"set_at_ms", o.set_unix_ms}};
+  json j = {{"limits", GivenJson(o.given)},
+            {"reason", o.reason},
+            {"by", o.by},
+            {"set_at_ms", o.set_unix_ms}};
   if (o.plan) j["plan"] = *o.plan;
   if (o.expires_unix_ms != 0) j["expires_at_ms"] = o.expires_unix_ms;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -96,13 +114,11 @@ StatusOr<ClientOverride> FromRecord(std::string_view client, std::string_view re
     if (k == "plan" && v.is_string()) {
       o.plan = v.get<std::string>();
     } else if (k == "limits" && v.is_object()) {
+      // Only the fields given (an earlier version's record: every field);
+      // whether they make a limit is the config's to say (ResolveOverride).
       for (auto l = v.begin(); l != v.end(); ++l) {
         if (!l.value().is_object()) return InvalidArgument("limit '" + l.key() + "' is no object");
-        json spec = l.value();
-        spec["name"] = l.key();
-        StatusOr<Limit> limit = ParseLimitObject(spec, "limit '" + l.key() + "'");
-        if (!limit.ok()) return limit.status();
-        o.limits.push_back(*std::move(limit));
+        o.given.push_back({l.key(), l.value().dump()});
       }
     } else if (k == "expires_at_ms" && v.is_number_integer()) {
       o.expires_unix_ms = v.get<int64_t>();
@@ -117,6 +133,73 @@ StatusOr<ClientOverride> FromRecord(std::string_view client, std::string_view re
     }
   }
   return o;
+}
+
+GivenLimit EveryField(const Limit& limit) { return {limit.name(), LimitFields(limit).dump()}; }
+
+StatusOr<Limit> ResolveOverrideLimit(const policy::Policy& policy, std::string_view client,
+                                     const GivenLimit& given) {
+  const std::string& name = given.name;
+  const std::string where = "limits." + name;
+  const json fields = json::parse(given.fields, nullptr, false);
+  if (!fields.is_object()) return InvalidArgument(where + " must be an object of fields");
+  const Limit* configured = policy.NamedLimit(name);
+  json spec = json::object();
+  if (configured != nullptr) {
+    spec = LimitFields(*configured);
+    if (auto a = fields.find("algorithm"); a != fields.end() && *a != spec["algorithm"]) {
+      return InvalidArgument(where + ": '" + name + "' is a " +
+                             spec["algorithm"].get<std::string>() +
+                             "; an override keeps the algorithm (the client's state would mean "
+                             "something else)");
+    }
+  } else if (!client.starts_with(kDecisionApiPrefix)) {
+    return InvalidArgument(where + ": this config has no limit '" + name + "'");
+  }
+  for (auto it = fields.begin(); it != fields.end(); ++it) {
+    if (it.key() == "name") return InvalidArgument(where + ": the name is the key of 'limits'");
+    spec[it.key()] = it.value();
+  }
+  spec["name"] = name;
+  StatusOr<Limit> limit = ParseLimitObject(spec, where);
+  if (!limit.ok()) return limit.status();
+  // A route's cost must stay possible under the new count, and a metered
+  // route's limit settleable (the config's rules: every settlement of the
+  // client's would be refused).
+  for (const policy::RouteClass& r : policy.config().routes) {
+    for (const policy::RuleLimit& rl : r.limits) {
+      if (rl.limit.name() != name) continue;
+      if (Status s = limit->ValidateCost(r.cost); !s.ok()) {
+        return InvalidArgument(where + ": route '" + r.name + "' costs " + std::to_string(r.cost) +
+                               ": " + s.message());
+      }
+      if (!r.metered) continue;
+      if (Status s = policy::CheckMeteredLimit(*limit); !s.ok()) {
+        return InvalidArgument(where + ": cost of route '" + r.name + "': " + s.message());
+      }
+    }
+  }
+  return limit;
+}
+
+void ResolveOverride(ClientOverride& o, const policy::Policy& policy) {
+  o.limits.clear();
+  o.not_applied.clear();
+  o.plan_applies = false;
+  if (o.plan) {
+    o.plan_applies = policy.config().plans.count(*o.plan) != 0;
+    if (!o.plan_applies) {
+      o.not_applied.push_back("field 'plan': this config has no plan '" + *o.plan + "'");
+    }
+  }
+  for (const GivenLimit& g : o.given) {
+    StatusOr<Limit> l = ResolveOverrideLimit(policy, o.client, g);
+    if (l.ok()) {
+      o.limits.push_back(*std::move(l));
+    } else {
+      o.not_applied.push_back(l.status().message());
+    }
+  }
 }
 
 OverrideTable::OverrideTable(int64_t version, std::vector<ClientOverride> overrides)
@@ -157,7 +240,7 @@ std::vector<const ClientOverride*> OverrideTable::Sorted() const {
 
 void ApplyOverride(const ClientOverride& o, const policy::Policy& policy,
                    policy::RequestPlan& plan) {
-  if (o.plan && *o.plan != plan.identity.plan) policy.Replan(plan, *o.plan);
+  if (o.plan && o.plan_applies && *o.plan != plan.identity.plan) policy.Replan(plan, *o.plan);
   if (o.limits.empty()) return;
   for (policy::CheckGroup& g : plan.groups) {
     // Only the client's own state: a route keyed by IP keeps its limits.
@@ -173,7 +256,8 @@ void ApplyOverrideLimits(const ClientOverride& o, std::vector<LimitCheck>& check
 }
 
 StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
-    const policy::StoreConfig& config, std::chrono::milliseconds patience) {
+    const policy::Policy& policy, std::chrono::milliseconds patience) {
+  const policy::StoreConfig& config = policy.config().store;
   if (config.type == policy::StoreConfig::Type::kMemory) {
     return std::make_shared<const OverrideTable>();
   }
@@ -191,7 +275,9 @@ StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
   std::vector<ClientOverride> parsed;
   for (const OverrideRecord& r : set->records) {
     StatusOr<ClientOverride> o = FromRecord(r.client, r.value);
-    if (o.ok()) parsed.push_back(*std::move(o));
+    if (!o.ok()) continue;
+    ResolveOverride(*o, policy);
+    parsed.push_back(*std::move(o));
   }
   return std::make_shared<const OverrideTable>(set->version, std::move(parsed));
 }
@@ -301,6 +387,12 @@ void Overrides::Refresh(std::function<void(Status)> done) {
   });
 }
 
+void Overrides::SetPolicy(std::shared_ptr<const policy::Policy> policy) {
+  LockGuard lock(mu_);
+  policy_ = std::move(policy);
+  Publish();
+}
+
 void Overrides::Install(const OverrideSet& set) {
   std::vector<ClientOverride> parsed;
   parsed.reserve(set.records.size());
@@ -313,13 +405,60 @@ void Overrides::Install(const OverrideSet& set) {
     }
     parsed.push_back(*std::move(o));
   }
-  const int64_t now = NowMillis();
-  const auto live = static_cast<int64_t>(std::count_if(
-      parsed.begin(), parsed.end(), [now](const ClientOverride& o) { return !o.ExpiredAt(now); }));
-  auto table = std::make_shared<const OverrideTable>(set.version, std::move(parsed));
+  LockGuard lock(mu_);
+  read_ = std::move(parsed);
+  read_version_ = set.version;
+  Publish();
+}
+
+namespace {
+
+// The gauges of `table` at `now_ms`.
+void CountInEffect(const OverrideTable& table, int64_t now_ms) {
+  int64_t in_effect = 0, not_applied = 0;
+  for (const ClientOverride* o : table.Sorted()) {
+    if (o->ExpiredAt(now_ms)) continue;
+    ++(o->not_applied.empty() ? in_effect : not_applied);
+  }
+  Metrics::Global().overrides_in_effect.Set(in_effect);
+  Metrics::Global().overrides_not_applied.Set(not_applied);
+}
+
+}  // namespace
+
+void Overrides::Publish() {
+  // Made under the lock: a table resolved over an older policy or read
+  // never replaces a newer one. Reads and reloads are rare; requests only
+  // load the table.
+  std::vector<ClientOverride> resolved = read_;
+  std::unordered_map<std::string, std::string> not_applied;
+  for (ClientOverride& o : resolved) {
+    if (policy_ == nullptr) {
+      o.not_applied = {"no config to resolve it over yet (Overrides::SetPolicy)"};
+      continue;
+    }
+    ResolveOverride(o, *policy_);
+    // Logged when what does not apply changes, not on every read.
+    auto was = not_applied_.find(o.client);
+    if (o.not_applied.empty()) {
+      if (was != not_applied_.end()) {
+        Log(Level::kInfo, "override applies again", {{"client", RedactKey(o.client)}});
+      }
+      continue;
+    }
+    const json reasons = o.not_applied;
+    std::string text = reasons.dump(-1, ' ', false, json::error_handler_t::replace);
+    if (was == not_applied_.end() || was->second != text) {
+      Log(Level::kWarn, "override not applied",
+          {{"client", RedactKey(o.client)}, {"not_applied", text}});
+    }
+    not_applied.emplace(o.client, std::move(text));
+  }
+  not_applied_ = std::move(not_applied);
+  auto table = std::make_shared<const OverrideTable>(read_version_, std::move(resolved));
+  CountInEffect(*table, NowMillis());
   count_.store(table->size(), std::memory_order_relaxed);
   table_.store(std::move(table));
-  Metrics::Global().overrides_in_effect.Set(live);
 }
 
 void Overrides::Put(ClientOverride o, std::function<void(StatusOr<Stored>)> done) {
@@ -330,10 +469,13 @@ void Overrides::Put(ClientOverride o, std::function<void(StatusOr<Stored>)> done
   store_->Put(std::move(client), std::move(record),
               [this, o = std::move(o), done = std::move(done)](StatusOr<int64_t> v) mutable {
                 if (!v.ok()) return done(v.status());
-                json what = o.ToJson();
+                json what = o.ToJson(o.set_unix_ms);
                 what.erase("client");
                 what.erase("by");
                 what.erase("reason");
+                for (const char* resolved : {"limits", "in_effect", "not_applied"}) {
+                  what.erase(resolved);
+                }
                 Record("put", o.client, o.by, o.reason,
                        what.dump(-1, ' ', false, json::error_handler_t::replace));
                 // Stored whatever the read after it says: a failure to
@@ -362,12 +504,8 @@ void Overrides::Remove(std::string client, std::string by,
 void Overrides::RemoveExpired() {
   const std::shared_ptr<const OverrideTable> t = table();
   const int64_t now = NowMillis();
-  int64_t live = 0;
   for (const ClientOverride* o : t->Sorted()) {
-    if (!o->ExpiredAt(now)) {
-      ++live;
-      continue;
-    }
+    if (!o->ExpiredAt(now)) continue;
     // Only while it is still this record: a newer PUT is never removed. Of
     // the instances that try, one removes it, logs and counts.
     store_->Remove(o->client, o->record,
@@ -377,7 +515,7 @@ void Overrides::RemoveExpired() {
                      Refresh();
                    });
   }
-  Metrics::Global().overrides_in_effect.Set(live);
+  CountInEffect(*t, now);
 }
 
 }  // namespace ratelimit::server

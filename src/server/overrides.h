@@ -3,19 +3,28 @@
 // every request of that client, on every instance that shares the store.
 //
 //   Overrides overrides(MakeMemoryOverrideStore(), Clock::System());
+//   overrides.SetPolicy(policy);                   // and again after every reload
 //   overrides.Start(executor);                     // first read, watch, periodic backstop
 //   enforcer.SetOverrides(&overrides);
 //   overrides.Put(client, std::move(o), "admin token from 127.0.0.1", done);
 //
 // An override names a client ("k:acme-key", "u:ada", "ip:203.0.113.7" or a
 // decision-API key "d:<key>") and either or both of: a plan to move the
-// client to, and limits (by name) whose parameters replace the configured
-// ones for that client. Precedence: the override > the client's plan (API key
-// or default_plan) > the route's limits; a limit named in the override keeps
-// its name and algorithm, hence its state key: a changed capacity applies to
-// the state the client has (docs/admin.md, "What a changed limit does to the
-// state"). An override may expire (expires_unix_ms); from that time on it no
-// longer applies, whatever the store still holds, and one instance removes it.
+// client to, and limits (by name) of which it changes some fields. Only the
+// fields given are kept (the record); they are resolved over the configured
+// limit of that name of the current config whenever the table is made: when
+// the store is read and on every reload (SetPolicy), so a reload that changes
+// a field the override did not give reaches the client. Precedence: the
+// override > the client's plan (API key or default_plan) > the route's
+// limits; a limit named in the override keeps the configured name and
+// algorithm, hence its state key: a changed capacity applies to the state the
+// client has (docs/admin.md, "What a changed limit does to the state"). A
+// part that does not resolve under the current config (the limit or plan is
+// gone, a given field the configured algorithm lacks, a cost a route charges
+// that it could never allow) is not applied, and the override says why
+// (not_applied); the parts that resolve apply. An override may expire
+// (expires_unix_ms); from that time on it no longer applies, whatever the
+// store still holds, and one instance removes it.
 //
 // The per-decision cost: with no override at all, one relaxed atomic load;
 // else an atomic shared_ptr load and one hash lookup; only a client with an
@@ -28,8 +37,11 @@
 // API's resets (AnnounceReset, OnReset).
 //
 // Every change is logged ("override changed": op, client, by, reason, what)
-// and counted (ratelimit_overrides_changes_total{op}); the gauge
-// ratelimit_overrides_in_effect counts this instance's table.
+// and counted (ratelimit_overrides_changes_total{op}); the gauges
+// ratelimit_overrides_in_effect and ratelimit_overrides_not_applied count
+// this instance's table (wholly applied / not, or not wholly), and each
+// change of what of an override does not apply is logged once ("override
+// not applied" or "override applies again").
 //
 // Thread-safety: every method may be called from any thread.
 #pragma once
@@ -58,28 +70,65 @@
 
 namespace ratelimit::server {
 
-// One client's override, as stored and in effect.
+// One limit of an override as the admin gave it: the name of the limit and
+// the fields given for it, the text of a JSON object ({"capacity":50}). A
+// record of an earlier version gave every field: they are all "given".
+struct GivenLimit {
+  std::string name;
+  std::string fields;
+  bool operator==(const GivenLimit&) const = default;
+};
+
+// One client's override: what was given (the record), and what of it
+// applies under one config (ResolveOverride; the table's are resolved).
 struct ClientOverride {
   std::string client;               // "k:acme-key", "d:job-7", ...
   std::optional<std::string> plan;  // move the client to this plan
-  std::vector<Limit> limits;        // replace the parameters of the limits of these names
+  std::vector<GivenLimit> given;    // change these fields of the limits of these names
   int64_t expires_unix_ms = 0;      // 0: never
   std::string reason;
   std::string by;  // who set it: "admin token" / "no token", and the peer
   int64_t set_unix_ms = 0;
   std::string record;  // the stored text (ToRecord)
 
+  // Resolved: the given limits that resolve, each the configured limit with
+  // the given fields; whether the plan applies; why each part that does not
+  // apply does not ("limits.burst: ...", "field 'plan': ...").
+  std::vector<Limit> limits;
+  bool plan_applies = false;
+  std::vector<std::string> not_applied;
+
   bool ExpiredAt(int64_t now_ms) const { return expires_unix_ms != 0 && now_ms >= expires_unix_ms; }
+  // Whether all of it applies at `now_ms` (the admin API's "in_effect").
+  bool InEffectAt(int64_t now_ms) const { return !ExpiredAt(now_ms) && not_applied.empty(); }
   // The override's limit of `limit`'s name and algorithm, or nullptr.
   const Limit* Replacing(const Limit& limit) const;
-  // The JSON the admin API shows (API keys shortened).
-  nlohmann::json ToJson() const;
+  // The JSON the admin API shows (API keys shortened): "given" as given,
+  // "limits" as resolved (what applies), "in_effect" at `now_ms`, and
+  // "not_applied".
+  nlohmann::json ToJson(int64_t now_ms) const;
 };
 
-// The stored text of `o` (JSON: plan, limits with their algorithm, expiry,
-// reason, by, set time), and back. FromRecord refuses what it cannot read.
+// The stored text of `o` (JSON: plan, the given fields of each limit,
+// expiry, reason, by, set time), and back (unresolved). FromRecord refuses
+// what it cannot read.
 std::string ToRecord(const ClientOverride& o);
 StatusOr<ClientOverride> FromRecord(std::string_view client, std::string_view record);
+
+// The limit `given` makes of the configured limit of its name in `policy`:
+// the given fields over the configured ones (a decision-API client's limit
+// of a name the config lacks: the given fields alone, all of them). An
+// error says why it cannot apply, as the admin API's PUT refuses it: no such
+// limit, another algorithm, a field the algorithm lacks, a cost a route
+// charges that it could never allow, a metered route's limit made a
+// calendar quota.
+StatusOr<Limit> ResolveOverrideLimit(const policy::Policy& policy, std::string_view client,
+                                     const GivenLimit& given);
+// Fills `o`'s resolved part (limits, plan_applies, not_applied) from what
+// was given, over `policy`.
+void ResolveOverride(ClientOverride& o, const policy::Policy& policy);
+// Every field of `limit`, as a record of an earlier version gave them.
+GivenLimit EveryField(const Limit& limit);
 
 // The limit as the decision API's inline limits spell it, without the name:
 // {"algorithm": "token_bucket", "capacity": 10, "refill_per_second": 5}, and
@@ -114,8 +163,9 @@ class OverrideTable {
   Map by_decision_key_;  // decision-API keys, without the "d:"
 };
 
-// Applies `o` to a resolved request: the plan first (Policy::Replan; a plan
-// the config no longer has is ignored), then each limit of the override
+// Applies `o` (resolved) to a resolved request: the plan first, when it
+// applies (Policy::Replan; a plan `policy` does not have is ignored), then
+// each resolved limit of the override
 // replaces the parameters of the check of the same name and algorithm. The
 // plan's checks then point into `o`: keep the table alive with the plan.
 void ApplyOverride(const ClientOverride& o, const policy::Policy& policy,
@@ -123,11 +173,12 @@ void ApplyOverride(const ClientOverride& o, const policy::Policy& policy,
 // The same for a decision-API check's limits (replaced in place).
 void ApplyOverrideLimits(const ClientOverride& o, std::vector<LimitCheck>& checks);
 
-// For the command line (--explain): the overrides the store
-// of `config` holds now (Redis: read once, within `patience`); the memory
-// store's live in a running daemon only: an empty table.
+// For the command line (--explain): the overrides the store of `policy`'s
+// config holds now, resolved over `policy` (Redis: read once, within
+// `patience`); the memory store's live in a running daemon only: an empty
+// table.
 StatusOr<std::shared_ptr<const OverrideTable>> ReadStoredOverrides(
-    const policy::StoreConfig& config,
+    const policy::Policy& policy,
     std::chrono::milliseconds patience = std::chrono::milliseconds(2000));
 
 class Overrides {
@@ -157,6 +208,11 @@ class Overrides {
   // Tells the other instances on the store that `client`'s limit state was
   // reset here (Redis: on the overrides' channel; memory: nobody to tell).
   void AnnounceReset(std::string client, std::function<void(Status)> done);
+
+  // The config the overrides resolve over: set it before Start and after
+  // every reload. The table in effect is made again (same version) over it.
+  // Until it is set, no override applies (not_applied says so).
+  void SetPolicy(std::shared_ptr<const policy::Policy> policy);
 
   // Watches the store, reads it and starts the periodic timer on `executor`.
   void Start(boost::asio::any_io_executor executor);
@@ -192,6 +248,8 @@ class Overrides {
 
  private:
   void Install(const OverrideSet& set);
+  // Resolves what was read over the policy and swaps the table in.
+  void Publish() RL_REQUIRES(mu_);
   void Tick();
 
   std::unique_ptr<OverrideStore> store_;            // reset first in the destructor
@@ -206,6 +264,12 @@ class Overrides {
   std::vector<std::function<void(Status)>> waiting_ RL_GUARDED_BY(mu_);
   int64_t last_refresh_ms_ RL_GUARDED_BY(mu_) = 0;
   bool stopped_ RL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const policy::Policy> policy_ RL_GUARDED_BY(mu_);
+  // The last set read (unresolved), which a new policy resolves again.
+  std::vector<ClientOverride> read_ RL_GUARDED_BY(mu_);
+  int64_t read_version_ RL_GUARDED_BY(mu_) = 0;
+  // client -> what of it did not apply, as last logged.
+  std::unordered_map<std::string, std::string> not_applied_ RL_GUARDED_BY(mu_);
   std::unique_ptr<boost::asio::steady_timer> timer_;  // set by Start
 };
 

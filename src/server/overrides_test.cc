@@ -1,6 +1,7 @@
 // Overrides with a manual clock: precedence (override > plan > route), expiry
-// at its time, the state a changed limit keeps, decision-API keys, and the
-// stored record.
+// at its time, the state a changed limit keeps, decision-API keys, the
+// stored record (the fields given, and an earlier version's full ones), and
+// what a reload does to them (resolved again; what no longer applies says so).
 #include "server/overrides.h"
 
 #include <gtest/gtest.h>
@@ -32,14 +33,6 @@ routes:
   - {name: search, path: /search, limits: [burst, search]}
 )";
 
-std::shared_ptr<const policy::Policy> MakePolicy() {
-  auto c = policy::ParseConfig(kConfig, "overrides_test.yaml");
-  if (!c.ok()) throw std::runtime_error(c.status().ToString());
-  auto p = policy::Policy::Create(*std::move(c));
-  if (!p.ok()) throw std::runtime_error(p.status().ToString());
-  return *std::move(p);
-}
-
 policy::RequestPlan Resolve(const policy::Policy& p, std::string_view api_key,
                             std::string_view target = "/search") {
   policy::RequestView view{
@@ -64,35 +57,58 @@ std::map<std::string, int64_t> Limits(const policy::RequestPlan& plan) {
   return out;
 }
 
+std::shared_ptr<const policy::Policy> MakePolicy(std::string_view yaml) {
+  auto c = policy::ParseConfig(yaml, "overrides_test.yaml");
+  if (!c.ok()) throw std::runtime_error(c.status().ToString());
+  auto p = policy::Policy::Create(*std::move(c));
+  if (!p.ok()) throw std::runtime_error(p.status().ToString());
+  return *std::move(p);
+}
+
+// An override that gives every field of `limits` (as records of earlier
+// versions did).
 ClientOverride Override(std::string client, std::optional<std::string> plan,
-                        std::vector<Limit> limits, int64_t expires_ms = 0) {
+                        const std::vector<Limit>& limits, int64_t expires_ms = 0) {
   ClientOverride o;
   o.client = std::move(client);
   o.plan = std::move(plan);
-  o.limits = std::move(limits);
+  for (const Limit& l : limits) o.given.push_back(EveryField(l));
   o.expires_unix_ms = expires_ms;
   o.reason = "test";
   o.by = "overrides_test";
   return o;
 }
 
+// One that gives `fields` (a JSON object) of the limit `name`.
+ClientOverride Given(std::string client, std::string name, std::string fields) {
+  ClientOverride o = Override(std::move(client), std::nullopt, {});
+  o.given.push_back({std::move(name), std::move(fields)});
+  return o;
+}
+
+ClientOverride Resolved(ClientOverride o, const policy::Policy& p) {
+  ResolveOverride(o, p);
+  return o;
+}
+
 TEST(Overrides, PrecedenceIsOverrideThenPlanThenRoute) {
-  auto p = MakePolicy();
+  auto p = MakePolicy(kConfig);
   const std::map<std::string, int64_t> plain = {{"burst", 10}, {"search", 5}, {"daily", 100}};
   EXPECT_EQ(Limits(Resolve(*p, "key-a")), plain);
 
   // The plan an override names replaces the API key's plan; the route's limits stay.
   policy::RequestPlan moved = Resolve(*p, "key-a");
-  ApplyOverride(Override("k:key-a", "pro", {}), *p, moved);
+  ApplyOverride(Resolved(Override("k:key-a", "pro", {}), *p), *p, moved);
   EXPECT_EQ(moved.identity.plan, "pro");
   EXPECT_EQ(Limits(moved),
             (std::map<std::string, int64_t>{{"burst", 10}, {"search", 5}, {"daily_pro", 1000}}));
 
   // Its limits replace those of the plan (daily_pro) and of the route (burst).
   policy::RequestPlan both = Resolve(*p, "key-a");
-  ClientOverride o =
+  ClientOverride o = Resolved(
       Override("k:key-a", "pro",
-               {*Limit::FixedWindow("daily_pro", 5, 24h), *Limit::TokenBucket("burst", 3, 0.001)});
+               {*Limit::FixedWindow("daily_pro", 5, 24h), *Limit::TokenBucket("burst", 3, 0.001)}),
+      *p);
   ApplyOverride(o, *p, both);
   EXPECT_EQ(Limits(both),
             (std::map<std::string, int64_t>{{"burst", 3}, {"search", 5}, {"daily_pro", 5}}));
@@ -100,9 +116,12 @@ TEST(Overrides, PrecedenceIsOverrideThenPlanThenRoute) {
   // A limit of another algorithm under that name is not replaced (its state
   // would not mean the same), nor is a plan the config does not have taken.
   policy::RequestPlan other = Resolve(*p, "key-a");
-  ApplyOverride(Override("k:key-a", "gold", {*Limit::SlidingLog("burst", 3, 1s)}), *p, other);
+  ClientOverride neither =
+      Resolved(Override("k:key-a", "gold", {*Limit::SlidingLog("burst", 3, 1s)}), *p);
+  ApplyOverride(neither, *p, other);
   EXPECT_EQ(other.identity.plan, "free");
   EXPECT_EQ(Limits(other), plain);
+  EXPECT_EQ(neither.not_applied.size(), 2u);
 }
 
 TEST(Overrides, TheTableFindsClientsAndDecisionKeysUntilTheyExpire) {
@@ -124,18 +143,30 @@ TEST(Overrides, TheRecordRoundTrips) {
                {*Limit::TokenBucket("burst", 50, 10), *Limit::SlidingLog("login", 5, 15min),
                 *Limit::LeakyBucket("shape", 4, 2)},
                1234);
+  o.given.push_back({"search", R"({"limit":7})"});
   o.set_unix_ms = 1000;
   StatusOr<ClientOverride> back = FromRecord(o.client, ToRecord(o));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->plan, o.plan);
-  EXPECT_EQ(back->limits, o.limits);
+  std::map<std::string, nlohmann::json> given, back_given;  // the same fields, in any order
+  for (const GivenLimit& g : o.given) given[g.name] = nlohmann::json::parse(g.fields);
+  for (const GivenLimit& g : back->given) back_given[g.name] = nlohmann::json::parse(g.fields);
+  EXPECT_EQ(back_given, given);
   EXPECT_EQ(back->expires_unix_ms, 1234);
   EXPECT_EQ(back->set_unix_ms, 1000);
   EXPECT_EQ(back->reason, "test");
   EXPECT_EQ(back->by, "overrides_test");
   EXPECT_FALSE(FromRecord("k:x", "[1]").ok());
-  EXPECT_FALSE(FromRecord("k:x", R"({"limits": {"b": {"algorithm": "token_bucket"}}})").ok());
+  EXPECT_FALSE(FromRecord("k:x", R"({"limits": {"b": 5}})").ok());
   EXPECT_FALSE(FromRecord("k:x", R"({"colour": "red"})").ok());
+  // Fields that make no limit are read, and do not apply (the config says why).
+  StatusOr<ClientOverride> odd =
+      FromRecord("d:x", R"({"limits": {"b": {"algorithm": "token_bucket"}}})");
+  ASSERT_TRUE(odd.ok()) << odd.status().ToString();
+  ResolveOverride(*odd, *MakePolicy(kConfig));
+  EXPECT_TRUE(odd->limits.empty());
+  ASSERT_EQ(odd->not_applied.size(), 1u);
+  EXPECT_EQ(odd->not_applied[0], "limits.b: field 'capacity' is required for token_bucket");
 }
 
 // The record keeps everything that defines a limit: a calendar quota's
@@ -149,9 +180,11 @@ TEST(Overrides, TheRecordKeepsACalendarQuotaBlockForAndPrefetch) {
   Limit login = *Limit::FixedWindow("login", 3, std::chrono::minutes(1))
                      ->WithBlockFor(std::chrono::minutes(10));
   Limit burst = *Limit::TokenBucket("burst", 100, 10)->WithPrefetch(20);
-  ClientOverride o = Override("k:key-a", std::nullopt, {monthly, login, burst});
+  // (A decision-API key's: monthly and login are limits of its requests, not the config's.)
+  ClientOverride o = Override("d:key-a", std::nullopt, {monthly, login, burst});
   StatusOr<ClientOverride> back = FromRecord(o.client, ToRecord(o));
   ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ResolveOverride(*back, *MakePolicy(kConfig));
   ASSERT_EQ(back->limits.size(), 3u);
   const Limit* m = back->Replacing(monthly);
   const Limit* l = back->Replacing(login);
@@ -171,9 +204,17 @@ struct Rig {
       std::make_shared<MemoryStore>(MemoryStore::Options{.clock = &clock});
   Enforcer enforcer{store, 100};
   Overrides overrides{MakeMemoryOverrideStore(), clock};
-  std::shared_ptr<const policy::Policy> policy = MakePolicy();
+  std::shared_ptr<const policy::Policy> policy = MakePolicy(kConfig);
 
-  Rig() { enforcer.SetOverrides(&overrides); }
+  Rig() {
+    enforcer.SetOverrides(&overrides);
+    overrides.SetPolicy(policy);
+  }
+  // A reload, as the daemon makes it.
+  void Reload(std::string_view yaml) {
+    policy = MakePolicy(yaml);
+    overrides.SetPolicy(policy);
+  }
 
   // One request of key-a on /search: the outcome's limits by name -> remaining.
   std::map<std::string, int64_t> Remaining(std::string_view key = "key-a",
@@ -423,6 +464,7 @@ routes:
                                "metered.yaml");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   rig.policy = *policy::Policy::Create(*std::move(c));
+  rig.overrides.SetPolicy(rig.policy);
   rig.Put(Override("k:key-a", "pro", {}));
   auto enforce = [&](int64_t reserved) {
     policy::RequestPlan plan = Resolve(*rig.policy, "key-a", "/chat");
@@ -443,6 +485,177 @@ routes:
   Outcome second = enforce(600);
   EXPECT_EQ(second.verdict, Verdict::kOverLimit);
   EXPECT_EQ(second.limit_name, "tokens");
+}
+
+// kConfig with burst's capacity 20 and search's limit 6.
+constexpr std::string_view kRaised = R"(
+limits:
+  burst: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.001}
+  daily: {algorithm: fixed_window, limit: 100, window: 1d}
+  daily_pro: {algorithm: fixed_window, limit: 1000, window: 1d}
+  search: {algorithm: sliding_window, limit: 6, window: 1m}
+plans:
+  free: {limits: [daily]}
+  pro: {limits: [daily_pro]}
+default_plan: free
+api_keys: {"key-a": free, "key-b": free}
+routes:
+  - {name: search, path: /search, limits: [burst, search]}
+)";
+
+// The capacity (count) of each limit `key`'s request on /search is decided on.
+std::map<std::string, int64_t> Capacities(Rig& rig, std::string_view key = "key-a") {
+  Outcome out;
+  rig.enforcer.Enforce(rig.policy, Resolve(*rig.policy, key), "/search", Face::kGateway,
+                       [&out](Outcome o) { out = std::move(o); });
+  std::map<std::string, int64_t> r;
+  for (const LimitOutcome& l : out.limits) r[l.limit->name()] = l.limit->limit();
+  return r;
+}
+
+// The record keeps what the admin gave, not the configured limit's other
+// fields: those it once copied (and so pinned) too.
+TEST(Overrides, TheRecordKeepsOnlyTheGivenFields) {
+  Rig rig;
+  rig.Put(Given("k:key-a", "burst", R"({"refill_per_second":50})"));
+  const std::shared_ptr<const OverrideTable> t = rig.overrides.table();
+  const ClientOverride* o = t->Find("k:key-a", 0);
+  ASSERT_NE(o, nullptr);
+  const nlohmann::json record = nlohmann::json::parse(o->record);
+  EXPECT_EQ(record["limits"], nlohmann::json::parse(R"({"burst": {"refill_per_second": 50}})"))
+      << o->record;
+  // In effect: the configured capacity, the given rate.
+  ASSERT_EQ(o->limits.size(), 1u);
+  EXPECT_EQ(o->limits[0].limit(), 10);
+  EXPECT_EQ(o->limits[0].refill_per_second(), 50);
+  const nlohmann::json shown = o->ToJson(0);
+  EXPECT_EQ(shown["given"], record["limits"]);
+  EXPECT_EQ(shown["limits"]["burst"]["capacity"], 10);
+  EXPECT_EQ(shown["in_effect"], true);
+  EXPECT_EQ(shown["not_applied"], nlohmann::json::array());
+}
+
+// A reload that changes a field the override did not give reaches the
+// client; one it gave stays the override's.
+TEST(Overrides, APolicyChangeResolvesThemAgain) {
+  Rig rig;
+  ClientOverride o = Given("k:key-a", "burst", R"({"refill_per_second":50})");
+  o.given.push_back({"search", R"({"limit":2})"});
+  rig.Put(std::move(o));
+  EXPECT_EQ(Capacities(rig),
+            (std::map<std::string, int64_t>{{"burst", 10}, {"search", 2}, {"daily", 100}}));
+  const int64_t version = rig.overrides.table()->version();
+  rig.Reload(kRaised);
+  EXPECT_EQ(rig.overrides.table()->version(), version) << "the same overrides, resolved again";
+  EXPECT_EQ(Capacities(rig),
+            (std::map<std::string, int64_t>{{"burst", 20}, {"search", 2}, {"daily", 100}}));
+  const ClientOverride* now = rig.overrides.table()->Find("k:key-a", 0);
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(now->limits[0].refill_per_second(), 50);
+  EXPECT_EQ(Capacities(rig, "key-b")["burst"], 20);  // without an override: the config
+}
+
+// A reload that makes a given field meaningless (burst becomes a fixed
+// window: no refill_per_second) does not apply that limit, says why, and
+// counts it; the override's other limit still applies. Before, the
+// override stopped applying silently while GET said in_effect: true.
+TEST(Overrides, AnAlgorithmChangeIsNotAppliedAndSaysSo) {
+  Rig rig;
+  ClientOverride o = Given("k:key-a", "burst", R"({"refill_per_second":50})");
+  o.given.push_back({"search", R"({"limit":2})"});
+  rig.Put(std::move(o));
+  EXPECT_EQ(Metrics::Global().overrides_in_effect.value(), 1);
+  EXPECT_EQ(Metrics::Global().overrides_not_applied.value(), 0);
+  std::string yaml(kConfig);
+  const std::string bucket =
+      "burst: {algorithm: token_bucket, capacity: 10, refill_per_second: 0.001}";
+  yaml.replace(yaml.find(bucket), bucket.size(),
+               "burst: {algorithm: fixed_window, limit: 4, window: 1h}");
+  rig.Reload(yaml);
+  const ClientOverride* now = rig.overrides.table()->Find("k:key-a", 0);
+  ASSERT_NE(now, nullptr);
+  const nlohmann::json shown = now->ToJson(rig.overrides.NowMillis());
+  EXPECT_EQ(shown["in_effect"], false) << shown.dump();
+  EXPECT_EQ(shown["not_applied"],
+            nlohmann::json::array({"limits.burst: field 'refill_per_second' does not apply to "
+                                   "fixed_window (use 'limit' and 'window')"}))
+      << shown.dump();
+  EXPECT_EQ(shown["limits"].size(), 1u) << shown.dump();  // search's applies
+  EXPECT_EQ(shown["given"].size(), 2u) << shown.dump();
+  EXPECT_EQ(Metrics::Global().overrides_in_effect.value(), 0);
+  EXPECT_EQ(Metrics::Global().overrides_not_applied.value(), 1);
+  // The configured fixed window, the override's search limit.
+  EXPECT_EQ(Capacities(rig),
+            (std::map<std::string, int64_t>{{"burst", 4}, {"search", 2}, {"daily", 100}}));
+  // Back to a bucket: it applies again.
+  rig.Reload(kConfig);
+  EXPECT_TRUE(rig.overrides.table()->Find("k:key-a", 0)->InEffectAt(0));
+  EXPECT_EQ(Metrics::Global().overrides_not_applied.value(), 0);
+  EXPECT_EQ(Capacities(rig)["burst"], 10);
+}
+
+// A given algorithm (which every record of an earlier version has) that the
+// config no longer has, a limit or plan the config dropped: not applied.
+TEST(Overrides, WhatTheConfigNoLongerHasIsNotApplied) {
+  Rig rig;
+  ClientOverride o = Given("k:key-a", "burst", R"({"algorithm":"token_bucket","capacity":3})");
+  o.plan = "pro";
+  rig.Put(std::move(o));
+  EXPECT_EQ(Capacities(rig),
+            (std::map<std::string, int64_t>{{"burst", 3}, {"search", 5}, {"daily_pro", 1000}}));
+  rig.Reload(R"(
+limits:
+  burst: {algorithm: leaky_bucket, depth: 10, rate_per_second: 1}
+  daily: {algorithm: fixed_window, limit: 100, window: 1d}
+  search: {algorithm: sliding_window, limit: 5, window: 1m}
+plans:
+  free: {limits: [daily]}
+default_plan: free
+api_keys: {"key-a": free}
+routes:
+  - {name: search, path: /search, limits: [burst, search]}
+)");
+  const ClientOverride* now = rig.overrides.table()->Find("k:key-a", 0);
+  ASSERT_NE(now, nullptr);
+  EXPECT_EQ(now->not_applied,
+            (std::vector<std::string>{
+                "field 'plan': this config has no plan 'pro'",
+                "limits.burst: 'burst' is a leaky_bucket; an override keeps the algorithm (the "
+                "client's state would mean something else)"}));
+  EXPECT_EQ(Capacities(rig),
+            (std::map<std::string, int64_t>{{"burst", 10}, {"search", 5}, {"daily", 100}}));
+}
+
+// A record an earlier version wrote has every field of the limit: all of
+// them count as given, which is how that version applied it (a reload's
+// new capacity does not reach it).
+TEST(Overrides, AnEarlierVersionsFullRecordReads) {
+  ManualClock clock;
+  std::unique_ptr<OverrideStore> store = MakeMemoryOverrideStore();
+  StatusOr<int64_t> put = Internal("no answer");
+  store->Put("k:key-a",
+             R"({"by":"admin token from 127.0.0.1:5123","limits":{"burst":{"algorithm":)"
+             R"("token_bucket","capacity":3,"refill_per_second":0.001}},"reason":"incident 9",)"
+             R"("set_at_ms":1700000000000})",
+             [&put](StatusOr<int64_t> v) { put = v; });
+  ASSERT_TRUE(put.ok()) << put.status().ToString();
+  Overrides overrides(std::move(store), clock);
+  overrides.SetPolicy(MakePolicy(kConfig));
+  Status read = Internal("no answer");
+  overrides.Refresh([&read](Status s) { read = s; });
+  ASSERT_TRUE(read.ok()) << read.ToString();
+  const ClientOverride* o = overrides.table()->Find("k:key-a", 0);
+  ASSERT_NE(o, nullptr);
+  EXPECT_EQ(o->reason, "incident 9");
+  ASSERT_EQ(o->given.size(), 1u);
+  EXPECT_EQ(nlohmann::json::parse(o->given[0].fields).size(), 3u);
+  ASSERT_EQ(o->limits.size(), 1u);
+  EXPECT_EQ(o->limits[0], *Limit::TokenBucket("burst", 3, 0.001));
+  overrides.SetPolicy(MakePolicy(kRaised));
+  o = overrides.table()->Find("k:key-a", 0);
+  ASSERT_NE(o, nullptr);
+  EXPECT_EQ(o->limits[0].limit(), 3);
+  EXPECT_TRUE(o->InEffectAt(0));
 }
 
 }  // namespace

@@ -224,6 +224,7 @@ class AdminOverrides : public Served {
       : Served(kOverridesConfig, 1'767'225'600'000'000),  // 2026-01-01T00:00:00Z
         overrides_(std::make_unique<ReadFailsOverrideStore>(&fail_reads_), clock_) {
     enforcer_.SetOverrides(&overrides_);
+    overrides_.SetPolicy(holder_.Get());
   }
 
   Reply Call(http::verb method, std::string_view client, std::string body = "") {

@@ -155,6 +155,9 @@ Status Server::Start(std::shared_ptr<Store> store) {
   // listen): our cached denials may be of the state it removed. (~Impl
   // destroys the overrides before the store.)
   s.overrides->OnReset([store = s.store.get()](std::string_view) { store->ForgetCached(); });
+  // The overrides keep the fields given; they resolve over this policy,
+  // and over each reload's (Reload).
+  s.overrides->SetPolicy(s.policies.Get());
   s.overrides->Start(s.ioc.get_executor());
   s.enforcer->SetOverrides(s.overrides.get());
   s.admin = std::make_unique<AdminApi>(*s.enforcer, std::move(token));
@@ -259,6 +262,10 @@ void Server::Impl::Reload() {
         {{"file", options.config_path}, {"error", p.status().message()}});
     return;
   }
+  // The overrides first: a request that sees the new policy finds them
+  // resolved over it (a request still on the old one may meet them too: a
+  // limit whose algorithm changed is then left alone, ClientOverride::Replacing).
+  if (overrides) overrides->SetPolicy(*p);
   policies.Set(std::move(*p));
   Metrics::Global().reloads_ok.Inc();
   if (!ignored.empty()) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -354,6 +355,101 @@ routes:
   EXPECT_EQ(Ping(d, "ada").status, 200);
   EXPECT_EQ(Ping(d, "ada").status, 200);
   EXPECT_EQ(Ping(d, "ada").status, 429);  // 5 of 5 this month
+}
+
+// How many times `text` is in `d`'s log, once there are at least `n` (or 10 s passed).
+size_t WaitForLogCount(const Daemon& d, const std::string& text, size_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    const std::string log = d.Log();
+    size_t count = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+    if (count >= n || std::chrono::steady_clock::now() > deadline) return count;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// An override keeps only the fields given: a reload that changes another
+// field of that limit reaches the client (the override once kept a copy of
+// every field: capacity 3 forever), and one that changes its algorithm so
+// that a given field means nothing leaves it out and says so.
+TEST(AdminOverrides, AReloadReachesTheFieldsAnOverrideDidNotGive) {
+  const std::string dir = MakeTempDir();
+  const std::string file = dir + "/rl.yaml";
+  auto config = [&file](const std::string& ping) {
+    WriteFile(file,
+              "server: {demo: true}\nclients: {accept_unknown_api_keys: true}\n"
+              "limits: {ping: " +
+                  ping +
+                  "}\n"
+                  "routes:\n  - {name: ping, methods: [GET], path: /api/ping, match: exact, "
+                  "limits: [ping]}\n");
+  };
+  // What POST /v1/explain says ada's ping limit is: [its count, where from].
+  auto explained = [](const Daemon& d) {
+    json e = Body(Http(d.admin_port(), "POST", "/v1/explain", {},
+                       R"({"target": "/api/ping", "headers": {"X-API-Key": "ada"}})"));
+    const json& l = e["limits"][0];
+    return json::array({l.contains("capacity") ? l["capacity"] : l["limit"], l["from"]});
+  };
+  auto allowed = [](const Daemon& d, const std::string& key) {
+    int n = 0;
+    while (n < 50 && Ping(d, key).status == 200) ++n;
+    return n;
+  };
+  config("{algorithm: token_bucket, capacity: 3, refill_per_second: 0.001}");
+  Daemon d({"--config", file});
+  ASSERT_TRUE(d.started() && d.admin_port() > 0) << d.Log();
+  HttpResponse put =
+      Http(d.admin_port(), "PUT", "/v1/overrides/k:ada", {{"Content-Type", "application/json"}},
+           R"({"limits": {"ping": {"refill_per_second": 0.002}}})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(Body(put)["limits"]["ping"]["capacity"], 3) << put.body;
+
+  config("{algorithm: token_bucket, capacity: 6, refill_per_second: 0.001}");
+  d.Signal(SIGHUP);
+  ASSERT_EQ(WaitForLogCount(d, "config reloaded", 1), 1u) << d.Log();
+  json o = Body(Admin(d, "GET", "/v1/overrides/k:ada"));
+  EXPECT_EQ(o["given"], json::parse(R"({"ping": {"refill_per_second": 0.002}})")) << o.dump();
+  EXPECT_EQ(o["limits"]["ping"], json::parse(R"({"algorithm": "token_bucket", "capacity": 6,
+                                                 "refill_per_second": 0.002})"))
+      << o.dump();
+  EXPECT_EQ(o["in_effect"], true) << o.dump();
+  EXPECT_EQ(explained(d), json::array({6, "override"}));
+  ASSERT_EQ(Ping(d, "ada").status, 200);
+  json state = Body(Admin(d, "GET", "/v1/clients/k:ada/state"));
+  ASSERT_EQ(state["limits"].size(), 1u) << state.dump();
+  EXPECT_EQ(state["limits"][0]["limit"], 6) << state.dump();
+  EXPECT_EQ(allowed(d, "ada"), 5) << "the reloaded capacity (6), with the override's refill";
+
+  // A window has no refill_per_second: the override's limit is left out.
+  config("{algorithm: fixed_window, limit: 2, window: 1h}");
+  d.Signal(SIGHUP);
+  ASSERT_EQ(WaitForLogCount(d, "config reloaded", 2), 2u) << d.Log();
+  o = Body(Admin(d, "GET", "/v1/overrides/k:ada"));
+  EXPECT_EQ(o["in_effect"], false) << o.dump();
+  EXPECT_EQ(o["limits"], json::object()) << o.dump();
+  ASSERT_EQ(o["not_applied"].size(), 1u) << o.dump();
+  EXPECT_NE(o["not_applied"][0].get<std::string>().find(
+                "limits.ping: field 'refill_per_second' does not apply to fixed_window"),
+            std::string::npos)
+      << o.dump();
+  EXPECT_EQ(Body(Admin(d, "GET", "/v1/overrides"))["overrides"][0]["in_effect"], false);
+  EXPECT_EQ(explained(d), json::array({2, "route"}));
+  EXPECT_EQ(allowed(d, "ada"), 2) << "the configured window";
+  const std::string metrics = Admin(d, "GET", "/metrics").body;
+  EXPECT_NE(metrics.find("\nratelimit_overrides_not_applied 1\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\nratelimit_overrides_in_effect 0\n"), std::string::npos) << metrics;
+  // Logged once, not on each read of the store (here: the one after a PUT)
+  // nor per request.
+  put = Http(d.admin_port(), "PUT", "/v1/overrides/k:carl", {{"Content-Type", "application/json"}},
+             R"({"limits": {"ping": {"limit": 9}}})");
+  EXPECT_EQ(put.status, 200) << put.body;
+  EXPECT_EQ(WaitForLogCount(d, "override not applied", 1), 1u) << d.Log();
+  // The PUT is refused under this config, with the same reason.
+  put = Http(d.admin_port(), "PUT", "/v1/overrides/k:bob", {{"Content-Type", "application/json"}},
+             R"({"limits": {"ping": {"refill_per_second": 0.002}}})");
+  EXPECT_EQ(put.status, 400) << put.body;
 }
 
 // A client an override moves to another plan is read and reset on the
