@@ -487,21 +487,22 @@ routes:
   EXPECT_EQ(second.limit_name, "tokens");
 }
 
-// kConfig with burst's capacity 20 and search's limit 6.
-constexpr std::string_view kRaised = R"(
-limits:
-  burst: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.001}
-  daily: {algorithm: fixed_window, limit: 100, window: 1d}
-  daily_pro: {algorithm: fixed_window, limit: 1000, window: 1d}
-  search: {algorithm: sliding_window, limit: 6, window: 1m}
-plans:
-  free: {limits: [daily]}
-  pro: {limits: [daily_pro]}
-default_plan: free
-api_keys: {"key-a": free, "key-b": free}
-routes:
-  - {name: search, path: /search, limits: [burst, search]}
-)";
+// `yaml` with `from` replaced by `to` (which must be there).
+std::string Edited(std::string yaml, std::string_view from, std::string_view to) {
+  const size_t at = yaml.find(from);
+  if (at == std::string::npos)
+    throw std::runtime_error(std::string(from) + " is not in the config");
+  return yaml.replace(at, from.size(), to);
+}
+
+constexpr std::string_view kConfiguredBurst =
+    "burst: {algorithm: token_bucket, capacity: 10, refill_per_second: 0.001}";
+
+// kConfig with burst's capacity 20.
+std::string Raised() {
+  return Edited(std::string(kConfig), kConfiguredBurst,
+                "burst: {algorithm: token_bucket, capacity: 20, refill_per_second: 0.001}");
+}
 
 // The capacity (count) of each limit `key`'s request on /search is decided on.
 std::map<std::string, int64_t> Capacities(Rig& rig, std::string_view key = "key-a") {
@@ -545,7 +546,7 @@ TEST(Overrides, APolicyChangeResolvesThemAgain) {
   EXPECT_EQ(Capacities(rig),
             (std::map<std::string, int64_t>{{"burst", 10}, {"search", 2}, {"daily", 100}}));
   const int64_t version = rig.overrides.table()->version();
-  rig.Reload(kRaised);
+  rig.Reload(Raised());
   EXPECT_EQ(rig.overrides.table()->version(), version) << "the same overrides, resolved again";
   EXPECT_EQ(Capacities(rig),
             (std::map<std::string, int64_t>{{"burst", 20}, {"search", 2}, {"daily", 100}}));
@@ -566,12 +567,8 @@ TEST(Overrides, AnAlgorithmChangeIsNotAppliedAndSaysSo) {
   rig.Put(std::move(o));
   EXPECT_EQ(Metrics::Global().overrides_in_effect.value(), 1);
   EXPECT_EQ(Metrics::Global().overrides_not_applied.value(), 0);
-  std::string yaml(kConfig);
-  const std::string bucket =
-      "burst: {algorithm: token_bucket, capacity: 10, refill_per_second: 0.001}";
-  yaml.replace(yaml.find(bucket), bucket.size(),
-               "burst: {algorithm: fixed_window, limit: 4, window: 1h}");
-  rig.Reload(yaml);
+  rig.Reload(Edited(std::string(kConfig), kConfiguredBurst,
+                    "burst: {algorithm: fixed_window, limit: 4, window: 1h}"));
   const ClientOverride* now = rig.overrides.table()->Find("k:key-a", 0);
   ASSERT_NE(now, nullptr);
   const nlohmann::json shown = now->ToJson(rig.overrides.NowMillis());
@@ -642,7 +639,7 @@ TEST(Overrides, AnEarlierVersionsFullRecordReads) {
   Overrides overrides(std::move(store), clock);
   overrides.SetPolicy(MakePolicy(kConfig));
   Status read = Internal("no answer");
-  overrides.Refresh([&read](Status s) { read = s; });
+  overrides.Refresh([&read](const Status& s) { read = s; });
   ASSERT_TRUE(read.ok()) << read.ToString();
   const ClientOverride* o = overrides.table()->Find("k:key-a", 0);
   ASSERT_NE(o, nullptr);
@@ -651,7 +648,7 @@ TEST(Overrides, AnEarlierVersionsFullRecordReads) {
   EXPECT_EQ(nlohmann::json::parse(o->given[0].fields).size(), 3u);
   ASSERT_EQ(o->limits.size(), 1u);
   EXPECT_EQ(o->limits[0], *Limit::TokenBucket("burst", 3, 0.001));
-  overrides.SetPolicy(MakePolicy(kRaised));
+  overrides.SetPolicy(MakePolicy(Raised()));
   o = overrides.table()->Find("k:key-a", 0);
   ASSERT_NE(o, nullptr);
   EXPECT_EQ(o->limits[0].limit(), 3);
