@@ -390,7 +390,13 @@ void Overrides::Refresh(std::function<void(Status)> done) {
 void Overrides::SetPolicy(std::shared_ptr<const policy::Policy> policy) {
   LockGuard lock(mu_);
   policy_ = std::move(policy);
-  Publish();
+  // The table keeps what was given beside what it resolved to: the same
+  // overrides, resolved again (a table swapped in by a read holds the lock too).
+  const std::shared_ptr<const OverrideTable> now = table_.load();
+  std::vector<ClientOverride> again;
+  again.reserve(now->size());
+  for (const ClientOverride* o : now->Sorted()) again.push_back(*o);
+  Publish(std::move(again), now->version());
 }
 
 void Overrides::Install(const OverrideSet& set) {
@@ -406,33 +412,33 @@ void Overrides::Install(const OverrideSet& set) {
     parsed.push_back(*std::move(o));
   }
   LockGuard lock(mu_);
-  read_ = std::move(parsed);
-  read_version_ = set.version;
-  Publish();
+  Publish(std::move(parsed), set.version);
 }
 
 namespace {
 
-// The gauges of `table` at `now_ms`.
-void CountInEffect(const OverrideTable& table, int64_t now_ms) {
-  int64_t in_effect = 0, not_applied = 0;
-  for (const ClientOverride* o : table.Sorted()) {
-    if (o->ExpiredAt(now_ms)) continue;
-    ++(o->not_applied.empty() ? in_effect : not_applied);
+// The gauges: the overrides not expired at `now_ms`, wholly applied or not.
+struct Gauges {
+  int64_t now_ms = 0;
+  int64_t in_effect = 0;
+  int64_t not_applied = 0;
+  void Add(const ClientOverride& o) {
+    if (!o.ExpiredAt(now_ms)) ++(o.not_applied.empty() ? in_effect : not_applied);
   }
-  Metrics::Global().overrides_in_effect.Set(in_effect);
-  Metrics::Global().overrides_not_applied.Set(not_applied);
-}
+  void Set() const {
+    Metrics::Global().overrides_in_effect.Set(in_effect);
+    Metrics::Global().overrides_not_applied.Set(not_applied);
+  }
+};
 
 }  // namespace
 
-void Overrides::Publish() {
+void Overrides::Publish(std::vector<ClientOverride> overrides, int64_t version) {
   // Made under the lock: a table resolved over an older policy or read
   // never replaces a newer one. Reads and reloads are rare; requests only
   // load the table.
-  std::vector<ClientOverride> resolved = read_;
   std::unordered_map<std::string, std::string> not_applied;
-  for (ClientOverride& o : resolved) {
+  for (ClientOverride& o : overrides) {
     if (policy_ == nullptr) {
       o.not_applied = {"no config to resolve it over yet (Overrides::SetPolicy)"};
       continue;
@@ -455,8 +461,10 @@ void Overrides::Publish() {
     not_applied.emplace(o.client, std::move(text));
   }
   not_applied_ = std::move(not_applied);
-  auto table = std::make_shared<const OverrideTable>(read_version_, std::move(resolved));
-  CountInEffect(*table, NowMillis());
+  Gauges gauges{.now_ms = NowMillis()};
+  for (const ClientOverride& o : overrides) gauges.Add(o);
+  gauges.Set();
+  auto table = std::make_shared<const OverrideTable>(version, std::move(overrides));
   count_.store(table->size(), std::memory_order_relaxed);
   table_.store(std::move(table));
 }
@@ -504,7 +512,9 @@ void Overrides::Remove(std::string client, std::string by,
 void Overrides::RemoveExpired() {
   const std::shared_ptr<const OverrideTable> t = table();
   const int64_t now = NowMillis();
+  Gauges gauges{.now_ms = now};
   for (const ClientOverride* o : t->Sorted()) {
+    gauges.Add(*o);
     if (!o->ExpiredAt(now)) continue;
     // Only while it is still this record: a newer PUT is never removed. Of
     // the instances that try, one removes it, logs and counts.
@@ -515,7 +525,7 @@ void Overrides::RemoveExpired() {
                      Refresh();
                    });
   }
-  CountInEffect(*t, now);
+  gauges.Set();
 }
 
 }  // namespace ratelimit::server

@@ -248,8 +248,9 @@ class Overrides {
 
  private:
   void Install(const OverrideSet& set);
-  // Resolves what was read over the policy and swaps the table in.
-  void Publish() RL_REQUIRES(mu_);
+  // Resolves `overrides` (as read) over policy_ and swaps them in as the
+  // table of `version`.
+  void Publish(std::vector<ClientOverride> overrides, int64_t version) RL_REQUIRES(mu_);
   void Tick();
 
   std::unique_ptr<OverrideStore> store_;            // reset first in the destructor
@@ -265,9 +266,6 @@ class Overrides {
   int64_t last_refresh_ms_ RL_GUARDED_BY(mu_) = 0;
   bool stopped_ RL_GUARDED_BY(mu_) = false;
   std::shared_ptr<const policy::Policy> policy_ RL_GUARDED_BY(mu_);
-  // The last set read (unresolved), which a new policy resolves again.
-  std::vector<ClientOverride> read_ RL_GUARDED_BY(mu_);
-  int64_t read_version_ RL_GUARDED_BY(mu_) = 0;
   // client -> what of it did not apply, as last logged.
   std::unordered_map<std::string, std::string> not_applied_ RL_GUARDED_BY(mu_);
   std::unique_ptr<boost::asio::steady_timer> timer_;  // set by Start
