@@ -6,7 +6,7 @@
 //   overrides.SetPolicy(policy);                   // and again after every reload
 //   overrides.Start(executor);                     // first read, watch, periodic backstop
 //   enforcer.SetOverrides(&overrides);
-//   overrides.Put(client, std::move(o), "admin token from 127.0.0.1", done);
+//   overrides.Put(std::move(o), done);             // o.client, o.by: who asked
 //
 // An override names a client ("k:acme-key", "u:ada", "ip:203.0.113.7" or a
 // decision-API key "d:<key>") and either or both of: a plan to move the
