@@ -315,6 +315,7 @@ GrpcFace::GrpcFace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StatusOr<std::unique_ptr<GrpcFace>> GrpcFace::Start(GrpcOptions options,
                                                     std::shared_ptr<Store> store,
                                                     net::io_context& ioc) {
+  LogProtobufThroughJsonLog();
   auto impl = std::make_unique<Impl>(ioc);
   impl->options = std::move(options);
   impl->store = store;

@@ -409,5 +409,33 @@ TEST_F(GrpcFaceLegacyHeadersTest, AZeroLimitReportsZero) {
   EXPECT_FALSE(headers.contains("Retry-After"));
 }
 
+// Any client of the gRPC port can send a domain that is not UTF-8; libprotobuf
+// refuses it and logs a line of its own to stderr each time. Those lines go
+// through the JSON log, sampled: a flood of 200 writes a handful.
+TEST(ProtobufLog, InvalidUtf8FloodsGoThroughTheSampledJsonLog) {
+  LogProtobufThroughJsonLog();
+  const std::string bad_domain = std::string("\x0a\x02\xff\xfe", 4);
+  testing::internal::CaptureStderr();
+  for (int i = 0; i < 200; ++i) {
+    rls::RateLimitRequest request;
+    EXPECT_FALSE(request.ParseFromString(bad_domain));
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  std::vector<std::string> lines;
+  for (size_t at = 0; at < err.size();) {
+    const size_t nl = err.find('\n', at);
+    lines.push_back(err.substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+    at = nl == std::string::npos ? err.size() : nl + 1;
+  }
+  ASSERT_FALSE(lines.empty()) << "libprotobuf logged nothing: the test no longer covers it";
+  EXPECT_LE(lines.size(), 12u) << err.substr(0, 2000);
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(line.starts_with('{')) << line;
+    EXPECT_NE(line.find("\"msg\":\"protobuf"), std::string::npos)
+        << line;  // or its suppressed count
+  }
+  EXPECT_NE(lines.front().find("invalid UTF-8"), std::string::npos) << lines.front();
+}
+
 }  // namespace
 }  // namespace ratelimit::grpcface

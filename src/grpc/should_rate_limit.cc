@@ -1,15 +1,18 @@
 #include "grpc/should_rate_limit.h"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "envoy/plan.h"
 #include "envoy/service/ratelimit/v3/rls.pb.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpc/decide.h"
 #include "server/enforcer.h"
 #include "server/headers.h"
+#include "server/json_log.h"
 #include "server/metrics.h"
 
 namespace ratelimit::grpcface {
@@ -192,6 +195,26 @@ void ShouldRateLimit(std::string_view bytes, RlsContext context,
         }
         done({GrpcCode::kOk, response.SerializeAsString()});
       });
+}
+
+void LogProtobufThroughJsonLog() {
+  // protobuf 22 and later log through Abseil and have no SetLogHandler;
+  // Debian 12's is 3.21.
+#if GOOGLE_PROTOBUF_VERSION < 4022000
+  static std::once_flag once;
+  std::call_once(once, [] {
+    google::protobuf::SetLogHandler([](google::protobuf::LogLevel level, const char* file, int line,
+                                       const std::string& message) {
+      static server::LogSampler sampler(5, "protobuf log lines suppressed");
+      if (level < google::protobuf::LOGLEVEL_FATAL && !sampler.AdmitAndReport()) return;
+      const server::Level ours = level >= google::protobuf::LOGLEVEL_ERROR ? server::Level::kError
+                                 : level == google::protobuf::LOGLEVEL_WARNING
+                                     ? server::Level::kWarn
+                                     : server::Level::kInfo;
+      server::Log(ours, "protobuf", {{"detail", message}, {"file", file}, {"line", line}});
+    });
+  });
+#endif
 }
 
 }  // namespace ratelimit::grpcface

@@ -55,6 +55,13 @@ struct RlsAnswer {
 void ShouldRateLimit(std::string_view request, RlsContext context,
                      std::function<void(RlsAnswer)> done);
 
+// Sends libprotobuf's own log lines (it writes one to stderr for every
+// message whose string field is not UTF-8, which any client of the
+// unauthenticated gRPC port can send) through the JSON log, at most 5 a
+// second ("protobuf log lines suppressed" counts the rest). Once per
+// process; GrpcFace::Start calls it.
+void LogProtobufThroughJsonLog();
+
 // How many descriptors (field 2) the bytes of a RateLimitRequest hold,
 // counted up to `stop` + 1 without parsing them. Bytes that do not parse
 // end the count (the parse then refuses them).
