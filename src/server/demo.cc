@@ -1,8 +1,8 @@
 #include "server/demo.h"
 
-#include <algorithm>
 #include <string>
 
+#include "server/headers.h"
 #include "server/problem.h"
 
 namespace ratelimit::server {
@@ -37,7 +37,7 @@ std::optional<Reply> DemoStateLimit::Admit(std::string_view ip_key) {
     return r;
   }
   if (d->allowed) return std::nullopt;
-  const int64_t seconds = std::max<int64_t>(1, (d->retry_after.count() + 999'999) / 1'000'000);
+  const int64_t seconds = RetryAfterSeconds(*d);
   Reply r = ProblemReply(429,
                          "/demo/state answers a client address at most " +
                              std::to_string(static_cast<int>(kPerSecond)) + " times a second (" +
