@@ -59,7 +59,9 @@ void AppendFramed(std::string& out, std::string_view message) {
 }  // namespace
 
 std::chrono::nanoseconds ParseGrpcTimeout(std::string_view v) {
-  if (v.size() < 2 || v.size() > 9) return std::chrono::nanoseconds(-1);
+  // TimeoutValue is 1*8DIGIT: from_chars alone would also take "-0".
+  if (v.size() < 2 || v.size() > 9 || v.front() < '0' || v.front() > '9')
+    return std::chrono::nanoseconds(-1);
   int64_t n = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size() - 1, n);
   if (ec != std::errc() || p != v.data() + v.size() - 1 || n < 0)

@@ -355,6 +355,14 @@ TEST_F(H2ServerTest, AnAnswerAfterTheDeadlineIsDeadlineExceeded) {
 // Eight digits of hours overflow int64 nanoseconds past 2,562,047 h (signed
 // overflow; 5124096H wrapped to a deadline of about +1526 s): such a
 // timeout is no deadline at all.
+// A sign is no digit (the grpc fuzz target found "-0S" taken as 0 s).
+TEST(ParseGrpcTimeout, ASignIsRefused) {
+  EXPECT_EQ(ParseGrpcTimeout("-0S").count(), -1);
+  EXPECT_EQ(ParseGrpcTimeout("-5m").count(), -1);
+  EXPECT_EQ(ParseGrpcTimeout("+5m").count(), -1);
+  EXPECT_EQ(ParseGrpcTimeout("0S").count(), 0);
+}
+
 TEST(ParseGrpcTimeout, HoursBeyondInt64NanosecondsAreNoDeadline) {
   EXPECT_EQ(ParseGrpcTimeout("5124096H"), std::chrono::nanoseconds::max());
   EXPECT_EQ(ParseGrpcTimeout("99999999H"), std::chrono::nanoseconds::max());
