@@ -134,6 +134,13 @@ class Limit {
   int64_t window_micros() const { return window_us_; }
   // Token and leaky bucket only: microseconds per token (per request leaving).
   int64_t interval_micros() const { return interval_us_; }
+  // Token and leaky bucket: floor(us / interval_micros()) for 0 <= us, as a
+  // multiply and a shift (a 64-bit division is 10-90 cycles: a decision's
+  // remaining count is one on the memory store's lock-free path).
+  int64_t IntervalsIn(int64_t us) const {
+    return static_cast<int64_t>((static_cast<unsigned __int128>(us) * interval_magic_) >>
+                                interval_shift_);
+  }
   // Token or leaky bucket: the GCRA algorithms, kept as a theoretical arrival time.
   bool is_gcra() const {
     return algorithm_ == Algorithm::kTokenBucket || algorithm_ == Algorithm::kLeakyBucket;
@@ -195,6 +202,9 @@ class Limit {
   int64_t window_us_;
   int64_t interval_us_;
   uint64_t identity_hash_;
+  // IntervalsIn's reciprocal of interval_us_ (0 when not a bucket).
+  uint64_t interval_magic_ = 0;
+  int interval_shift_ = 0;
   int64_t prefetch_ = 0;
   std::shared_ptr<const Calendar> calendar_;
   int64_t block_for_us_ = 0;

@@ -55,11 +55,11 @@ inline Evaluation TokenBucket(const Limit& l, CompactState s, int64_t now, int64
   Evaluation e{.decision = {.limit = l.limit()}, .next = s};
   if (allow_at <= now) {
     e.decision.allowed = true;
-    e.decision.remaining = std::max<int64_t>(0, tau - (new_tat - now)) / interval;
+    e.decision.remaining = l.IntervalsIn(std::max<int64_t>(0, tau - (new_tat - now)));
     e.decision.reset_after = std::chrono::microseconds(new_tat - now);
     e.next.t = new_tat;
   } else {
-    e.decision.remaining = std::max<int64_t>(0, tau - (tat - now)) / interval;
+    e.decision.remaining = l.IntervalsIn(std::max<int64_t>(0, tau - (tat - now)));
     e.decision.retry_after = std::chrono::microseconds(allow_at - now);
     e.decision.reset_after = std::chrono::microseconds(tat - now);
   }

@@ -38,6 +38,17 @@ Limit::Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, in
       window_us_(window_us),
       interval_us_(interval_us) {
   identity_hash_ = ComputeIdentity();
+  // Granlund and Montgomery (1994), theorem 4.2 with N = 63: for d <= 2^l and
+  // m = ceil(2^(63+l) / d), floor(n / d) = floor(n * m / 2^(63+l)) for every
+  // 0 <= n < 2^63; m < 2^64 since d > 2^(l-1) (or d = 2^l: m = 2^63).
+  if (interval_us_ > 0) {
+    const auto d = static_cast<uint64_t>(interval_us_);
+    int l = 0;
+    while ((uint64_t{1} << l) < d) ++l;
+    const unsigned __int128 p = static_cast<unsigned __int128>(1) << (63 + l);
+    interval_magic_ = static_cast<uint64_t>((p + d - 1) / d);
+    interval_shift_ = 63 + l;
+  }
 }
 
 // FNV-1a over the algorithm as one byte, then the name. (The algorithm

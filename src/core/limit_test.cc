@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <set>
 
 namespace ratelimit {
@@ -156,6 +157,42 @@ TEST(Limit, RefillIntervalIsWholeMicroseconds) {
   EXPECT_EQ(l.window(), seconds(2));
   EXPECT_DOUBLE_EQ(l.refill_per_second(), 5.0);
   EXPECT_EQ(l.ToString(), "token_bucket(capacity=10, refill_per_second=5)");
+}
+
+// IntervalsIn divides by a multiply: exact for every interval a bucket can
+// have (1 us .. 366 days) and every non-negative dividend, the edges of each
+// multiple of the interval and the largest int64 included.
+TEST(Limit, IntervalsInIsExactDivision) {
+  std::vector<int64_t> intervals;
+  for (int64_t d = 1; d <= 200; ++d) intervals.push_back(d);
+  for (int k = 8; k < 45; ++k) {
+    for (int64_t e : {-1, 0, 1}) intervals.push_back((int64_t{1} << k) + e);
+  }
+  intervals.push_back(1'000'000);
+  intervals.push_back(int64_t{366} * 24 * 3600 * 1'000'000);  // the longest: 1 per 366 days
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300; ++i) {
+    intervals.push_back(1 + static_cast<int64_t>(rng() % intervals.back()));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int checked = 0;
+  for (const int64_t d : intervals) {
+    const StatusOr<Limit> l = Limit::TokenBucket("b", 1, 1e6 / static_cast<double>(d));
+    ASSERT_TRUE(l.ok()) << d << ": " << l.status().ToString();
+    ASSERT_EQ(l->interval_micros(), d);
+    std::vector<int64_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, kMax, kMax - 1, kMax - d};
+    for (int i = 0; i < 40; ++i) {
+      const int64_t q = static_cast<int64_t>(rng() % static_cast<uint64_t>(kMax / d));
+      ns.push_back(q * d);
+      ns.push_back(q * d - 1 < 0 ? 0 : q * d - 1);
+      ns.push_back(static_cast<int64_t>(rng() >> 1));
+    }
+    for (const int64_t n : ns) {
+      ASSERT_EQ(l->IntervalsIn(n), n / d) << n << " / " << d;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50'000);
 }
 
 TEST(Duration, ParsesAndFormats) {

@@ -230,6 +230,22 @@ CompactState StateAt(const Limit& limit, Words w, int64_t now) {
 // state with itself: it was decided on a snapshot that may be torn.
 __attribute__((always_inline)) inline bool DecideOnSlot(Slot& slot, const Limit& limit, int64_t now,
                                                         int64_t cost, Decision& out) {
+  if (limit.is_gcra()) {
+    // A bucket's state is its first word alone (the counters stay 0: Pack of
+    // a GCRA state), so one 8-byte load is a snapshot that cannot be torn: a
+    // denial needs no compare-and-swap, and an admission an 8-byte one.
+    uint64_t w0 = __atomic_load_n(&slot.w[0], __ATOMIC_RELAXED);
+    for (;;) {
+      if (w0 == kFrozen) return false;
+      const core::Evaluation e = core::Evaluate(limit, StateAt(limit, {w0, 0}, now), now, cost);
+      if (!e.decision.allowed ||
+          __atomic_compare_exchange_n(&slot.w[0], &w0, Pack(limit, e.next).w0, false,
+                                      __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
+        out = e.decision;
+        return true;
+      }
+    }
+  }
   Words cur = Load(slot);
   for (;;) {
     if (cur.w0 == kFrozen) return false;
