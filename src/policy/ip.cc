@@ -1,8 +1,10 @@
 #include "policy/ip.h"
+
 #include "core/ascii.h"
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 
@@ -11,6 +13,8 @@ namespace {
 
 using core::Quote;
 constexpr std::array<uint8_t, 12> kV4MappedPrefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+constexpr std::array<uint8_t, 12> kNat64WellKnownPrefix = {0, 0x64, 0xff, 0x9b, 0, 0,
+                                                           0, 0,    0,    0,    0, 0};
 
 // Keeps the first `bits` bits of `b`, zeroes the rest.
 std::array<uint8_t, 16> Mask(std::array<uint8_t, 16> b, int bits) {
@@ -153,6 +157,14 @@ std::string IpAddress::ToString() const {
 
 std::string IpAddress::KeyString(int v6_prefix) const {
   if (is_v4()) return ToString();
+  // 64:ff9b::/96 (RFC 6052's well-known prefix): an IPv4 host translated by
+  // NAT64/SIIT, its address in the last 32 bits. Keyed as that IPv4 host:
+  // masked to a /64, every IPv4 client behind the translator would be one.
+  if (std::equal(kNat64WellKnownPrefix.begin(), kNat64WellKnownPrefix.end(), bytes_.begin())) {
+    return FromV4(uint32_t{bytes_[12]} << 24 | uint32_t{bytes_[13]} << 16 |
+                  uint32_t{bytes_[14]} << 8 | bytes_[15])
+        .ToString();
+  }
   if (v6_prefix < 0) v6_prefix = 0;
   if (v6_prefix > 128) v6_prefix = 128;
   std::string s = FromV6(Mask(bytes_, v6_prefix)).ToString();

@@ -35,7 +35,8 @@ class IpAddress {
   uint32_t v4() const;
   const std::array<uint8_t, 16>& bytes() const { return bytes_; }
   std::string ToString() const;
-  // v4: the address; v6: the address masked to `v6_prefix` bits, as "addr/prefix".
+  // v4: the address; v6: the address masked to `v6_prefix` bits, as "addr/prefix";
+  // in NAT64's well-known prefix 64:ff9b::/96, the IPv4 address it carries.
   std::string KeyString(int v6_prefix) const;
 
   friend bool operator==(const IpAddress&, const IpAddress&) = default;

@@ -88,6 +88,19 @@ TEST(IpAddress, RejectsMalformed) {
   }
 }
 
+// An IPv4 client reaching an IPv6 server through NAT64/SIIT arrives as
+// 64:ff9b::a.b.c.d: keyed as the IPv4 host it is, not by the /64 that every
+// translated client shares.
+TEST(IpAddress, KeyStringOfANat64AddressIsTheIpv4ItCarries) {
+  EXPECT_EQ(Ip("64:ff9b::203.0.113.7").KeyString(64), "203.0.113.7");
+  EXPECT_EQ(Ip("64:ff9b::cb00:7108").KeyString(48), "203.0.113.8");
+  EXPECT_NE(Ip("64:ff9b::198.51.100.1").KeyString(64), Ip("64:ff9b::198.51.100.2").KeyString(64));
+  EXPECT_EQ(Ip("64:ff9b::198.51.100.1").KeyString(64), Ip("198.51.100.1").KeyString(64));
+  // Outside the /96 (64:ff9b:1::/48 is local use, its embedding not fixed): a /64 as usual.
+  EXPECT_EQ(Ip("64:ff9b:1::c633:6401").KeyString(64), "64:ff9b:1::/64");
+  EXPECT_EQ(Ip("64:ff9b:0:0:1::1").KeyString(64), "64:ff9b::/64");
+}
+
 TEST(IpAddress, KeyStringMasksV6ToPrefix) {
   EXPECT_EQ(Ip("203.0.113.7").KeyString(64), "203.0.113.7");
   EXPECT_EQ(Ip("2001:db8:1:2:3:4:5:6").KeyString(64), "2001:db8:1:2::/64");
