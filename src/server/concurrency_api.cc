@@ -38,7 +38,7 @@ bool IssuedLeaseId(std::string_view id) {
          });
 }
 
-// A release's lease_id, checked.
+// A release's or renewal's lease_id, checked.
 StatusOr<ParsedAcquire> WithLeaseId(const json& j, ParsedAcquire p) {
   if (Status s = String(j, "lease_id", &p.lease_id); !s.ok()) return s;
   if (p.lease_id.empty()) return InvalidArgument("field 'lease_id' is required");
@@ -50,15 +50,45 @@ StatusOr<ParsedAcquire> WithLeaseId(const json& j, ParsedAcquire p) {
   return p;
 }
 
-// Common to both: key, and either route or name (+ limits, for acquire).
-StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool release) {
+// An acquire's or renewal's lease_ttl, when the body has one.
+Status LeaseTtl(const json& j, std::chrono::milliseconds* out) {
+  const json* ttl = Field(j, "lease_ttl");
+  if (ttl == nullptr) return Status::Ok();
+  if (!ttl->is_string()) {
+    return InvalidArgument("field 'lease_ttl' must be a duration string such as \"30s\"");
+  }
+  StatusOr<std::chrono::microseconds> d = ParseDuration(ttl->get_ref<const std::string&>());
+  if (!d.ok()) return InvalidArgument("field 'lease_ttl': " + d.status().message());
+  if (*d < std::chrono::milliseconds(10) || *d > kMaxLeaseTtl || d->count() % 1000 != 0) {
+    return InvalidArgument("field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+  }
+  *out = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
+  return Status::Ok();
+}
+
+const policy::RouteClass* FindRoute(const policy::Policy* policy, std::string_view name) {
+  if (policy == nullptr) return nullptr;
+  const policy::RouteClass* r = nullptr;
+  for (const policy::RouteClass& rc : policy->config().routes) {
+    if (rc.name == name) r = &rc;
+  }
+  return r;
+}
+
+enum class Kind { kAcquire, kRelease, kRenew };
+
+// Common to all three: key, and either route or name (+ limits, for acquire).
+StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, Kind kind) {
   if (!j.is_object()) return InvalidArgument("the body must be a JSON object");
-  static constexpr std::string_view kReleaseFields[] = {"key", "name", "route", "lease_id"};
   static constexpr std::string_view kAcquireFields[] = {"key", "name", "route", "max_in_flight",
                                                         "lease_ttl"};
+  static constexpr std::string_view kReleaseFields[] = {"key", "name", "route", "lease_id"};
+  static constexpr std::string_view kRenewFields[] = {"key", "name", "route", "lease_id",
+                                                      "lease_ttl"};
   const std::span<const std::string_view> allowed =
-      release ? std::span<const std::string_view>(kReleaseFields)
-              : std::span<const std::string_view>(kAcquireFields);
+      kind == Kind::kAcquire   ? std::span<const std::string_view>(kAcquireFields)
+      : kind == Kind::kRelease ? std::span<const std::string_view>(kReleaseFields)
+                               : std::span<const std::string_view>(kRenewFields);
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (std::find(allowed.begin(), allowed.end(), it.key()) == allowed.end()) {
       std::string list;
@@ -89,23 +119,24 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
   }
   if (!route.empty()) {
     for (const char* f : {"name", "max_in_flight", "lease_ttl"}) {
+      // The holder of a lease chooses how long a renewal keeps it, as a
+      // caller naming the limit does: the route's is only the default.
+      if (kind == Kind::kRenew && std::string_view(f) == "lease_ttl") continue;
       if (Field(j, f) != nullptr) {
         return InvalidArgument("field '" + std::string(f) +
                                "' does not go with 'route' (the route sets it)");
       }
     }
-    // A release needs only the limit's name, which is the route's name: a
-    // reload that removed the route (or its concurrency block) since the
-    // acquire must not keep its place held until lease_ttl.
-    if (release) {
+    const policy::RouteClass* r = FindRoute(policy, route);
+    // A release or renewal needs only the limit's name, which is the route's
+    // name: a reload that removed the route (or its concurrency block) since
+    // the acquire must neither keep its place held until lease_ttl nor take
+    // it from a holder still at work (renewed by the default lease_ttl).
+    if (kind != Kind::kAcquire) {
       p.request.name = route;
+      if (r != nullptr && r->concurrency) c.lease_ttl = r->concurrency->lease_ttl;
+      if (Status s = LeaseTtl(j, &c.lease_ttl); !s.ok()) return s;
       return WithLeaseId(j, std::move(p));
-    }
-    const policy::RouteClass* r = nullptr;
-    if (policy != nullptr) {
-      for (const policy::RouteClass& rc : policy->config().routes) {
-        if (rc.name == route) r = &rc;
-      }
     }
     if (r == nullptr) return InvalidArgument("unknown route '" + route + "'");
     if (!r->concurrency) return InvalidArgument("route '" + route + "' has no concurrency limit");
@@ -116,46 +147,62 @@ StatusOr<ParsedAcquire> Parse(const json& j, const policy::Policy* policy, bool 
     // route's, so it never passes a full store as a route-wide one does
     // (AcquireRequest::route_wide): callers choose keys without bound.
     if (r->failure_mode) p.request.failure_mode = *r->failure_mode;
-  } else {
-    if (p.request.name.empty()) return InvalidArgument("field 'name' (or 'route') is required");
-    if (Status s = ValidateLimitName(p.request.name); !s.ok()) {
-      return InvalidArgument("field 'name': " + s.message());
-    }
-    if (!release) {
-      const json* max = Field(j, "max_in_flight");
-      if (max == nullptr) return InvalidArgument("field 'max_in_flight' is required");
-      if (!max->is_number_integer() || max->get<int64_t>() < 1 ||
-          max->get<int64_t>() > kMaxInFlight) {
-        return InvalidArgument("field 'max_in_flight' must be an integer in [1, " +
-                               std::to_string(kMaxInFlight) + "]");
-      }
-      c.max_in_flight = max->get<int64_t>();
-      if (const json* ttl = Field(j, "lease_ttl"); ttl != nullptr) {
-        if (!ttl->is_string()) {
-          return InvalidArgument("field 'lease_ttl' must be a duration string such as \"30s\"");
-        }
-        StatusOr<std::chrono::microseconds> d = ParseDuration(ttl->get_ref<const std::string&>());
-        if (!d.ok()) return InvalidArgument("field 'lease_ttl': " + d.status().message());
-        if (*d < std::chrono::milliseconds(10) || *d > kMaxLeaseTtl || d->count() % 1000 != 0) {
-          return InvalidArgument(
-              "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
-        }
-        c.lease_ttl = std::chrono::duration_cast<std::chrono::milliseconds>(*d);
-      }
-    }
+    return p;
   }
-  if (release) return WithLeaseId(j, std::move(p));
+  if (p.request.name.empty()) return InvalidArgument("field 'name' (or 'route') is required");
+  if (Status s = ValidateLimitName(p.request.name); !s.ok()) {
+    return InvalidArgument("field 'name': " + s.message());
+  }
+  if (kind == Kind::kAcquire) {
+    const json* max = Field(j, "max_in_flight");
+    if (max == nullptr) return InvalidArgument("field 'max_in_flight' is required");
+    if (!max->is_number_integer() || max->get<int64_t>() < 1 ||
+        max->get<int64_t>() > kMaxInFlight) {
+      return InvalidArgument("field 'max_in_flight' must be an integer in [1, " +
+                             std::to_string(kMaxInFlight) + "]");
+    }
+    c.max_in_flight = max->get<int64_t>();
+  }
+  if (Status s = LeaseTtl(j, &c.lease_ttl); !s.ok()) return s;  // a release has none
+  if (kind != Kind::kAcquire) return WithLeaseId(j, std::move(p));
   return p;
+}
+
+// What a release or a renewal answers once the store has: {"<field>": true}
+// (with `held` after it), {"<field>": false} when the lease is not held, 400
+// for what the store refused, 503 when the store could not say (`meanwhile`:
+// what becomes of the lease).
+Reply LeaseAnswer(const StatusOr<bool>& r, std::string_view field, std::string_view held,
+                  std::string_view meanwhile, const std::string& path) {
+  if (!r.ok()) {
+    if (r.status().code() == StatusCode::kInvalidArgument) {
+      return ProblemReply(400, r.status().message(), path);
+    }
+    Reply e = ProblemReply(503,
+                           "the concurrency store is unavailable: " + r.status().message() + " (" +
+                               std::string(meanwhile) + ")",
+                           path);
+    e.Add("Retry-After", "1");
+    return e;
+  }
+  Reply ok;
+  ok.content_type = "application/json";
+  ok.body = "{\"" + std::string(field) + "\":" + (*r ? "true" + std::string(held) : "false") + "}";
+  return ok;
 }
 
 }  // namespace
 
 StatusOr<ParsedAcquire> ParseAcquire(const json& j, const policy::Policy* policy) {
-  return Parse(j, policy, /*release=*/false);
+  return Parse(j, policy, Kind::kAcquire);
 }
 
 StatusOr<ParsedAcquire> ParseRelease(const json& j, const policy::Policy* policy) {
-  return Parse(j, policy, /*release=*/true);
+  return Parse(j, policy, Kind::kRelease);
+}
+
+StatusOr<ParsedAcquire> ParseRenew(const json& j, const policy::Policy* policy) {
+  return Parse(j, policy, Kind::kRenew);
 }
 
 void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::string_view body,
@@ -199,26 +246,29 @@ void ConcurrencyApi::Release(std::shared_ptr<const policy::Policy> policy, std::
   if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
   StatusOr<ParsedAcquire> p = ParseRelease(*j, policy.get());
   if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
-  limiter_.Release(p->request.key, p->request.name, p->lease_id,
-                   [path = std::string(path), done = std::move(done)](StatusOr<bool> r) {
-                     if (!r.ok()) {
-                       if (r.status().code() == StatusCode::kInvalidArgument) {
-                         return done(ProblemReply(400, r.status().message(), path));
-                       }
-                       // The lease expires by itself; say so, and that nothing was freed now.
-                       Reply e = ProblemReply(
-                           503,
-                           "the concurrency store is unavailable: " + r.status().message() +
-                               " (the lease expires after its lease_ttl)",
-                           path);
-                       e.Add("Retry-After", "1");
-                       return done(std::move(e));
-                     }
-                     Reply ok;
-                     ok.content_type = "application/json";
-                     ok.body = *r ? R"({"released":true})" : R"({"released":false})";
-                     done(std::move(ok));
-                   });
+  limiter_.Release(
+      p->request.key, p->request.name, p->lease_id,
+      [path = std::string(path), done = std::move(done)](StatusOr<bool> r) {
+        // Nothing was freed now; the lease expires by itself.
+        done(LeaseAnswer(r, "released", "", "the lease expires after its lease_ttl", path));
+      });
+}
+
+void ConcurrencyApi::Renew(std::shared_ptr<const policy::Policy> policy, std::string_view body,
+                           std::string_view path, std::function<void(Reply&&)> done) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
+  StatusOr<ParsedAcquire> p = ParseRenew(*j, policy.get());
+  if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
+  const auto ttl = p->request.config.lease_ttl;
+  limiter_.Renew(
+      p->request.key, p->request.name, p->lease_id, ttl,
+      [path = std::string(path), ttl, done = std::move(done)](StatusOr<bool> r) {
+        // Neither renewed nor lost: a heartbeat that fails like this is
+        // sent again, while the work goes on.
+        done(LeaseAnswer(r, "renewed", ",\"lease_ttl_ms\":" + std::to_string(ttl.count()),
+                         "the lease keeps the expiry it had: renew again before it", path));
+      });
 }
 
 }  // namespace ratelimit::server

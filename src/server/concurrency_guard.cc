@@ -459,6 +459,11 @@ void ConcurrencyLimiter::Release(std::string_view key, std::string_view name,
   st->store->Release(key, name, lease_id, std::move(wake));
 }
 
+void ConcurrencyLimiter::Renew(std::string_view key, std::string_view name,
+                               std::string_view lease_id, milliseconds ttl, RenewCallback done) {
+  state_->store->Renew(key, name, lease_id, ttl, std::move(done));
+}
+
 std::string ConcurrencyExceededBody(const ConcurrencyOutcome& o, std::string_view name,
                                     std::string_view instance) {
   const std::string limit = "concurrency:" + std::string(name);

@@ -15,7 +15,8 @@
 //   closed  refused with store.closed_status, degraded
 //   local   a process-local MemoryConcurrencyStore with max_in_flight divided
 //           by store.expected_instances (rounded up), degraded; its lease ids
-//           start with "l-" (the decision API's release finds them by that)
+//           start with "l-" (the decision API's release and renew find them
+//           by that)
 //
 // on_limit: wait holds a denied request without a thread: it retries after
 // 10 ms, doubling up to 200 ms (other instances' releases are only seen by
@@ -68,8 +69,9 @@ class LeaseGuard {
   // so a client that sends its next request after the answer never finds
   // its own previous lease still held.
   void Release(std::function<void()> then);
-  // Hands the lease to someone else (the decision API's caller, who releases
-  // it with POST /v1/release): the guard forgets it without releasing.
+  // Hands the lease to someone else (the decision API's caller, who renews
+  // and releases it with POST /v1/renew and /v1/release): the guard forgets
+  // it without releasing.
   std::string Detach();
   const std::string& id() const;  // "l-..." for a local-fallback lease
 
@@ -153,6 +155,11 @@ class ConcurrencyLimiter {
   // Gives back a lease taken by the decision API (a "l-" id: the local store's).
   void Release(std::string_view key, std::string_view name, std::string_view lease_id,
                ReleaseCallback done);
+  // Keeps a lease taken by the decision API for `ttl` from now (a "l-" id:
+  // in the local store). A store failure is the caller's, as for Release: no
+  // failure mode decides whether a lease is held.
+  void Renew(std::string_view key, std::string_view name, std::string_view lease_id,
+             std::chrono::milliseconds ttl, RenewCallback done);
 
   // Drops at most `max_leases` of the local fallback's expired leases (the
   // server's sweep timer: ConcurrencyStore::SweepSome).

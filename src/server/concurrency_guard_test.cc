@@ -1,4 +1,5 @@
-// ConcurrencyLimiter: failure modes, the lease guard, waiting; ParseAcquire.
+// ConcurrencyLimiter: failure modes, the lease guard, waiting, the decision
+// API's renewals; ParseAcquire, ParseRelease, ParseRenew.
 #include "server/concurrency_guard.h"
 
 #include <gtest/gtest.h>
@@ -355,6 +356,68 @@ TEST_F(LimiterTest, RenewalsThatKeepFailingStopAtTheLeasesExpiry) {
   EXPECT_EQ(memory_.InFlight("user:ada", "upload"), 0);
 }
 
+// Renew helpers: the decision API's calls, answered in the call or on the
+// store's thread.
+StatusOr<bool> Renew(ConcurrencyLimiter& l, std::string_view id, milliseconds ttl) {
+  std::promise<StatusOr<bool>> p;
+  l.Renew("user:ada", "upload", id, ttl, [&p](StatusOr<bool> r) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+StatusOr<bool> Release(ConcurrencyLimiter& l, std::string_view id) {
+  std::promise<StatusOr<bool>> p;
+  l.Release("user:ada", "upload", id, [&p](StatusOr<bool> r) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+// A decision-API lease (detached from its guard: nothing renews it here) is
+// kept by the caller's renewals past its first lease_ttl, each for its own
+// ttl from the store's now; one expired or released is not held again.
+TEST_F(LimiterTest, ADecisionApiLeaseIsKeptByItsRenewals) {
+  ManualClock clock;
+  MemoryConcurrencyStore memory({.clock = &clock});
+  ConcurrencyLimiter l(ioc_.get_executor(), memory);
+  const milliseconds ttl(30'000);  // the guard's own renewals, 10 s apart, never come
+  ConcurrencyOutcome held = Acquire(l, {.max_in_flight = 1, .lease_ttl = ttl});
+  ASSERT_NE(held.lease, nullptr);
+  const std::string id = held.lease->Detach();
+  clock.Advance(milliseconds(25'000));
+  EXPECT_TRUE(*Renew(l, id, ttl));
+  clock.Advance(milliseconds(25'000));  // 50 s after the acquire
+  EXPECT_EQ(memory.InFlight("user:ada", "upload"), 1);
+  EXPECT_TRUE(*Renew(l, id, milliseconds(1000)));  // shorter: now + 1 s
+  clock.Advance(milliseconds(1001));
+  EXPECT_EQ(memory.InFlight("user:ada", "upload"), 0);
+  EXPECT_FALSE(*Renew(l, id, ttl));  // expired: acquire again
+  EXPECT_EQ(memory.InFlight("user:ada", "upload"), 0);
+  ConcurrencyOutcome again = Acquire(l, {.max_in_flight = 1, .lease_ttl = ttl});
+  ASSERT_NE(again.lease, nullptr);
+  const std::string next = again.lease->Detach();
+  EXPECT_TRUE(*Release(l, next));
+  EXPECT_FALSE(*Renew(l, next, ttl));  // released
+}
+
+// A lease the local fallback gave out ("l-") is renewed there, with the
+// inner store down; any other goes to the inner store, and its failure is
+// the caller's to see (no failure mode turns it into "renewed").
+TEST_F(LimiterTest, ALocalFallbackLeaseIsRenewedInTheFallback) {
+  FailingConcurrencyStore down;
+  ConcurrencyLimiter l(ioc_.get_executor(), down);
+  ConcurrencyOutcome local = Acquire(l, {.max_in_flight = 1, .lease_ttl = milliseconds(30'000)},
+                                     policy::FailureMode::kLocal);
+  ASSERT_NE(local.lease, nullptr);
+  const std::string id = local.lease->Detach();
+  ASSERT_TRUE(id.starts_with("l-")) << id;
+  StatusOr<bool> renewed = Renew(l, id, milliseconds(60'000));
+  ASSERT_TRUE(renewed.ok()) << renewed.status().ToString();
+  EXPECT_TRUE(*renewed);
+  StatusOr<bool> inner = Renew(l, id.substr(2), milliseconds(60'000));
+  ASSERT_FALSE(inner.ok());
+  EXPECT_EQ(inner.status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(*Release(l, id));
+  EXPECT_FALSE(*Renew(l, id, milliseconds(60'000)));
+}
+
 TEST_F(LimiterTest, WaitsUntilALeaseIsReleased) {
   ConcurrencyLimiter l(ioc_.get_executor(), memory_);
   const policy::ConcurrencyConfig wait{.max_in_flight = 1,
@@ -485,17 +548,66 @@ TEST(ParseAcquire, ContractAndErrors) {
   }
 }
 
+TEST(ParseRenew, ContractAndErrors) {
+  auto parse = [](std::string_view text) {
+    return ParseRenew(nlohmann::json::parse(text), nullptr);
+  };
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  StatusOr<ParsedAcquire> ok =
+      parse(R"({"key": "u", "name": "upload", "lease_id": ")" + id + R"(", "lease_ttl": "2s"})");
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(ok->request.key, "d:u");  // where /v1/acquire put it
+  EXPECT_EQ(ok->request.name, "upload");
+  EXPECT_EQ(ok->lease_id, id);
+  EXPECT_EQ(ok->request.config.lease_ttl, milliseconds(2000));
+  // Without lease_ttl: the default /v1/acquire takes.
+  StatusOr<ParsedAcquire> plain =
+      parse(R"({"key": "u", "name": "x", "lease_id": "l-)" + id + "\"}");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_EQ(plain->request.config.lease_ttl, milliseconds(30'000));
+  auto error = [&](std::string_view text) {
+    StatusOr<ParsedAcquire> r = parse(text);
+    return r.ok() ? std::string("ok") : r.status().message();
+  };
+  const std::string lease = R"(, "lease_id": ")" + id + "\"";
+  EXPECT_EQ(error(R"({"key": "u", "name": "x"})"), "field 'lease_id' is required");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "lease_id": "l-abc"})"),
+            "field 'lease_id' is not a lease id /v1/acquire gives out (32 hex digits, or l- and "
+            "32 hex digits)");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "lease_ttl": "5ms")" + lease + "}"),
+            "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "lease_ttl": "1500us")" + lease + "}"),
+            "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "lease_ttl": "25h")" + lease + "}"),
+            "field 'lease_ttl' must be whole milliseconds between 10ms and 24h");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "lease_ttl": 30)" + lease + "}"),
+            "field 'lease_ttl' must be a duration string such as \"30s\"");
+  EXPECT_EQ(error(R"({"name": "x")" + lease + "}"), "field 'key' is required");
+  EXPECT_EQ(error(R"({"key": "u")" + lease + "}"), "field 'name' (or 'route') is required");
+  EXPECT_EQ(error(R"({"key": "u", "route": "r", "name": "x")" + lease + "}"),
+            "field 'name' does not go with 'route' (the route sets it)");
+  EXPECT_EQ(error(R"({"key": "u", "name": "x", "max_in_flight": 1)" + lease + "}"),
+            "unknown field 'max_in_flight' (expected key, name, route, lease_id, lease_ttl)");
+  // A release takes no lease_ttl: it is a renewal's alone.
+  StatusOr<ParsedAcquire> release = ParseRelease(
+      nlohmann::json{{"key", "u"}, {"name", "x"}, {"lease_id", id}, {"lease_ttl", "1s"}}, nullptr);
+  ASSERT_FALSE(release.ok());
+  EXPECT_NE(release.status().message().find("unknown field 'lease_ttl'"), std::string::npos);
+}
+
+// The policy of a config's text (a reload's, for the ParseRelease/ParseRenew tests).
+std::shared_ptr<const policy::Policy> MakePolicy(std::string_view yaml) {
+  StatusOr<policy::Config> c = policy::ParseConfig(yaml, "t.yaml");
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(*std::move(c));
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return *std::move(p);
+}
+
 // A lease taken by route is released by route after a reload removed the
 // route (or its concurrency block): the release needs only the name.
 TEST(ParseAcquire, ReleaseByRouteSurvivesRouteRemoval) {
-  auto make = [](std::string_view yaml) {
-    StatusOr<policy::Config> c = policy::ParseConfig(yaml, "t.yaml");
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    StatusOr<std::shared_ptr<const policy::Policy>> p = policy::Policy::Create(*std::move(c));
-    EXPECT_TRUE(p.ok()) << p.status().ToString();
-    return *std::move(p);
-  };
-  auto before = make(
+  auto before = MakePolicy(
       "server: {upstream: \"http://127.0.0.1:1\"}\n"
       "routes:\n  - name: upload\n    path: /up\n    concurrency: {max_in_flight: 3}\n");
   StatusOr<ParsedAcquire> acquired =
@@ -504,15 +616,46 @@ TEST(ParseAcquire, ReleaseByRouteSurvivesRouteRemoval) {
   const std::string id = "0123456789abcdef0123456789abcdef";
   const nlohmann::json release = {{"key", "u"}, {"route", "upload"}, {"lease_id", id}};
   for (const auto& after : {before,
-                            make("server: {upstream: \"http://127.0.0.1:1\"}\n"
-                                 "routes:\n  - name: upload\n    path: /up\n"),
-                            make("server: {upstream: \"http://127.0.0.1:1\"}\n"
-                                 "routes:\n  - name: other\n    path: /o\n")}) {
+                            MakePolicy("server: {upstream: \"http://127.0.0.1:1\"}\n"
+                                       "routes:\n  - name: upload\n    path: /up\n"),
+                            MakePolicy("server: {upstream: \"http://127.0.0.1:1\"}\n"
+                                       "routes:\n  - name: other\n    path: /o\n")}) {
     StatusOr<ParsedAcquire> released = ParseRelease(release, after.get());
     ASSERT_TRUE(released.ok()) << released.status().message();
     EXPECT_EQ(released->request.key, acquired->request.key);
     EXPECT_EQ(released->request.name, acquired->request.name);
     EXPECT_EQ(released->lease_id, id);
+  }
+}
+
+// A renewal by route takes the route's lease_ttl, or the caller's; after a
+// reload removed the route (or its concurrency block) the holder still
+// renews by the route's name, for the default lease_ttl unless it names one.
+TEST(ParseRenew, ByRouteTakesItsTtlAndSurvivesItsRemoval) {
+  auto before = MakePolicy(
+      "server: {upstream: \"http://127.0.0.1:1\"}\n"
+      "routes:\n  - name: upload\n    path: /up\n"
+      "    concurrency: {max_in_flight: 3, lease_ttl: 2s}\n");
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  const nlohmann::json renew = {{"key", "u"}, {"route", "upload"}, {"lease_id", id}};
+  StatusOr<ParsedAcquire> r = ParseRenew(renew, before.get());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->request.key, "d:u");
+  EXPECT_EQ(r->request.name, "upload");
+  EXPECT_EQ(r->request.config.lease_ttl, milliseconds(2000));
+  nlohmann::json own = renew;
+  own["lease_ttl"] = "5s";
+  EXPECT_EQ(ParseRenew(own, before.get())->request.config.lease_ttl, milliseconds(5000));
+  for (const auto& after : {MakePolicy("server: {upstream: \"http://127.0.0.1:1\"}\n"
+                                       "routes:\n  - name: upload\n    path: /up\n"),
+                            MakePolicy("server: {upstream: \"http://127.0.0.1:1\"}\n"
+                                       "routes:\n  - name: other\n    path: /o\n")}) {
+    StatusOr<ParsedAcquire> gone = ParseRenew(renew, after.get());
+    ASSERT_TRUE(gone.ok()) << gone.status().message();
+    EXPECT_EQ(gone->request.name, "upload");
+    EXPECT_EQ(gone->request.config.lease_ttl, milliseconds(30'000));
+    EXPECT_EQ(gone->lease_id, id);
+    EXPECT_EQ(ParseRenew(own, after.get())->request.config.lease_ttl, milliseconds(5000));
   }
 }
 

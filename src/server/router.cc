@@ -48,7 +48,7 @@ class LeasedBody final : public BodyStream {
 
 bool IsOwnPath(std::string_view canonical) {
   for (std::string_view own :
-       {"/v1/check", "/v1/auth", "/v1/acquire", "/v1/release", "/v1/settle"}) {
+       {"/v1/check", "/v1/auth", "/v1/acquire", "/v1/release", "/v1/renew", "/v1/settle"}) {
     if (canonical.starts_with(own) &&
         (canonical.size() == own.size() || canonical[own.size()] == '/')) {
       return true;
@@ -141,7 +141,8 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
       }
       return decision_api_.Settle(std::move(policy), req.body(), path, std::move(done));
     }
-    if (concurrency_api_ && (path == "/v1/acquire" || path == "/v1/release")) {
+    if (concurrency_api_ &&
+        (path == "/v1/acquire" || path == "/v1/release" || path == "/v1/renew")) {
       if (req.method() != http::verb::post) {
         Reply r = ProblemReply(405, "use POST for " + std::string(path), path);
         r.Add("Allow", "POST");
@@ -149,6 +150,9 @@ void Router::Handle(const Request& req, const policy::IpAddress& peer, std::stri
       }
       if (path == "/v1/acquire") {
         return concurrency_api_->Acquire(std::move(policy), req.body(), path, std::move(done));
+      }
+      if (path == "/v1/renew") {
+        return concurrency_api_->Renew(std::move(policy), req.body(), path, std::move(done));
       }
       return concurrency_api_->Release(std::move(policy), req.body(), path, std::move(done));
     }
@@ -219,10 +223,10 @@ void Router::Rules(const Request& req, const policy::IpAddress& peer, std::strin
   if (!auth && IsOwnPath(plan->canonical_path)) {
     return done(ProblemReply(404,
                              "no endpoint '" + path +
-                                 "': paths under /v1/check, /v1/auth, /v1/acquire, /v1/release "
-                                 "and /v1/settle are ratelimitd's and never forwarded; its "
-                                 "endpoints are spelled exactly /v1/check, /v1/check/batch, "
-                                 "/v1/auth, /v1/acquire, /v1/release, /v1/settle",
+                                 "': paths under /v1/check, /v1/auth, /v1/acquire, /v1/release, "
+                                 "/v1/renew and /v1/settle are ratelimitd's and never forwarded; "
+                                 "its endpoints are spelled exactly /v1/check, /v1/check/batch, "
+                                 "/v1/auth, /v1/acquire, /v1/release, /v1/renew, /v1/settle",
                              path));
   }
 

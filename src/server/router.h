@@ -2,7 +2,8 @@
 // the upstream answer asynchronously). Decides which face answers:
 //
 //   POST /v1/check, /v1/check/batch    decision API (other methods: 405)
-//   POST /v1/acquire, /v1/release      concurrency leases (with a limiter)
+//   POST /v1/acquire, /v1/release,     concurrency leases (with a limiter)
+//        /v1/renew
 //   /v1/auth (any method)              nginx auth_request
 //   GET / (server.demo)                the demo page (not limited)
 //   GET /demo/state (server.demo)      the CALLER's own bucket state (its own limit
@@ -54,9 +55,9 @@ class Gateway;
 
 // The public listener's own paths, in canonical form (policy::CanonicalPath:
 // case-insensitive, dot segments and duplicate or trailing slashes resolved,
-// unreserved escapes decoded): /v1/check, /v1/auth, /v1/acquire, /v1/release
-// and every path below one of them. The Router serves only their exact
-// spellings; any other is a 404, never forwarded nor limited
+// unreserved escapes decoded): /v1/check, /v1/auth, /v1/acquire, /v1/release,
+// /v1/renew, /v1/settle and every path below one of them. The Router serves
+// only their exact spellings; any other is a 404, never forwarded nor limited
 // (docs/http-api.md). Segment-aware: /v1/checkout is not ours.
 bool IsOwnPath(std::string_view canonical_path);
 
@@ -78,9 +79,9 @@ class Router final : public RequestHandler {
  public:
   // The public listener's router. `gateway` may be null (no upstream).
   // `demo`: serve the demo page, /api/ping and (with `admin`) /demo/state.
-  // `limiter` (may be null) serves /v1/acquire, /v1/release and the routes'
-  // concurrency limits in the gateway. `demo_limit` (may be null: not
-  // limited) bounds each client address's /demo/state calls.
+  // `limiter` (may be null) serves /v1/acquire, /v1/release, /v1/renew and
+  // the routes' concurrency limits in the gateway. `demo_limit` (may be null:
+  // not limited) bounds each client address's /demo/state calls.
   Router(PolicyHolder& policies, Enforcer& enforcer, Gateway* gateway, bool demo,
          AdminApi* admin = nullptr, ConcurrencyLimiter* limiter = nullptr,
          DemoStateLimit* demo_limit = nullptr);

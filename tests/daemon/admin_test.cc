@@ -643,6 +643,13 @@ TEST(Explain, AnswersRouteClientPlanAndLimitsWithoutConsuming) {
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r)["face"], "auth_request");
   EXPECT_EQ(Body(r)["route"]["name"], "login");
+  // The decision API's endpoints: the body names the key and limits, not the rules.
+  for (const std::string own : {"/v1/acquire", "/v1/renew", "/v1/release"}) {
+    r = Http(d.admin_port(), "POST", "/v1/explain", {},
+             R"({"method": "POST", "target": ")" + own + "\"}");
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(Body(r)["face"], "decision_api") << own << ": " << r.body;
+  }
   // Nothing was consumed or created.
   EXPECT_EQ(Admin(d, "GET", "/v1/clients/k:demo-pro-key-0001/state").status, 404);
   EXPECT_EQ(Admin(d, "GET", "/v1/clients/ip:192.0.2.1/state").status, 404);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -406,6 +407,196 @@ TEST(ConcurrencyDaemon, DecisionApiLeasesStayApartFromTheRoutes) {
   Daemon d({"--config", config, "--redis", redis.url()});
   ASSERT_TRUE(d.started()) << d.Log();
   AcquiredLeasesStayApartFromTheRoutes(d, &redis);
+}
+
+// The lease id of a /v1/acquire answer ("" when it has none).
+std::string LeaseId(const HttpResponse& r) {
+  const size_t at = r.body.find("\"lease_id\":\"");
+  if (at == std::string::npos) return "";
+  const size_t end = r.body.find('"', at + 12);
+  return r.body.substr(at + 12, end - at - 12);
+}
+
+// A caller's heartbeat: a lease renewed before its lease_ttl passed outlives
+// it, each renewal for its own lease_ttl from now (also shorter); one expired
+// or released is not held again (renewed: false: acquire again).
+void RenewedLeasesOutliveTheirTtl(const Daemon& d, ratelimit::testing::RedisServer* redis) {
+  const std::string acquire =
+      R"({"key": "ada", "name": "upload", "max_in_flight": 1, "lease_ttl": "1500ms"})";
+  HttpResponse r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+  const auto acquired = Clock::now();  // the lease expires before acquired + 1.5 s
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string id = LeaseId(r);
+  ASSERT_EQ(id.size(), 32u) << r.body;
+  auto renew = [&](const std::string& lease, const std::string& ttl) {
+    const std::string with_ttl = ttl.empty() ? "" : R"(, "lease_ttl": ")" + ttl + "\"";
+    return Http(
+        d.port(), "POST", "/v1/renew", {{"Content-Type", "application/json"}},
+        R"({"key": "ada", "name": "upload", "lease_id": ")" + lease + "\"" + with_ttl + "}");
+  };
+  r = renew(id, "1h");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "application/json");
+  EXPECT_EQ(r.body, R"({"renewed":true,"lease_ttl_ms":3600000})");
+  std::this_thread::sleep_until(acquired + milliseconds(2000));  // past its first lease_ttl
+  r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+  EXPECT_EQ(r.status, 429) << "the renewed lease still holds the one place: " << r.body;
+  if (redis != nullptr) {
+    EXPECT_EQ(redis->Cli("ZCARD", "rl:{d:ada}~c:upload"), "1");
+  }
+  // Without lease_ttl: the default of /v1/acquire.
+  EXPECT_EQ(renew(id, "").body, R"({"renewed":true,"lease_ttl_ms":30000})");
+  // Shorter: the expiry moves to now + 200 ms, not kept at the later one.
+  EXPECT_EQ(renew(id, "200ms").body, R"({"renewed":true,"lease_ttl_ms":200})");
+  const auto renewed = Clock::now();
+  std::string next;
+  while (next.empty() && Clock::now() - renewed < std::chrono::seconds(10)) {
+    r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+    if (r.status == 200)
+      next = LeaseId(r);
+    else
+      std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_EQ(next.size(), 32u) << "the place never freed: " << r.body;
+  // Expired, its place taken: not renewed, not held again.
+  r = renew(id, "1h");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, R"({"renewed":false})");
+  if (redis != nullptr) {
+    EXPECT_EQ(redis->Cli("ZCARD", "rl:{d:ada}~c:upload"), "1");
+  }
+  // Released: not renewed either.
+  r = Http(d.port(), "POST", "/v1/release", {},
+           R"({"key": "ada", "name": "upload", "lease_id": ")" + next + "\"}");
+  EXPECT_EQ(r.body, R"({"released":true})");
+  EXPECT_EQ(renew(next, "1h").body, R"({"renewed":false})");
+  EXPECT_EQ(Http(d.port(), "POST", "/v1/acquire", {}, acquire).status, 200);
+}
+
+TEST(ConcurrencyDaemon, DecisionApiRenewedLeasesOutliveTheirTtl) {
+  Daemon d({"--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  RenewedLeasesOutliveTheirTtl(d, nullptr);
+}
+
+TEST(ConcurrencyDaemon, DecisionApiRenewedLeasesOutliveTheirTtlOnRedis) {
+  ratelimit::testing::RedisServer redis;
+  Daemon d({"--listen", "127.0.0.1:0", "--redis", redis.url()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  RenewedLeasesOutliveTheirTtl(d, &redis);
+}
+
+// A lease taken by route is renewed by route, for the route's lease_ttl; a
+// reload that removed the route since leaves its holder renewing it (for the
+// default lease_ttl) and releasing it.
+void RenewByRouteSurvivesItsRemoval(Daemon& d, const std::string& config, int upstream_port) {
+  const std::string by_route = R"({"key": "ada", "route": "work")";
+  HttpResponse r = Http(d.port(), "POST", "/v1/acquire", {}, by_route + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string lease = R"(, "lease_id": ")" + LeaseId(r) + "\"}";
+  r = Http(d.port(), "POST", "/v1/renew", {}, by_route + lease);
+  EXPECT_EQ(r.body, R"({"renewed":true,"lease_ttl_ms":3600000})");
+  WriteFile(config, "server:\n  upstream: \"http://127.0.0.1:" + std::to_string(upstream_port) +
+                        "\"\nroutes:\n  - name: other\n    path: /\n");
+  d.Signal(SIGHUP);
+  ASSERT_TRUE(d.WaitForLog("config reloaded", milliseconds(5000))) << d.Log();
+  r = Http(d.port(), "POST", "/v1/acquire", {}, by_route + "}");
+  EXPECT_EQ(r.status, 400) << "the route is gone: " << r.body;
+  r = Http(d.port(), "POST", "/v1/renew", {}, by_route + lease);
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, R"({"renewed":true,"lease_ttl_ms":30000})");
+  r = Http(d.port(), "POST", "/v1/renew", {}, by_route + R"(, "lease_ttl": "2h")" + lease);
+  EXPECT_EQ(r.body, R"({"renewed":true,"lease_ttl_ms":7200000})");
+  r = Http(d.port(), "POST", "/v1/release", {}, by_route + lease);
+  EXPECT_EQ(r.body, R"({"released":true})");
+  EXPECT_EQ(Http(d.port(), "POST", "/v1/renew", {}, by_route + lease).body, R"({"renewed":false})");
+}
+
+TEST(ConcurrencyDaemon, DecisionApiRenewByRouteSurvivesItsRemoval) {
+  CountingUpstream upstream(milliseconds(1));
+  const std::string route = "{max_in_flight: 1, lease_ttl: 1h}";
+  {
+    const std::string config = WriteConfig(Config(upstream.port(), route));
+    Daemon d({"--config", config});
+    ASSERT_TRUE(d.started()) << d.Log();
+    RenewByRouteSurvivesItsRemoval(d, config, upstream.port());
+  }
+  ratelimit::testing::RedisServer redis;
+  const std::string config = WriteConfig(Config(upstream.port(), route));
+  Daemon d({"--config", config, "--redis", redis.url()});
+  ASSERT_TRUE(d.started()) << d.Log();
+  RenewByRouteSurvivesItsRemoval(d, config, upstream.port());
+}
+
+// Bad input is a 400 problem naming the field, before any store is asked;
+// another method is a 405.
+TEST(ConcurrencyDaemon, DecisionApiRenewRefusesBadInput) {
+  Daemon d({"--listen", "127.0.0.1:0"});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  for (const auto& [body, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"key": "k", "name": "x", "lease": ")" + id + "\"}", "unknown field 'lease'"},
+           {R"({"key": "k", "name": "x"})", "field 'lease_id' is required"},
+           {R"({"key": "k", "name": "x", "lease_id": "abc"})",
+            "field 'lease_id' is not a lease id /v1/acquire gives out"},
+           {R"({"key": "k", "name": "x", "lease_ttl": "5ms", "lease_id": ")" + id + "\"}",
+            "field 'lease_ttl' must be whole milliseconds between 10ms and 24h"},
+           {R"({"key": "k", "name": "x", "lease_ttl": 30, "lease_id": ")" + id + "\"}",
+            "field 'lease_ttl' must be a duration string"},
+           {R"({"name": "x", "lease_id": ")" + id + "\"}", "field 'key' is required"},
+           {"not json", "JSON"}}) {
+    const HttpResponse r = Http(d.port(), "POST", "/v1/renew", {}, body);
+    EXPECT_EQ(r.status, 400) << body << ": " << r.body;
+    EXPECT_EQ(r.Header("Content-Type"), "application/problem+json") << body;
+    EXPECT_NE(r.body.find(says), std::string::npos) << body << ": " << r.body;
+    EXPECT_NE(r.body.find("\"instance\":\"/v1/renew\""), std::string::npos) << r.body;
+  }
+  const HttpResponse get = Http(d.port(), "GET", "/v1/renew");
+  EXPECT_EQ(get.status, 405);
+  EXPECT_EQ(get.Header("Allow"), "POST");
+}
+
+// With Redis down and failure_mode local, a lease of the local fallback
+// ("l-") is renewed there. One Redis gave out can be neither renewed nor
+// said lost: 503 and Retry-After, as its release; it keeps the expiry it had.
+TEST(ConcurrencyDaemon, DecisionApiRenewWhileRedisIsDown) {
+  ratelimit::testing::RedisServer redis;
+  CountingUpstream upstream(milliseconds(1));
+  const std::string config =
+      WriteConfig(Config(upstream.port(), "{max_in_flight: 1}") + "store: {type: redis, url: \"" +
+                  redis.url() + "\", failure_mode: local, reconnect_max_backoff: 200ms}\n");
+  Daemon d({"--config", config});
+  ASSERT_TRUE(d.started()) << d.Log();
+  const std::string acquire =
+      R"({"key": "ada", "name": "upload", "max_in_flight": 2, "lease_ttl": "1h"})";
+  HttpResponse r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string shared = LeaseId(r);
+  ASSERT_EQ(shared.size(), 32u) << r.body;
+  redis.Stop();
+  r = Http(d.port(), "POST", "/v1/acquire", {}, acquire);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_NE(r.body.find("\"degraded\":true"), std::string::npos) << r.body;
+  const std::string local = LeaseId(r);
+  ASSERT_TRUE(local.starts_with("l-")) << r.body;
+  auto with = [](const std::string& id) {
+    return R"({"key": "ada", "name": "upload", "lease_ttl": "2h", "lease_id": ")" + id + "\"}";
+  };
+  r = Http(d.port(), "POST", "/v1/renew", {}, with(local));
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, R"({"renewed":true,"lease_ttl_ms":7200000})");
+  r = Http(d.port(), "POST", "/v1/renew", {}, with(shared));
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(r.Header("Content-Type"), "application/problem+json");
+  EXPECT_EQ(r.Header("Retry-After"), "1");
+  EXPECT_NE(r.body.find("the concurrency store is unavailable"), std::string::npos) << r.body;
+  EXPECT_NE(r.body.find("keeps the expiry it had"), std::string::npos) << r.body;
+  const std::string release = R"({"key": "ada", "name": "upload", "lease_id": ")" + shared + "\"}";
+  EXPECT_EQ(Http(d.port(), "POST", "/v1/release", {}, release).status, 503);
+  r = Http(d.port(), "POST", "/v1/release", {},
+           R"({"key": "ada", "name": "upload", "lease_id": ")" + local + "\"}");
+  EXPECT_EQ(r.body, R"({"released":true})");
+  EXPECT_EQ(Http(d.port(), "POST", "/v1/renew", {}, with(local)).body, R"({"renewed":false})");
 }
 
 // The memory store bounds leases (store.max_keys), and a flood of ad-hoc

@@ -86,7 +86,8 @@ TEST(OwnPaths, OtherSpellingsAre404AndNeverForwarded) {
   for (const std::string path :
        {"/v1/check/", "/V1/CHECK", "/v1/check/batch/", "/v1/auth/", "/v1/Auth", "/v1//check",
         "/v1/./check", "/v1/%63heck", "/v1/check/anything", "/v1/acquire/", "/V1/RELEASE",
-        "/v1/check;x=1", "/v1/auth;jsessionid=0A", "/v1/settle/", "/V1/Settle", "/v1/settle/x"}) {
+        "/v1/check;x=1", "/v1/auth;jsessionid=0A", "/v1/settle/", "/V1/Settle", "/v1/settle/x",
+        "/v1/renew/", "/V1/Renew", "/v1/renew/x"}) {
     for (const std::string method : {"POST", "GET"}) {
       HttpResponse r = Http(d.port(), method, path, {{"X-Original-URI", "/x"}}, body);
       EXPECT_EQ(r.status, 404) << method << " " << path << ": " << r.body;
@@ -96,11 +97,13 @@ TEST(OwnPaths, OtherSpellingsAre404AndNeverForwarded) {
     }
   }
   EXPECT_EQ(upstream.requests(), 0) << "none of them reached the upstream";
-  // The 404 names all five reserved paths and every endpoint spelling.
+  // The 404 names all six reserved paths and every endpoint spelling.
   HttpResponse named = Http(d.port(), "POST", "/v1/check/", {}, body);
-  EXPECT_NE(named.body.find("/v1/release and /v1/settle are ratelimitd's"), std::string::npos)
+  EXPECT_NE(named.body.find("/v1/release, /v1/renew and /v1/settle are ratelimitd's"),
+            std::string::npos)
       << named.body;
-  EXPECT_NE(named.body.find("/v1/release, /v1/settle\""), std::string::npos) << named.body;
+  EXPECT_NE(named.body.find("/v1/release, /v1/renew, /v1/settle\""), std::string::npos)
+      << named.body;
   // The exact spellings are served by ratelimitd.
   HttpResponse check = Http(d.port(), "POST", "/v1/check", {}, body);
   EXPECT_EQ(check.status, 200) << check.body;
@@ -116,13 +119,13 @@ TEST(OwnPaths, OtherSpellingsAre404AndNeverForwarded) {
   EXPECT_FALSE(settle.Has("X-Upstream"));
   EXPECT_EQ(upstream.requests(), 0);
   // Not under one of them: the upstream's.
-  for (const std::string path :
-       {"/v1/checkx", "/v1/checkout", "/v1/authors", "/v2/check", "/v1/settlement"}) {
+  for (const std::string path : {"/v1/checkx", "/v1/checkout", "/v1/authors", "/v2/check",
+                                 "/v1/settlement", "/v1/renewal"}) {
     HttpResponse r = Http(d.port(), "POST", path, {}, "{}");
     EXPECT_EQ(r.status, 200) << path << ": " << r.body;
     EXPECT_EQ(r.Header("X-Upstream"), "yes") << path;
   }
-  EXPECT_EQ(upstream.requests(), 5);
+  EXPECT_EQ(upstream.requests(), 6);
 }
 
 // The decision API without an upstream: the same 404, and nothing consumed

@@ -442,7 +442,8 @@ void CheckAuth(const Daemon& d, const YAML::Node& config) {
   }
 }
 
-// A lease on each route's concurrency limit through /v1/acquire, given back.
+// A lease on each route's concurrency limit through /v1/acquire, renewed for
+// the route's lease_ttl, given back.
 void CheckConcurrencyApi(const Daemon& d, const YAML::Node& config) {
   for (const auto& route : config["routes"]) {
     if (!route["concurrency"]) continue;
@@ -454,6 +455,11 @@ void CheckConcurrencyApi(const Daemon& d, const YAML::Node& config) {
     const nlohmann::json give = {{"key", "examples-test"},
                                  {"route", Str(route["name"])},
                                  {"lease_id", j.value("lease_id", "")}};
+    r = Http(d.port(), "POST", "/v1/renew", {}, give.dump());
+    EXPECT_EQ(r.status, 200) << give.dump() << "\n" << Describe(r);
+    const auto renewed = nlohmann::json::parse(r.body, nullptr, false);
+    EXPECT_EQ(renewed.value("renewed", false), true) << r.body;
+    EXPECT_EQ(renewed.value("lease_ttl_ms", -1), j.value("lease_ttl_ms", -2)) << r.body;
     r = Http(d.port(), "POST", "/v1/release", {}, give.dump());
     EXPECT_EQ(r.status, 200) << give.dump() << "\n" << Describe(r);
     EXPECT_EQ(nlohmann::json::parse(r.body, nullptr, false).value("released", false), true)
