@@ -97,7 +97,7 @@ std::string_view Origin(const policy::Config& c, const policy::RequestPlan& plan
 
 bool DecisionEndpoint(std::string_view path) {
   return path == "/v1/check" || path == "/v1/check/batch" || path == "/v1/acquire" ||
-         path == "/v1/release" || path == "/v1/renew";
+         path == "/v1/release" || path == "/v1/renew" || path == "/v1/settle";
 }
 
 }  // namespace

@@ -644,7 +644,7 @@ TEST(Explain, AnswersRouteClientPlanAndLimitsWithoutConsuming) {
   EXPECT_EQ(Body(r)["face"], "auth_request");
   EXPECT_EQ(Body(r)["route"]["name"], "login");
   // The decision API's endpoints: the body names the key and limits, not the rules.
-  for (const std::string own : {"/v1/acquire", "/v1/renew", "/v1/release"}) {
+  for (const std::string own : {"/v1/acquire", "/v1/renew", "/v1/release", "/v1/settle"}) {
     r = Http(d.admin_port(), "POST", "/v1/explain", {},
              R"({"method": "POST", "target": ")" + own + "\"}");
     ASSERT_EQ(r.status, 200) << r.body;
