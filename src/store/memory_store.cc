@@ -28,11 +28,11 @@ using store::Mix;
 //
 // The common update (DecideOne on a bucket or a window without a block
 // period) takes no lock: it finds its slot and changes the slot's state with
-// one 16-byte compare-and-swap. Whatever moves slots (a table rebuilt to grow
-// or to drop expired keys) runs under the shard lock, and frees the old table
-// only when no lock-free reader can still be in it (in batches: Garbage).
-// A reader announces itself
-// in its thread's record with plain stores; the rebuilder makes those stores
+// one 16-byte compare-and-swap (8-byte for a bucket: DecideOnSlot). Whatever
+// moves slots (a table rebuilt to grow or to drop expired keys) runs under
+// the shard lock, and frees the old table only when no lock-free reader can
+// still be in it (in batches: Garbage). A reader announces itself in its
+// thread's record with plain stores; the rebuilder makes those stores
 // visible with membarrier(2) (a barrier on every CPU running this process,
 // paid by the rare writer, not by the reader), then waits for the readers it
 // sees inside. Without membarrier (an old kernel, a sandbox; TSan, which does
