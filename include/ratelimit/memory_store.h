@@ -3,8 +3,8 @@
 // For a single instance, for tests, and as the local fallback when Redis is
 // down. State is sharded by key hash; each shard is an open-addressing table
 // of 32-byte slots (a 64-bit fingerprint of the key and limit; the expiry time
-// and two counters, 16 bytes changed by one compare-and-swap: 8 for a bucket,
-// whose counters stay 0), about 40-56 bytes per key. Idle keys
+// and two counters, 16 bytes changed by one compare-and-swap: 8 for a bucket
+// on x86-64, whose counters stay 0), about 40-56 bytes per key. Idle keys
 // expire: a key whose state equals the fresh state is dropped by Sweep() and
 // whenever a shard would otherwise grow.
 //

@@ -158,6 +158,13 @@ Words Load(const Slot& s) {
 }
 
 #if defined(__x86_64__) && !defined(RL_STORE_TSAN)
+// A bucket's decision changes the slot's first word alone with an 8-byte
+// compare-and-swap (DecideOnSlot), which is atomic against the 16-byte one
+// only where that one is a hardware instruction on the same line: here. Under
+// TSan the 16-byte one is emulated behind a lock the 8-byte one does not take
+// (so an admission could be lost inside a Freeze), and elsewhere it may be
+// libatomic's lock: there a bucket takes the 16-byte path too.
+constexpr bool kWordCas = true;
 // cmpxchg16b inline (a __sync builtin needs -mcx16, and a function built with
 // target("cx16") is not inlined into its callers). On failure the current
 // value lands in `expected`.
@@ -171,6 +178,7 @@ inline bool Cas(Slot& s, Words& expected, Words desired) {
   return ok;
 }
 #else
+constexpr bool kWordCas = false;
 #if defined(__x86_64__)
 __attribute__((target("cx16")))
 #endif
@@ -230,7 +238,7 @@ CompactState StateAt(const Limit& limit, Words w, int64_t now) {
 // state with itself: it was decided on a snapshot that may be torn.
 __attribute__((always_inline)) inline bool DecideOnSlot(Slot& slot, const Limit& limit, int64_t now,
                                                         int64_t cost, Decision& out) {
-  if (limit.is_gcra()) {
+  if (kWordCas && limit.is_gcra()) {
     // A bucket's state is its first word alone (the counters stay 0: Pack of
     // a GCRA state), so one 8-byte load is a snapshot that cannot be torn: a
     // denial needs no compare-and-swap, and an admission an 8-byte one.
