@@ -267,7 +267,9 @@ void ConcurrencyApi::Renew(std::shared_ptr<const policy::Policy> policy, std::st
         // Neither renewed nor lost: a heartbeat that fails like this is
         // sent again, while the work goes on.
         done(LeaseAnswer(r, "renewed", ",\"lease_ttl_ms\":" + std::to_string(ttl.count()),
-                         "the lease keeps the expiry it had: renew again before it", path));
+                         "the renewal may or may not have been made: renew again before the "
+                         "earlier of its last expiry and lease_ttl from now",
+                         path));
       });
 }
 
