@@ -231,13 +231,19 @@ void CheckAnswer(std::string_view bytes, const RlsAnswer& a, const Service& serv
   const size_t walked = grpcface::DescriptorsIn(bytes, envoy::kMaxDescriptorsPerRequest);
   const std::string what =
       "code " + std::to_string(static_cast<int>(a.code)) + " (" + a.message.substr(0, 200) + ")";
+  const size_t walked_entries = grpcface::EntriesIn(bytes, envoy::kMaxEntriesPerRequest);
   if (parses) {
     const size_t parsed = static_cast<size_t>(request.descriptors_size());
     RL_FUZZ_CHECK(walked == std::min(parsed, envoy::kMaxDescriptorsPerRequest + 1),
                   "the walker counted " + std::to_string(walked) + " descriptors, the parse " +
                       std::to_string(parsed));
+    size_t entries = 0;
+    for (const auto& d : request.descriptors()) entries += static_cast<size_t>(d.entries_size());
+    RL_FUZZ_CHECK(walked_entries == std::min(entries, envoy::kMaxEntriesPerRequest + 1),
+                  "the walker counted " + std::to_string(walked_entries) + " entries, the parse " +
+                      std::to_string(entries));
   }
-  if (walked > envoy::kMaxDescriptorsPerRequest) {
+  if (walked > envoy::kMaxDescriptorsPerRequest || walked_entries > envoy::kMaxEntriesPerRequest) {
     RL_FUZZ_CHECK(a.code == GrpcCode::kInvalidArgument, what);
     return;
   }

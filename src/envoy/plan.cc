@@ -208,11 +208,19 @@ Status TooManyDescriptors() {
                          " descriptors");
 }
 
+Status TooManyEntries() {
+  return InvalidArgument("the request's descriptors have more than " +
+                         std::to_string(kMaxEntriesPerRequest) + " entries in all");
+}
+
 StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request) {
   if (request.domain.empty()) return InvalidArgument("rate limit domain must not be empty");
   if (request.descriptors.empty())
     return InvalidArgument("rate limit descriptor list must not be empty");
   if (request.descriptors.size() > kMaxDescriptorsPerRequest) return TooManyDescriptors();
+  size_t entries = 0;
+  for (const Descriptor& d : request.descriptors) entries += d.entries.size();
+  if (entries > kMaxEntriesPerRequest) return TooManyEntries();
   RequestPlan plan;
   plan.store_key = "envoy:" + request.domain;
   plan.descriptors.resize(request.descriptors.size());

@@ -99,6 +99,13 @@ struct RequestPlan {
 // descriptor is 2 bytes: a 4 MiB request of them held about 1 GB).
 inline constexpr size_t kMaxDescriptorsPerRequest = 1024;
 
+// The most entries one request's descriptors may hold in all. Envoy sends
+// one per action of a `rate_limits` entry (a handful a descriptor). An empty
+// entry is 2 bytes on the wire, 48 once libprotobuf parsed it (measured with
+// mallinfo2, a million of them) and 64 more as an envoy::Entry: one
+// descriptor of a 4 MiB request held about 235 MB.
+inline constexpr size_t kMaxEntriesPerRequest = 4096;
+
 // The most limits one request may apply: 32 descriptors of the config's
 // largest `rate_limits:` (8). More than kMaxChecksPerRequest are decided in
 // several store steps (grpc/decide.cc); this bounds how many.
@@ -111,7 +118,8 @@ inline size_t CheckOf(const RequestPlan& plan, const DescriptorPlan& p, size_t r
 }
 
 // InvalidArgument for an empty domain, no descriptors, more than
-// kMaxDescriptorsPerRequest descriptors, more than kMaxLimitsPerRequest limits, an override with an
+// kMaxDescriptorsPerRequest descriptors or kMaxEntriesPerRequest entries, more than
+// kMaxLimitsPerRequest limits, an override with an
 // unknown unit, or two descriptors that name one counter with different limits (a `limit` override
 // beside the configured rule of the same entries and unit, with another requests_per_unit). A
 // descriptor without entries matches no rule (OK, no limit); with a `limit` override it counts on
@@ -120,6 +128,8 @@ StatusOr<RequestPlan> MakePlan(const Config& config, const Request& request);
 // MakePlan's answer to more than kMaxDescriptorsPerRequest descriptors (the
 // gRPC face gives it before parsing such a request).
 Status TooManyDescriptors();
+// The same for more than kMaxEntriesPerRequest entries.
+Status TooManyEntries();
 
 // A denied request's descriptors whose cost did not fit what their limits had
 // left are charged anyway, as envoyproxy/ratelimit's counters count every

@@ -119,6 +119,22 @@ TEST_F(EnvoyPlan, ADescriptorWithoutEntriesHasNoLimitAndTheOthersCount) {
 // request must name the same counter in every version, or an upgrade would
 // start every client's count again. "e" and 16 hex digits of a hash of the
 // domain, the descriptor's entries, the rule's algorithm, period and place.
+// The plan refuses what the gRPC face refuses before parsing (a library
+// user calling MakePlan has no such walk): more than kMaxEntriesPerRequest
+// entries across the descriptors, whatever the domain.
+TEST_F(EnvoyPlan, MoreEntriesThanTheMaximumAreRefused) {
+  Request req{.domain = "nope",
+              .descriptors = {Descriptor{.entries = std::vector<Entry>(2048, {"k", "v"})},
+                              Descriptor{.entries = std::vector<Entry>(2048, {"k", "v"})}}};
+  EXPECT_TRUE(MakePlan(config_, req).ok());
+  req.descriptors[1].entries.push_back({"k", "v"});
+  const auto plan = MakePlan(config_, req);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(plan.status().message(),
+            "the request's descriptors have more than 4096 entries in all");
+}
+
 TEST_F(EnvoyPlan, LimitNamesStayTheSameAcrossVersions) {
   Request req = One({{"key2", "v"}});
   StatusOr<RequestPlan> plan = MakePlan(config_, req);

@@ -355,6 +355,41 @@ TEST(DescriptorsIn, CountsWhatTheParseKeepsAcrossGroups) {
   EXPECT_FALSE(parsed.ParseFromString("\x0b\x14" + empty));
 }
 
+// More than kMaxEntriesPerRequest (4,096) entries in all is INVALID_ARGUMENT,
+// refused before the parse as too many descriptors are: an empty entry is 2
+// bytes on the wire, so one descriptor of a 4 MiB request carried about two
+// million of them into the parse and the plan. Before, any number was answered.
+TEST_F(GrpcFaceTest, MoreEntriesThanTheMaximumAreRefused) {
+  rls::RateLimitResponse r;
+  Descriptor deep = Desc("k", "deep");  // 2,048 entries, the config's depth exceeded: no limit
+  for (int i = 1; i < 2048; ++i) deep.add_entries()->set_key("x");
+  grpc::Status s = Ask(Channel(), {deep, deep}, &r);  // 4,096 in all
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.statuses_size(), 2);
+  Descriptor deeper = deep;
+  deeper.add_entries();
+  s = Ask(Channel(), {deeper, deep}, &r);  // 4,097
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(s.error_message(), "the request's descriptors have more than 4096 entries in all");
+}
+
+// The entries are counted as the parse keeps them: those of descriptors at
+// the message's top level, not inside a group (an unknown field, skipped).
+TEST(EntriesIn, CountsWhatTheParseKeeps) {
+  const std::string entry("\x0a\x00", 2);              // an entry, field 1, of no bytes
+  const std::string two = "\x12\x04" + entry + entry;  // a descriptor of two entries
+  const std::string in_group = "\x12\x06\x0b" + entry + "\x0c" + entry;  // one, and one in a group
+  std::string request = two + in_group + "\x1b" + two + "\x1c" + two;    // a group holding two
+  rls::RateLimitRequest parsed;
+  ASSERT_TRUE(parsed.ParseFromString(request));
+  ASSERT_EQ(parsed.descriptors_size(), 3);
+  size_t entries = 0;
+  for (const auto& d : parsed.descriptors()) entries += static_cast<size_t>(d.entries_size());
+  ASSERT_EQ(entries, 5u);
+  EXPECT_EQ(EntriesIn(request, 4096), 5u);
+  EXPECT_EQ(EntriesIn(request, 2), 3u);  // stops past `stop`
+}
+
 // A request's `limit` override of requests_per_unit 0 blocks, as
 // `requests_per_unit: 0` in the config does; before, INVALID_ARGUMENT.
 TEST_F(GrpcFaceTest, AnOverrideOfZeroBlocks) {

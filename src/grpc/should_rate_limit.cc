@@ -111,48 +111,74 @@ void AddHeaders(policy::HeaderDialect dialect, const envoy::RequestPlan& plan,
 
 }  // namespace
 
-// Counted before the parse because a parsed descriptor costs a hundred
-// times its size on the wire or more (an empty one is 2 bytes). The count
-// walks what the parse accepts: a group is an unknown field to it (none of
-// the message's fields is one), skipped whole with what it holds, nested up
-// to its recursion limit.
-size_t DescriptorsIn(std::string_view bytes, size_t stop) {
+namespace {
+
+// Walks the bytes of a message as the parse does and calls `each(payload)`
+// for every length-delimited field `field` at its top level, until `each`
+// returns false. A group is an unknown field to the parse (none of these
+// messages' fields is one), skipped whole with what it holds, nested up to
+// its recursion limit. Bytes that do not parse end the walk (the parse then
+// refuses them).
+template <typename Each>
+void ForEachField(std::string_view bytes, uint32_t field, Each each) {
   constexpr size_t kMaxGroupDepth = 100;  // CodedInputStream's default recursion limit
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            static_cast<int>(bytes.size()));
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data());
+  google::protobuf::io::CodedInputStream in(data, static_cast<int>(bytes.size()));
   std::vector<uint32_t> groups;  // the field numbers of the groups open
-  size_t n = 0;
   for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
     switch (tag & 7) {
       case 0: {  // varint
         uint64_t v = 0;
-        if (!in.ReadVarint64(&v)) return n;
+        if (!in.ReadVarint64(&v)) return;
         break;
       }
       case 1:  // fixed64
-        if (!in.Skip(8)) return n;
+        if (!in.Skip(8)) return;
         break;
       case 5:  // fixed32
-        if (!in.Skip(4)) return n;
+        if (!in.Skip(4)) return;
         break;
       case 2: {  // length-delimited
         uint32_t len = 0;
-        if (!in.ReadVarint32(&len) || len > bytes.size() || !in.Skip(static_cast<int>(len)))
-          return n;
-        if (tag >> 3 == 2 && groups.empty() && ++n > stop) return n;
+        if (!in.ReadVarint32(&len) || len > bytes.size()) return;
+        const int at = in.CurrentPosition();
+        if (!in.Skip(static_cast<int>(len))) return;
+        if (tag >> 3 == field && groups.empty() &&
+            !each(bytes.substr(static_cast<size_t>(at), len))) {
+          return;
+        }
         break;
       }
       case 3:  // start group
-        if (groups.size() == kMaxGroupDepth) return n;
+        if (groups.size() == kMaxGroupDepth) return;
         groups.push_back(tag >> 3);
         break;
       case 4:  // end group: of the innermost open one, or the parse fails
-        if (groups.empty() || groups.back() != tag >> 3) return n;
+        if (groups.empty() || groups.back() != tag >> 3) return;
         groups.pop_back();
         break;
-      default: return n;
+      default: return;
     }
   }
+}
+
+}  // namespace
+
+// Counted before the parse because a parsed descriptor costs a hundred
+// times its size on the wire or more (an empty one is 2 bytes), and an entry
+// 56 times (kMaxEntriesPerRequest).
+size_t DescriptorsIn(std::string_view bytes, size_t stop) {
+  size_t n = 0;
+  ForEachField(bytes, 2, [&](std::string_view) { return ++n <= stop; });
+  return n;
+}
+
+size_t EntriesIn(std::string_view bytes, size_t stop) {
+  size_t n = 0;
+  ForEachField(bytes, 2, [&](std::string_view descriptor) {
+    ForEachField(descriptor, 1, [&](std::string_view) { return ++n <= stop; });
+    return n <= stop;
+  });
   return n;
 }
 
@@ -161,6 +187,9 @@ void ShouldRateLimit(std::string_view bytes, RlsContext context,
   // Refused before the parse, which would allocate for each descriptor.
   if (DescriptorsIn(bytes, envoy::kMaxDescriptorsPerRequest) > envoy::kMaxDescriptorsPerRequest) {
     return done({GrpcCode::kInvalidArgument, envoy::TooManyDescriptors().message()});
+  }
+  if (EntriesIn(bytes, envoy::kMaxEntriesPerRequest) > envoy::kMaxEntriesPerRequest) {
+    return done({GrpcCode::kInvalidArgument, envoy::TooManyEntries().message()});
   }
   pb::RateLimitRequest request;
   if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size())))

@@ -1,6 +1,7 @@
 // ShouldRateLimit: one call of envoy.service.ratelimit.v3.RateLimitService,
 // from the request message's bytes to the answer: the protobuf parse
-// (refused before it allocates per descriptor, when there are too many),
+// (refused before it allocates per descriptor or entry, when there are too
+// many),
 // the plan (envoy/plan.h), the decision (decide.h), the RateLimitResponse,
 // its metrics and response_headers_to_add. What GrpcFace does with each
 // call, apart from the server: the fuzz target (fuzz/grpc_fuzzer.cc) calls
@@ -66,5 +67,8 @@ void LogProtobufThroughJsonLog();
 // counted up to `stop` + 1 without parsing them. Bytes that do not parse
 // end the count (the parse then refuses them).
 size_t DescriptorsIn(std::string_view bytes, size_t stop);
+// How many entries (field 1 of a descriptor) its descriptors hold in all,
+// counted the same way.
+size_t EntriesIn(std::string_view bytes, size_t stop);
 
 }  // namespace ratelimit::grpcface
