@@ -1,7 +1,9 @@
 #include "ratelimit/limit.h"
+
 #include "core/ascii.h"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -43,8 +45,7 @@ Limit::Limit(std::string name, Algorithm a, int64_t limit, int64_t window_us, in
   // 0 <= n < 2^63; m < 2^64 since d > 2^(l-1) (or d = 2^l: m = 2^63).
   if (interval_us_ > 0) {
     const auto d = static_cast<uint64_t>(interval_us_);
-    int l = 0;
-    while ((uint64_t{1} << l) < d) ++l;
+    const auto l = static_cast<int>(std::bit_width(d - 1));  // ceil(log2 d)
     const unsigned __int128 p = static_cast<unsigned __int128>(1) << (63 + l);
     interval_magic_ = static_cast<uint64_t>((p + d - 1) / d);
     interval_shift_ = 63 + l;

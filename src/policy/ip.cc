@@ -4,7 +4,6 @@
 
 #include <arpa/inet.h>
 
-#include <algorithm>
 #include <charconv>
 #include <cstring>
 
@@ -160,10 +159,8 @@ std::string IpAddress::KeyString(int v6_prefix) const {
   // 64:ff9b::/96 (RFC 6052's well-known prefix): an IPv4 host translated by
   // NAT64/SIIT, its address in the last 32 bits. Keyed as that IPv4 host:
   // masked to a /64, every IPv4 client behind the translator would be one.
-  if (std::equal(kNat64WellKnownPrefix.begin(), kNat64WellKnownPrefix.end(), bytes_.begin())) {
-    return FromV4(uint32_t{bytes_[12]} << 24 | uint32_t{bytes_[13]} << 16 |
-                  uint32_t{bytes_[14]} << 8 | bytes_[15])
-        .ToString();
+  if (std::memcmp(bytes_.data(), kNat64WellKnownPrefix.data(), kNat64WellKnownPrefix.size()) == 0) {
+    return FromV4(v4()).ToString();
   }
   if (v6_prefix < 0) v6_prefix = 0;
   if (v6_prefix > 128) v6_prefix = 128;

@@ -31,7 +31,8 @@ class IpAddress {
   static IpAddress FromV6(const std::array<uint8_t, 16>& bytes);
 
   bool is_v4() const;
-  // The address as a host-order integer. REQUIRES: is_v4().
+  // The last 32 bits as a host-order integer: the IPv4 address when is_v4(),
+  // or the one a NAT64 address (64:ff9b::/96) carries.
   uint32_t v4() const;
   const std::array<uint8_t, 16>& bytes() const { return bytes_; }
   std::string ToString() const;

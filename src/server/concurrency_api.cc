@@ -191,6 +191,13 @@ Reply LeaseAnswer(const StatusOr<bool>& r, std::string_view field, std::string_v
   return ok;
 }
 
+// A call's body, read as JSON and then as `kind` asks (any error: a 400).
+StatusOr<ParsedAcquire> ParseCall(std::string_view body, const policy::Policy* policy, Kind kind) {
+  StatusOr<json> j = ParseBody(body);
+  if (!j.ok()) return j.status();
+  return Parse(*j, policy, kind);
+}
+
 }  // namespace
 
 StatusOr<ParsedAcquire> ParseAcquire(const json& j, const policy::Policy* policy) {
@@ -207,9 +214,7 @@ StatusOr<ParsedAcquire> ParseRenew(const json& j, const policy::Policy* policy) 
 
 void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::string_view body,
                              std::string_view path, std::function<void(Reply&&)> done) {
-  StatusOr<json> j = ParseBody(body);
-  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
-  StatusOr<ParsedAcquire> p = ParseAcquire(*j, policy.get());
+  StatusOr<ParsedAcquire> p = ParseCall(body, policy.get(), Kind::kAcquire);
   if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
   const std::string key = p->request.key, name = p->request.name;  // key: "d:<key>"
   const auto ttl = p->request.config.lease_ttl;
@@ -242,9 +247,7 @@ void ConcurrencyApi::Acquire(std::shared_ptr<const policy::Policy> policy, std::
 
 void ConcurrencyApi::Release(std::shared_ptr<const policy::Policy> policy, std::string_view body,
                              std::string_view path, std::function<void(Reply&&)> done) {
-  StatusOr<json> j = ParseBody(body);
-  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
-  StatusOr<ParsedAcquire> p = ParseRelease(*j, policy.get());
+  StatusOr<ParsedAcquire> p = ParseCall(body, policy.get(), Kind::kRelease);
   if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
   limiter_.Release(
       p->request.key, p->request.name, p->lease_id,
@@ -256,9 +259,7 @@ void ConcurrencyApi::Release(std::shared_ptr<const policy::Policy> policy, std::
 
 void ConcurrencyApi::Renew(std::shared_ptr<const policy::Policy> policy, std::string_view body,
                            std::string_view path, std::function<void(Reply&&)> done) {
-  StatusOr<json> j = ParseBody(body);
-  if (!j.ok()) return done(ProblemReply(400, j.status().message(), path));
-  StatusOr<ParsedAcquire> p = ParseRenew(*j, policy.get());
+  StatusOr<ParsedAcquire> p = ParseCall(body, policy.get(), Kind::kRenew);
   if (!p.ok()) return done(ProblemReply(400, p.status().message(), path));
   const auto ttl = p->request.config.lease_ttl;
   limiter_.Renew(
